@@ -1,0 +1,12 @@
+# tq_add_test(name SOURCES ... LIBS ...): one GoogleTest binary, registered test by test with CTest.
+include(GoogleTest OPTIONAL RESULT_VARIABLE _tq_have_gtest_module)
+function(tq_add_test name)
+  if(NOT TQ_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main hwy::hwy_test)
+  target_compile_definitions(${name} PRIVATE TQ_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES ENVIRONMENT "TQ_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endfunction()

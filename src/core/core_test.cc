@@ -1,0 +1,86 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+
+namespace tq {
+namespace {
+
+TEST(Half, ExactValuesRoundTrip) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    const float f = f16_bits_to_f32(h);
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(f32_to_f16_bits(f), h) << "f16 bits " << bits;
+  }
+}
+
+TEST(Half, RoundsToNearestEven) {
+  // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties go to the even mantissa (1.0).
+  EXPECT_EQ(f16_bits_to_f32(f32_to_f16_bits(1.0f + 0x1.0p-11f)), 1.0f);
+  EXPECT_EQ(f16_bits_to_f32(f32_to_f16_bits(1.0f + 3 * 0x1.0p-11f)), 1.0f + 0x1.0p-9f);
+  EXPECT_EQ(f16_bits_to_f32(f32_to_f16_bits(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_bits_to_f32(f32_to_f16_bits(65520.0f))));
+  EXPECT_EQ(f16_bits_to_f32(f32_to_f16_bits(0x1.0p-24f)), 0x1.0p-24f);   // smallest subnormal
+  EXPECT_EQ(f16_bits_to_f32(f32_to_f16_bits(0x1.0p-26f)), 0.0f);         // below half of it
+  EXPECT_TRUE(std::isnan(f16_bits_to_f32(f32_to_f16_bits(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST(Half, MatchesDoubleRoundingOnRandomFloats) {
+  SplitMix64 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = static_cast<float>(rng.normal() * std::exp2(rng.uniform() * 40 - 25));
+    const float r = f16_bits_to_f32(f32_to_f16_bits(f));
+    // The result must be one of the two neighbours and at least as close as the other.
+    const uint16_t h = f32_to_f16_bits(f);
+    const float up = f16_bits_to_f32(static_cast<uint16_t>(h + 1));
+    const float down = f16_bits_to_f32(static_cast<uint16_t>(h - 1));
+    if (std::isinf(r) || std::isinf(up)) continue;
+    EXPECT_LE(std::fabs(r - f), std::fabs(up - f));
+    if ((h & 0x7fff) != 0) {
+      EXPECT_LE(std::fabs(r - f), std::fabs(down - f));
+    }
+  }
+}
+
+TEST(BFloat16, RoundTripAndRounding) {
+  EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(1.0f)), 1.0f);
+  EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(1.0f + 0x1.0p-8f)), 1.0f);  // tie to even
+  EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(1.0f + 3 * 0x1.0p-8f)), 1.0f + 0x1.0p-6f);
+}
+
+TEST(Rng, SplitMix64IsFixed) {
+  // First outputs for seed 0 are a published property of SplitMix64.
+  SplitMix64 rng(0);
+  EXPECT_EQ(rng.next(), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(rng.next(), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(splitmix64_at(0, 0), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(splitmix64_at(0, 1), 0x6E789E6AA1B965F4ull);
+}
+
+TEST(ThreadPool, CoversRangeExactlyOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (size_t n : {0u, 1u, 2u, 7u, 1000u}) {
+      std::vector<std::atomic<int>> hits(n);
+      for (int rep = 0; rep < 50; ++rep) {
+        pool.parallel_for(n, [&](size_t b, size_t e, int) {
+          for (size_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+      }
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 50);
+    }
+  }
+}
+
+TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(ThreadPool(0), Error); }
+
+}  // namespace
+}  // namespace tq
