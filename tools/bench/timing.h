@@ -1,0 +1,29 @@
+// Wall-clock timing for benchmarks: repeat a body until it has run long enough, keep the best
+// (least disturbed) of several rounds.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+namespace tq::bench {
+
+// Seconds per call of body(): rounds of calls lasting at least min_seconds each, best round.
+inline double seconds_per_call(const std::function<void()>& body, double min_seconds = 0.1, int rounds = 3) {
+  using clock = std::chrono::steady_clock;
+  body();  // warm up caches, page in buffers
+  double best = 1e300;
+  for (int r = 0; r < rounds; ++r) {
+    long calls = 0;
+    const auto start = clock::now();
+    double elapsed = 0;
+    do {
+      body();
+      ++calls;
+      elapsed = std::chrono::duration<double>(clock::now() - start).count();
+    } while (elapsed < min_seconds);
+    best = std::min(best, elapsed / static_cast<double>(calls));
+  }
+  return best;
+}
+
+}  // namespace tq::bench
