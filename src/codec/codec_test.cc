@@ -180,18 +180,32 @@ TEST(Packing, DenseLayoutIsTheDocumentedBitStream) {
   pack_words(codes, 8, 3, words);
   EXPECT_EQ(words[0], stream);  // 10 per word at 3 bits: these 8 fit in one, LSB first
   EXPECT_EQ(indices_per_word(3), 10);
+  // Planes: byte k holds bit k of the 8 indices.
+  uint8_t planes[3];
+  pack_planes(codes, 8, 3, planes);
+  for (int k = 0; k < 3; ++k) {
+    uint8_t expect = 0;
+    for (int i = 0; i < 8; ++i) expect = static_cast<uint8_t>(expect | (((codes[i] >> k) & 1) << i));
+    EXPECT_EQ(planes[k], expect);
+  }
 }
 
 TEST(Packing, RoundTripsEveryWidthAndLength) {
   SplitMix64 rng(9);
   for (int bits = 1; bits <= 8; ++bits) {
-    for (size_t n : {1u, 3u, 7u, 8u, 9u, 31u, 64u, 127u, 1001u}) {
+    for (size_t n : {1u, 3u, 7u, 8u, 9u, 31u, 64u, 127u, 128u, 1001u, 1024u}) {
       std::vector<uint8_t> codes(n);
       for (auto& c : codes) c = static_cast<uint8_t>(rng.next() & ((1u << bits) - 1));
       std::vector<uint8_t> packed(packed_bytes(n, bits)), back(n);
       pack_dense(codes.data(), n, bits, packed.data());
       unpack_dense(packed.data(), n, bits, back.data());
       EXPECT_EQ(back, codes) << "dense bits " << bits << " n " << n;
+      if (n % 8 == 0) {
+        std::vector<uint8_t> planes(packed_bytes(n, bits)), back3(n);
+        pack_planes(codes.data(), n, bits, planes.data());
+        unpack_planes(planes.data(), n, bits, back3.data());
+        EXPECT_EQ(back3, codes) << "planes bits " << bits << " n " << n;
+      }
       std::vector<uint32_t> words(packed_words(n, bits));
       std::vector<uint8_t> back2(n);
       pack_words(codes.data(), n, bits, words.data());
@@ -301,6 +315,7 @@ TEST_P(QuantizerTargets, SimdCodesAreBitIdenticalToScalar) {
             if (b >= 2) o.grid = b == 8 ? Grid::lloyd_max : Grid::uniform;
           }
           if (o.rotation_block == RotationBlock::group && !Rotation::is_supported_block(group)) continue;
+          if (variant == 2) o.layout = PackLayout::stream;
           const GroupQuantizer q(dim, o);
           const size_t count = 50;
           std::vector<float> x(count * dim);

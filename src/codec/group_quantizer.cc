@@ -30,7 +30,7 @@ std::string describe(const QuantizerOptions& o) {
                                         : o.scale_fit == ScaleFit::norm_correction ? "norm_correction" : "least_squares")
      << " rotation="
      << (o.rotation_block == RotationBlock::dim ? "dim" : o.rotation_block == RotationBlock::group ? "group" : "none")
-     << " codebook=" << to_string(o.codebook) << " seed=" << o.seed;
+     << " codebook=" << to_string(o.codebook) << " layout=" << (o.layout == PackLayout::planes ? "planes" : "stream") << " seed=" << o.seed;
   return os.str();
 }
 
@@ -57,6 +57,7 @@ GroupQuantizer::GroupQuantizer(int dim, const QuantizerOptions& options) : dim_(
   TQ_CHECK(options.bits >= 1 && options.bits <= 8, "bits must be in 1..8, got ", options.bits);
   TQ_CHECK(options.group_size >= 1, "group size must be positive, got ", options.group_size);
   TQ_CHECK(dim % options.group_size == 0, "group size ", options.group_size, " does not divide the vector length ", dim);
+  TQ_CHECK(options.layout != PackLayout::planes || dim % 8 == 0, "the plane layout needs a vector length that is a multiple of 8, got ", dim);
   TQ_CHECK(options.grid != Grid::uniform || options.bits >= 2, "the uniform grid needs at least 2 bits, got ", options.bits);
   if (options.rotation_block != RotationBlock::none) {
     const int block = options.rotation_block == RotationBlock::dim ? 0 : options.group_size;
@@ -99,7 +100,7 @@ void GroupQuantizer::quantize(const float* x, size_t count, uint8_t* codes, f16*
     std::copy(x + v * dim_, x + (v + 1) * dim_, y.begin());
     if (rotation_) rotation_->forward(y.data());
     kernels::quantize_rotated(plan_, y.data(), idx.data(), scales + v * groups());
-    pack_dense(idx.data(), dim_, options_.bits, codes + v * code_bytes());
+    pack_codes(options_.layout, idx.data(), dim_, options_.bits, codes + v * code_bytes());
   }
 }
 
@@ -107,14 +108,14 @@ void GroupQuantizer::quantize_rotated(const float* y, size_t count, uint8_t* cod
   AlignedVector<uint8_t> idx(dim_);
   for (size_t v = 0; v < count; ++v) {
     kernels::quantize_rotated(plan_, y + v * dim_, idx.data(), scales + v * groups());
-    pack_dense(idx.data(), dim_, options_.bits, codes + v * code_bytes());
+    pack_codes(options_.layout, idx.data(), dim_, options_.bits, codes + v * code_bytes());
   }
 }
 
 void GroupQuantizer::dequantize_rotated(const uint8_t* codes, const f16* scales, size_t count, float* y) const {
   AlignedVector<uint8_t> idx(dim_);
   for (size_t v = 0; v < count; ++v) {
-    unpack_dense(codes + v * code_bytes(), dim_, options_.bits, idx.data());
+    unpack_codes(options_.layout, codes + v * code_bytes(), dim_, options_.bits, idx.data());
     kernels::dequantize_rotated(plan_, idx.data(), scales + v * groups(), y + v * dim_);
   }
 }
@@ -131,14 +132,14 @@ void GroupQuantizer::quantize_reference(const float* x, size_t count, uint8_t* c
     std::copy(x + v * dim_, x + (v + 1) * dim_, y.begin());
     if (rotation_) scalar::rotate_forward(rotation_->plan(), y.data());
     scalar::quantize_rotated(plan_, y.data(), idx.data(), scales + v * groups());
-    pack_dense(idx.data(), dim_, options_.bits, codes + v * code_bytes());
+    pack_codes(options_.layout, idx.data(), dim_, options_.bits, codes + v * code_bytes());
   }
 }
 
 void GroupQuantizer::dequantize_reference(const uint8_t* codes, const f16* scales, size_t count, float* x) const {
   std::vector<uint8_t> idx(dim_);
   for (size_t v = 0; v < count; ++v) {
-    unpack_dense(codes + v * code_bytes(), dim_, options_.bits, idx.data());
+    unpack_codes(options_.layout, codes + v * code_bytes(), dim_, options_.bits, idx.data());
     scalar::dequantize_rotated(plan_, idx.data(), scales + v * groups(), x + v * dim_);
     if (rotation_) scalar::rotate_inverse(rotation_->plan(), x + v * dim_);
   }

@@ -1,7 +1,7 @@
 // The TurboQuant group quantizer: rotate, one scale per group, nearest codebook level, pack.
 //
 // A vector x of `dim` floats becomes
-//   codes:  packed_bytes(dim, bits) bytes (dense layout, see packing.h), indices in rotation order
+//   codes:  packed_bytes(dim, bits) bytes (plane or stream layout, see packing.h), in rotation order
 //   scales: dim / group_size binary16 values
 // and is reconstructed as x_hat = R^-1 (scale[g(j)] * level[code_j])_j, where R is the rotation and
 // `level` the quantizer's level table (levels()). Attention reads codes and scales directly in the
@@ -48,6 +48,7 @@ struct QuantizerOptions {
   ScaleFit scale_fit = ScaleFit::plain;
   RotationBlock rotation_block = RotationBlock::dim;
   Distribution codebook = Distribution::gaussian;  // sphere uses dim = group_size
+  PackLayout layout = PackLayout::planes;          // planes need dim % 8 == 0
   uint64_t seed = 42;
 
   // The project's defaults for a given bit width (uniform grid at 8 bits; see docs/BENCHMARKS.md).

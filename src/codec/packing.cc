@@ -62,6 +62,56 @@ void unpack_dense(const uint8_t* packed, size_t count, int bits, uint8_t* codes)
   }
 }
 
+void pack_planes(const uint8_t* codes, size_t count, int bits, uint8_t* out) {
+  assert(count % 8 == 0);
+  if (bits == 8) {
+    std::memcpy(out, codes, count);
+    return;
+  }
+  const size_t plane = count / 8;
+  for (size_t q = 0; q < plane; ++q) {
+    const uint8_t* c = codes + 8 * q;
+    for (int k = 0; k < bits; ++k) {
+      uint8_t byte = 0;
+      for (int i = 0; i < 8; ++i) byte = static_cast<uint8_t>(byte | (((c[i] >> k) & 1u) << i));
+      out[k * plane + q] = byte;
+    }
+  }
+}
+
+void unpack_planes(const uint8_t* packed, size_t count, int bits, uint8_t* codes) {
+  assert(count % 8 == 0);
+  if (bits == 8) {
+    std::memcpy(codes, packed, count);
+    return;
+  }
+  const size_t plane = count / 8;
+  for (size_t q = 0; q < plane; ++q) {
+    uint8_t* c = codes + 8 * q;
+    for (int i = 0; i < 8; ++i) c[i] = 0;
+    for (int k = 0; k < bits; ++k) {
+      const uint8_t byte = packed[k * plane + q];
+      for (int i = 0; i < 8; ++i) c[i] = static_cast<uint8_t>(c[i] | (((byte >> i) & 1u) << k));
+    }
+  }
+}
+
+void pack_codes(PackLayout layout, const uint8_t* codes, size_t count, int bits, uint8_t* out) {
+  if (layout == PackLayout::planes) {
+    pack_planes(codes, count, bits, out);
+  } else {
+    pack_dense(codes, count, bits, out);
+  }
+}
+
+void unpack_codes(PackLayout layout, const uint8_t* packed, size_t count, int bits, uint8_t* codes) {
+  if (layout == PackLayout::planes) {
+    unpack_planes(packed, count, bits, codes);
+  } else {
+    unpack_dense(packed, count, bits, codes);
+  }
+}
+
 void pack_words(const uint8_t* codes, size_t count, int bits, uint32_t* out) {
   const size_t per = static_cast<size_t>(indices_per_word(bits));
   const size_t words = packed_words(count, bits);
