@@ -1,0 +1,524 @@
+#include "kv/cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tq {
+
+namespace {
+bool is_dense(KVType t) { return t == KVType::f32 || t == KVType::f16 || t == KVType::bf16; }
+}  // namespace
+
+// ------------------------------------------------------------------ KVCache
+
+KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
+    : n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      options_(options),
+      k_format_(std::make_unique<VectorFormat>(head_dim, options.k)),
+      v_format_(std::make_unique<VectorFormat>(head_dim, options.v)),
+      sink_format_(std::make_unique<VectorFormat>(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0})),
+      block_head_bytes_(static_cast<size_t>(options.block_tokens) *
+                        (k_format_->record_bytes() + v_format_->record_bytes())),
+      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads)) {
+  TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
+  TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);
+  TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
+  TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
+  TQ_CHECK(is_dense(options.sink_type), "the sink tier must be a dense type (f16, bf16 or f32), got ",
+           to_string(options.sink_type));
+}
+
+std::string KVCache::describe() const {
+  std::ostringstream os;
+  if (options_.window > 0) os << "rotating(window " << options_.window << ") ";
+  os << k_format_->describe() << "/" << v_format_->describe();
+  if (options_.min_tokens > 0) os << " + " << options_.min_tokens << " sink tokens in " << to_string(options_.sink_type);
+  return os.str();
+}
+
+int KVCache::add_sequence() {
+  while (seqs_.count(next_id_)) ++next_id_;
+  add_sequence_with_id(next_id_);
+  return next_id_++;
+}
+
+void KVCache::add_sequence_with_id(int seq) {
+  TQ_CHECK(seq >= 0, "sequence ids are non-negative, got ", seq);
+  TQ_CHECK(!seqs_.count(seq), "sequence ", seq, " already exists in this cache");
+  Sequence s;
+  s.first_block_pos = options_.min_tokens;
+  seqs_.emplace(seq, std::move(s));
+}
+
+void KVCache::remove_sequence(int seq) {
+  Sequence& s = seq_ref(seq);
+  for (int b : s.block_table) pool_.release(b);
+  seqs_.erase(seq);
+}
+
+std::vector<int> KVCache::sequences() const {
+  std::vector<int> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  return ids;
+}
+
+KVCache::Sequence& KVCache::seq_ref(int seq) {
+  auto it = seqs_.find(seq);
+  TQ_CHECK(it != seqs_.end(), "no sequence ", seq, " in this cache");
+  return it->second;
+}
+const KVCache::Sequence& KVCache::seq_ref(int seq) const {
+  auto it = seqs_.find(seq);
+  TQ_CHECK(it != seqs_.end(), "no sequence ", seq, " in this cache");
+  return it->second;
+}
+
+int KVCache::length(int seq) const { return seq_ref(seq).length; }
+int KVCache::first_kept(int seq) const {
+  const Sequence& s = seq_ref(seq);
+  return s.length <= options_.min_tokens ? 0 : std::min(s.first_block_pos, s.length);
+}
+
+void KVCache::drop_out_of_window(Sequence& s, int next_pos) {
+  if (options_.window <= 0) return;
+  // Queries from next_pos on look back at most window - 1 positions.
+  const int oldest_needed = next_pos - options_.window + 1;
+  const int T = options_.block_tokens;
+  while (s.block_table.size() > 1 && s.first_block_pos + T <= oldest_needed) {
+    pool_.release(s.block_table.front());
+    s.block_table.erase(s.block_table.begin());
+    s.first_block_pos += T;
+  }
+}
+
+uint8_t* KVCache::main_record(Sequence& s, int pos, int head, bool value) {
+  const int T = options_.block_tokens;
+  const int index = pos - s.first_block_pos;
+  const size_t b = static_cast<size_t>(index / T);
+  while (s.block_table.size() <= b) s.block_table.push_back(pool_.allocate());
+  uint8_t* head_base = pool_.data(s.block_table[b]) + static_cast<size_t>(head) * block_head_bytes_;
+  const int t = index % T;
+  if (!value) return head_base + static_cast<size_t>(t) * k_format_->record_bytes();
+  return head_base + static_cast<size_t>(T) * k_format_->record_bytes() + static_cast<size_t>(t) * v_format_->record_bytes();
+}
+
+void KVCache::append(int seq, const float* k, const float* v, int n) {
+  TQ_CHECK(n >= 0, "cannot append a negative number of positions");
+  Sequence& s = seq_ref(seq);
+  drop_out_of_window(s, s.length);
+  const int M = options_.min_tokens;
+  const size_t sink_rec = sink_format_->record_bytes();
+  for (int i = 0; i < n; ++i) {
+    const int pos = s.length;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const float* kh = k + (static_cast<size_t>(i) * n_kv_heads_ + h) * head_dim_;
+      const float* vh = v + (static_cast<size_t>(i) * n_kv_heads_ + h) * head_dim_;
+      if (pos < M) {
+        if (s.sink_k.empty()) {
+          s.sink_k.resize(static_cast<size_t>(n_kv_heads_) * M * sink_rec);
+          s.sink_v.resize(s.sink_k.size());
+        }
+        const size_t off = (static_cast<size_t>(h) * M + pos) * sink_rec;
+        sink_format_->encode(kh, s.sink_k.data() + off);
+        sink_format_->encode(vh, s.sink_v.data() + off);
+      } else {
+        k_format_->encode(kh, main_record(s, pos, h, false));
+        v_format_->encode(vh, main_record(s, pos, h, true));
+      }
+    }
+    ++s.length;
+  }
+}
+
+void KVCache::segments(int seq, std::vector<Segment>& out) const {
+  out.clear();
+  const Sequence& s = seq_ref(seq);
+  const int M = options_.min_tokens;
+  const size_t sink_rec = sink_format_->record_bytes();
+  if (s.length > 0 && M > 0) {
+    Segment g;
+    g.first_pos = 0;
+    g.n_tokens = std::min(s.length, M);
+    g.k_format = g.v_format = sink_format_.get();
+    g.k = s.sink_k.data();
+    g.v = s.sink_v.data();
+    g.head_stride = static_cast<size_t>(M) * sink_rec;
+    g.k_stride = g.v_stride = sink_rec;
+    out.push_back(g);
+  }
+  const int T = options_.block_tokens;
+  for (size_t b = 0; b < s.block_table.size(); ++b) {
+    const int first = s.first_block_pos + static_cast<int>(b) * T;
+    if (first >= s.length) break;
+    Segment g;
+    g.first_pos = first;
+    g.n_tokens = std::min(T, s.length - first);
+    g.k_format = k_format_.get();
+    g.v_format = v_format_.get();
+    g.k = pool_.data(s.block_table[b]);
+    g.v = g.k + static_cast<size_t>(T) * k_format_->record_bytes();
+    g.head_stride = block_head_bytes_;
+    g.k_stride = k_format_->record_bytes();
+    g.v_stride = v_format_->record_bytes();
+    out.push_back(g);
+  }
+}
+
+void KVCache::read(int seq, int pos, float* k, float* v) const {
+  const Sequence& s = seq_ref(seq);
+  TQ_CHECK(pos >= 0 && pos < s.length, "position ", pos, " is not in sequence ", seq, " (length ", s.length, ")");
+  const int M = options_.min_tokens;
+  if (pos < M) {
+    const size_t rec = sink_format_->record_bytes();
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const size_t off = (static_cast<size_t>(h) * M + pos) * rec;
+      sink_format_->decode(s.sink_k.data() + off, k + static_cast<size_t>(h) * head_dim_);
+      sink_format_->decode(s.sink_v.data() + off, v + static_cast<size_t>(h) * head_dim_);
+    }
+    return;
+  }
+  TQ_CHECK(pos >= s.first_block_pos, "position ", pos, " of sequence ", seq, " has left the sliding window");
+  auto& self = const_cast<KVCache&>(*this);
+  auto& ms = const_cast<Sequence&>(s);
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    k_format_->decode(self.main_record(ms, pos, h, false), k + static_cast<size_t>(h) * head_dim_);
+    v_format_->decode(self.main_record(ms, pos, h, true), v + static_cast<size_t>(h) * head_dim_);
+  }
+}
+
+MemoryUsage KVCache::memory() const {
+  MemoryUsage m;
+  const int M = options_.min_tokens;
+  for (const auto& [id, s] : seqs_) {
+    m.sink_tokens += std::min(s.length, M);
+    m.main_tokens += std::max(0, s.length - std::max(M, s.first_block_pos));
+    m.allocated_bytes += static_cast<int64_t>(s.sink_k.size() + s.sink_v.size());
+  }
+  m.sink_bytes = m.sink_tokens * static_cast<int64_t>(sink_bytes_per_token());
+  m.main_bytes = m.main_tokens * static_cast<int64_t>(main_bytes_per_token());
+  m.allocated_bytes += static_cast<int64_t>(pool_.bytes_allocated());
+  m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(n_kv_heads_) * head_dim_;
+  return m;
+}
+
+bool KVCache::is_plain_dense_growing() const {
+  return is_dense(options_.k.type) && is_dense(options_.v.type) && options_.window == 0 && options_.min_tokens == 0;
+}
+
+// ------------------------------------------------------------------ save / load
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'Q', 'K', 'V', 'C', 'A', 'C', 'H'};
+constexpr uint32_t kVersion = 1;
+
+uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+nlohmann::json spec_json(const VectorFormatSpec& s) {
+  const auto& q = s.quantizer;
+  return {{"type", to_string(s.type)},
+          {"rotate", s.rotate},
+          {"seed", s.seed},
+          {"bits", q.bits},
+          {"group_size", q.group_size},
+          {"grid", q.grid == Grid::uniform ? "uniform" : "lloyd_max"},
+          {"scale_kind", q.scale_kind == ScaleKind::rms ? "rms" : "l2"},
+          {"scale_fit", q.scale_fit == ScaleFit::plain ? "plain" : q.scale_fit == ScaleFit::norm_correction ? "norm_correction" : "least_squares"},
+          {"rotation_block", q.rotation_block == RotationBlock::dim ? "dim" : q.rotation_block == RotationBlock::group ? "group" : "none"},
+          {"codebook", to_string(q.codebook)},
+          {"quantizer_seed", q.seed}};
+}
+
+VectorFormatSpec spec_from_json(const nlohmann::json& j) {
+  VectorFormatSpec s;
+  s.type = parse_kv_type(j.at("type").get<std::string>());
+  s.rotate = j.at("rotate").get<bool>();
+  s.seed = j.at("seed").get<uint64_t>();
+  auto& q = s.quantizer;
+  q.bits = j.at("bits").get<int>();
+  q.group_size = j.at("group_size").get<int>();
+  q.grid = parse_grid(j.at("grid").get<std::string>());
+  q.scale_kind = j.at("scale_kind").get<std::string>() == "l2" ? ScaleKind::l2 : ScaleKind::rms;
+  q.scale_fit = parse_scale_fit(j.at("scale_fit").get<std::string>());
+  q.rotation_block = parse_rotation_block(j.at("rotation_block").get<std::string>());
+  q.codebook = parse_distribution(j.at("codebook").get<std::string>());
+  q.seed = j.at("quantizer_seed").get<uint64_t>();
+  return s;
+}
+
+}  // namespace
+
+// File: magic[8] "TQKVCACH", u32 version, u32 header length L, L bytes of JSON (options and sequence
+// lengths), then per sequence in header order: sink K and V [n_kv_heads][min(length, min_tokens)][record],
+// then each held main-tier position in order, per head a K record then a V record; last, the u64
+// FNV-1a hash of every byte before it. All integers little-endian.
+void KVCache::save(const std::string& path) const {
+  nlohmann::json header = {{"n_kv_heads", n_kv_heads_},
+                           {"head_dim", head_dim_},
+                           {"k", spec_json(options_.k)},
+                           {"v", spec_json(options_.v)},
+                           {"min_tokens", options_.min_tokens},
+                           {"sink_type", to_string(options_.sink_type)},
+                           {"window", options_.window},
+                           {"block_tokens", options_.block_tokens},
+                           {"fused", fused_}};
+  nlohmann::json seqs = nlohmann::json::array();
+  for (const auto& [id, s] : seqs_) seqs.push_back({{"id", id}, {"length", s.length}, {"first_main", std::max(s.first_block_pos, options_.min_tokens)}});
+  header["sequences"] = seqs;
+  const std::string text = header.dump();
+
+  std::vector<uint8_t> bytes;
+  auto put = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    bytes.insert(bytes.end(), b, b + n);
+  };
+  put(kMagic, 8);
+  const uint32_t version = kVersion, len = static_cast<uint32_t>(text.size());
+  put(&version, 4);
+  put(&len, 4);
+  put(text.data(), text.size());
+  const int M = options_.min_tokens;
+  const size_t sink_rec = sink_format_->record_bytes();
+  for (const auto& [id, s] : seqs_) {
+    const int n_sink = std::min(s.length, M);
+    for (const auto* buf : {&s.sink_k, &s.sink_v})
+      for (int h = 0; h < n_kv_heads_; ++h) put(buf->data() + static_cast<size_t>(h) * M * sink_rec, n_sink * sink_rec);
+    auto& self = const_cast<KVCache&>(*this);
+    auto& ms = const_cast<Sequence&>(s);
+    for (int pos = std::max(M, s.first_block_pos); pos < s.length; ++pos)
+      for (int h = 0; h < n_kv_heads_; ++h) {
+        put(self.main_record(ms, pos, h, false), k_format_->record_bytes());
+        put(self.main_record(ms, pos, h, true), v_format_->record_bytes());
+      }
+  }
+  const uint64_t hash = fnv1a(bytes.data(), bytes.size());
+  put(&hash, 8);
+  std::ofstream f(path, std::ios::binary);
+  TQ_CHECK(f.good(), "cannot open '", path, "' for writing");
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  TQ_CHECK(f.good(), "writing the cache file '", path, "' failed");
+}
+
+std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TQ_CHECK(f.good(), "cannot open the cache file '", path, "'");
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  TQ_CHECK(bytes.size() >= 24, "cache file '", path, "' is truncated (", bytes.size(), " bytes)");
+  TQ_CHECK(std::memcmp(bytes.data(), kMagic, 8) == 0, "'", path, "' is not a turboquant cache file (bad magic)");
+  uint32_t version, len;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  std::memcpy(&len, bytes.data() + 12, 4);
+  TQ_CHECK(version == kVersion, "cache file '", path, "' has version ", version, "; this build reads version ", kVersion);
+  uint64_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+  TQ_CHECK(fnv1a(bytes.data(), bytes.size() - 8) == stored, "cache file '", path, "' is corrupt (checksum mismatch)");
+  TQ_CHECK(16 + static_cast<size_t>(len) + 8 <= bytes.size(), "cache file '", path, "' is truncated inside its header");
+  nlohmann::json header;
+  std::unique_ptr<KVCache> cache;
+  try {
+    header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + len);
+    KVCacheOptions o;
+    o.k = spec_from_json(header.at("k"));
+    o.v = spec_from_json(header.at("v"));
+    o.min_tokens = header.at("min_tokens").get<int>();
+    o.sink_type = parse_kv_type(header.at("sink_type").get<std::string>());
+    o.window = header.at("window").get<int>();
+    o.block_tokens = header.at("block_tokens").get<int>();
+    cache = std::make_unique<KVCache>(header.at("n_kv_heads").get<int>(), header.at("head_dim").get<int>(), o);
+    cache->fused_ = header.at("fused").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("cache file '", path, "' has a malformed header: ", e.what());
+  }
+  size_t off = 16 + len;
+  const size_t end = bytes.size() - 8;
+  auto take = [&](size_t n) {
+    TQ_CHECK(off + n <= end, "cache file '", path, "' is truncated (payload shorter than its header says)");
+    const uint8_t* p = bytes.data() + off;
+    off += n;
+    return p;
+  };
+  const int M = cache->options_.min_tokens;
+  const int H = cache->n_kv_heads_;
+  const size_t sink_rec = cache->sink_format_->record_bytes();
+  for (const auto& js : header.at("sequences")) {
+    const int id = js.at("id").get<int>(), length = js.at("length").get<int>(), first_main = js.at("first_main").get<int>();
+    TQ_CHECK(length >= 0 && first_main >= M, "cache file '", path, "' has an inconsistent sequence ", id);
+    cache->add_sequence_with_id(id);
+    Sequence& s = cache->seqs_.at(id);
+    const int n_sink = std::min(length, M);
+    if (n_sink > 0) {
+      s.sink_k.resize(static_cast<size_t>(H) * M * sink_rec);
+      s.sink_v.resize(s.sink_k.size());
+    }
+    for (auto* buf : {&s.sink_k, &s.sink_v})
+      for (int h = 0; h < H; ++h) {
+        if (n_sink) std::memcpy(buf->data() + static_cast<size_t>(h) * M * sink_rec, take(n_sink * sink_rec), n_sink * sink_rec);
+      }
+    // Main tier: blocks start at first_main rounded down to the block grid.
+    const int T = cache->options_.block_tokens;
+    s.first_block_pos = M + (first_main - M) / T * T;
+    for (int pos = first_main; pos < length; ++pos)
+      for (int h = 0; h < H; ++h) {
+        std::memcpy(cache->main_record(s, pos, h, false), take(cache->k_format_->record_bytes()), cache->k_format_->record_bytes());
+        std::memcpy(cache->main_record(s, pos, h, true), take(cache->v_format_->record_bytes()), cache->v_format_->record_bytes());
+      }
+    s.length = length;
+  }
+  TQ_CHECK(off == end, "cache file '", path, "' has ", end - off, " unexpected trailing bytes");
+  return cache;
+}
+
+// ------------------------------------------------------------------ StateCache
+
+StateCache::StateCache(const StateShape& shape) : shape_(shape) {
+  TQ_CHECK(shape.conv_channels >= 0 && shape.conv_kernel >= 0 && shape.state_heads >= 0 && shape.state_dk >= 0 &&
+               shape.state_dv >= 0,
+           "state cache dimensions must not be negative");
+}
+
+std::string StateCache::describe() const {
+  std::ostringstream os;
+  os << "state(conv " << shape_.conv_channels << "x" << std::max(0, shape_.conv_kernel - 1) << ", recurrent "
+     << shape_.state_heads << "x" << shape_.state_dk << "x" << shape_.state_dv << ")";
+  return os.str();
+}
+
+MemoryUsage StateCache::memory() const {
+  MemoryUsage m;
+  for (const auto& [id, s] : states_) m.main_bytes += static_cast<int64_t>((s.conv.size() + s.recurrent.size()) * sizeof(float));
+  m.allocated_bytes = m.main_bytes;
+  m.fp16_bytes = m.main_bytes;
+  return m;
+}
+
+int StateCache::add_sequence() {
+  while (states_.count(next_id_)) ++next_id_;
+  State s;
+  s.conv.assign(static_cast<size_t>(shape_.conv_channels) * std::max(0, shape_.conv_kernel - 1), 0.0f);
+  s.recurrent.assign(static_cast<size_t>(shape_.state_heads) * shape_.state_dk * shape_.state_dv, 0.0f);
+  states_.emplace(next_id_, std::move(s));
+  return next_id_++;
+}
+
+void StateCache::remove_sequence(int seq) {
+  TQ_CHECK(states_.erase(seq) == 1, "no sequence ", seq, " in this state cache");
+}
+
+StateCache::State& StateCache::state(int seq) {
+  auto it = states_.find(seq);
+  TQ_CHECK(it != states_.end(), "no sequence ", seq, " in this state cache");
+  return it->second;
+}
+float* StateCache::conv_state(int seq) { return state(seq).conv.data(); }
+float* StateCache::recurrent_state(int seq) { return state(seq).recurrent.data(); }
+void StateCache::reset(int seq) {
+  State& s = state(seq);
+  std::fill(s.conv.begin(), s.conv.end(), 0.0f);
+  std::fill(s.recurrent.begin(), s.recurrent.end(), 0.0f);
+}
+
+// ------------------------------------------------------------------ prompt caches
+
+PromptCache make_prompt_cache(const std::vector<LayerSpec>& layers, KVType dense_type, int block_tokens) {
+  TQ_CHECK(is_dense(dense_type), "make_prompt_cache builds dense caches; convert them afterwards (got ", to_string(dense_type), ")");
+  PromptCache caches;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    if (l.kind == LayerKind::linear_attention) {
+      caches.push_back(std::make_unique<StateCache>(l.state));
+      continue;
+    }
+    KVCacheOptions o;
+    o.k.type = o.v.type = dense_type;
+    o.block_tokens = block_tokens;
+    if (l.kind == LayerKind::sliding_attention) {
+      TQ_CHECK(l.window > 0, "layer ", i, " is a sliding-window layer without a window size");
+      o.window = l.window;
+    }
+    caches.push_back(std::make_unique<KVCache>(l.n_kv_heads, l.head_dim, o));
+  }
+  return caches;
+}
+
+QuantizerOptions TurboQuantCacheOptions::k_quantizer() const {
+  QuantizerOptions q = QuantizerOptions::defaults(k_bits);
+  q.group_size = group_size;
+  q.scale_fit = scale_fit;
+  q.seed = k_seed;
+  if (k_bits == 8) q.grid = k_grid_8bit;
+  return q;
+}
+
+QuantizerOptions TurboQuantCacheOptions::v_quantizer() const {
+  QuantizerOptions q = QuantizerOptions::defaults(v_bits);
+  q.group_size = group_size;
+  q.scale_fit = scale_fit;
+  q.seed = v_seed;
+  return q;
+}
+
+KVCacheOptions turboquant_cache_options(const TurboQuantCacheOptions& o, int window) {
+  TQ_CHECK(o.k_bits >= 2 && o.k_bits <= 8, "K bits must be in 2..8, got ", o.k_bits);
+  TQ_CHECK(o.v_bits >= 2 && o.v_bits <= 8, "V bits must be in 2..8, got ", o.v_bits);
+  TQ_CHECK(o.group_size == 32 || o.group_size == 64 || o.group_size == 128, "KV group size must be 32, 64 or 128, got ", o.group_size);
+  TQ_CHECK(o.min_tokens_before_quant >= 0, "min_tokens_before_quant must not be negative");
+  KVCacheOptions c;
+  c.k.type = c.v.type = KVType::turboquant;
+  c.k.quantizer = o.k_quantizer();
+  c.v.quantizer = o.v_quantizer();
+  c.min_tokens = o.min_tokens_before_quant;
+  c.window = window;
+  c.block_tokens = o.block_tokens;
+  return c;
+}
+
+int convert_cache_to_turboquant(PromptCache& caches, const TurboQuantCacheOptions& options) {
+  int converted = 0;
+  for (auto& layer : caches) {
+    auto* kv = dynamic_cast<KVCache*>(layer.get());
+    if (!kv) continue;
+    const bool rotating_dense = kv->options().window > 0 && is_dense(kv->options().k.type) &&
+                                is_dense(kv->options().v.type) && kv->options().min_tokens == 0;
+    if (!kv->is_plain_dense_growing() && !(options.compress_rotating && rotating_dense)) continue;
+    auto tq = std::make_unique<KVCache>(kv->n_kv_heads(), kv->head_dim(), turboquant_cache_options(options, kv->options().window));
+    const size_t per_pos = static_cast<size_t>(kv->n_kv_heads()) * kv->head_dim();
+    std::vector<float> k(per_pos), v(per_pos);
+    for (int seq : kv->sequences()) {
+      tq->add_sequence_with_id(seq);
+      TQ_CHECK(kv->first_kept(seq) == 0, "cannot convert a rotating cache that has already dropped positions");
+      for (int pos = 0; pos < kv->length(seq); ++pos) {
+        kv->read(seq, pos, k.data(), v.data());
+        tq->append(seq, k.data(), v.data(), 1);
+      }
+    }
+    tq->set_fused(kv->fused());
+    layer = std::move(tq);
+    ++converted;
+  }
+  return converted;
+}
+
+int enable_fused_attend(PromptCache& caches) {
+  int marked = 0;
+  for (auto& layer : caches) {
+    if (auto* kv = dynamic_cast<KVCache*>(layer.get())) {
+      kv->set_fused(true);
+      ++marked;
+    }
+  }
+  return marked;
+}
+
+}  // namespace tq

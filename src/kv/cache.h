@@ -1,0 +1,200 @@
+// Per-layer caches.
+//
+//   KVCache     keys and values of an attention layer, for any number of sequences. Two tiers:
+//               the sink tier holds positions [0, min_tokens) of each sequence in `sink_type` (FP16 by
+//               default); the main tier holds the rest in fixed-size blocks of `block_tokens` positions
+//               from a pool shared by all sequences, in the main format (dense FP16/BF16/FP32,
+//               TurboQuant, or the q8_0/q4_0 baselines). With `window` > 0 it is a rotating cache for
+//               sliding-window layers: blocks that fall entirely out of the window are given back.
+//   StateCache  convolution and recurrent state of a linear-attention layer.
+//
+// Block layout (bytes): for each KV head h: [K records: block_tokens x k_record][V records:
+// block_tokens x v_record]. Memory formulas: docs/FORMATS.md ("KV cache").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/vector_format.h"
+
+namespace tq {
+
+// A run of consecutive positions stored in one format, as attention reads it.
+struct Segment {
+  int first_pos = 0;
+  int n_tokens = 0;
+  const VectorFormat* k_format = nullptr;
+  const VectorFormat* v_format = nullptr;
+  const uint8_t* k = nullptr;  // record of head 0, first token
+  const uint8_t* v = nullptr;
+  size_t head_stride = 0;      // bytes from head h to head h + 1 (same for K and V)
+  size_t k_stride = 0;         // bytes from one token's K record to the next
+  size_t v_stride = 0;
+  const uint8_t* k_record(int head, int t) const { return k + head * head_stride + static_cast<size_t>(t) * k_stride; }
+  const uint8_t* v_record(int head, int t) const { return v + head * head_stride + static_cast<size_t>(t) * v_stride; }
+};
+
+struct MemoryUsage {
+  int64_t sink_tokens = 0;       // positions held in the sink tier (all sequences)
+  int64_t main_tokens = 0;       // positions held in the main tier
+  int64_t sink_bytes = 0;        // = sink_tokens * sink bytes per token
+  int64_t main_bytes = 0;        // = main_tokens * main bytes per token
+  int64_t allocated_bytes = 0;   // what the process holds for this cache (whole blocks, sink buffers)
+  int64_t fp16_bytes = 0;        // what an FP16 cache of the same positions would take
+  int64_t bytes_in_use() const { return sink_bytes + main_bytes; }
+};
+
+enum class LayerKind { full_attention, sliding_attention, linear_attention };
+
+class LayerCache {
+ public:
+  virtual ~LayerCache() = default;
+  virtual std::string describe() const = 0;
+  virtual MemoryUsage memory() const = 0;
+  virtual int add_sequence() = 0;
+  virtual void remove_sequence(int seq) = 0;
+};
+
+struct KVCacheOptions {
+  VectorFormatSpec k;             // main tier formats
+  VectorFormatSpec v;
+  int min_tokens = 0;             // sink tier size (per sequence)
+  KVType sink_type = KVType::f16;
+  int window = 0;                 // > 0: rotating cache keeping at least the last `window` positions
+  int block_tokens = 64;
+};
+
+class KVCache final : public LayerCache {
+ public:
+  KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options);
+
+  int n_kv_heads() const { return n_kv_heads_; }
+  int head_dim() const { return head_dim_; }
+  const KVCacheOptions& options() const { return options_; }
+  const VectorFormat& k_format() const { return *k_format_; }
+  const VectorFormat& v_format() const { return *v_format_; }
+  const VectorFormat& sink_format() const { return *sink_format_; }
+  std::string describe() const override;
+
+  int add_sequence() override;
+  void add_sequence_with_id(int seq);
+  void remove_sequence(int seq) override;
+  bool has_sequence(int seq) const { return seqs_.count(seq) != 0; }
+  std::vector<int> sequences() const;
+  int length(int seq) const;        // positions appended so far
+  int first_kept(int seq) const;    // oldest position still held (> 0 only for rotating caches)
+
+  // Appends n positions. k, v: [n][n_kv_heads][head_dim] floats, original domain.
+  void append(int seq, const float* k, const float* v, int n);
+
+  // The stored positions of a sequence, oldest first: sink tier, then main-tier blocks.
+  void segments(int seq, std::vector<Segment>& out) const;
+
+  // Position pos decoded to floats in the original domain: k, v [n_kv_heads][head_dim].
+  void read(int seq, int pos, float* k, float* v) const;
+
+  MemoryUsage memory() const override;
+  size_t main_bytes_per_token() const { return static_cast<size_t>(n_kv_heads_) * (k_format_->record_bytes() + v_format_->record_bytes()); }
+  size_t sink_bytes_per_token() const { return static_cast<size_t>(n_kv_heads_) * 2 * sink_format_->record_bytes(); }
+
+  bool is_plain_dense_growing() const;
+  bool fused() const { return fused_; }
+  void set_fused(bool on) { fused_ = on; }
+
+  // Versioned file with a checksum; load() rebuilds the cache from the file alone.
+  void save(const std::string& path) const;
+  static std::unique_ptr<KVCache> load(const std::string& path);
+
+ private:
+  struct Sequence {
+    int length = 0;
+    int first_block_pos = 0;               // position of the first token of block_table[0]
+    std::vector<uint8_t> sink_k, sink_v;   // [n_kv_heads][min_tokens][sink record]
+    std::vector<int> block_table;          // main-tier blocks, oldest first
+  };
+  Sequence& seq_ref(int seq);
+  const Sequence& seq_ref(int seq) const;
+  uint8_t* main_record(Sequence& s, int pos, int head, bool value);
+  void drop_out_of_window(Sequence& s, int next_pos);
+
+  int n_kv_heads_, head_dim_;
+  KVCacheOptions options_;
+  std::unique_ptr<VectorFormat> k_format_, v_format_, sink_format_;
+  size_t block_head_bytes_;  // K and V records of one head in one block
+  BlockPool pool_;
+  std::map<int, Sequence> seqs_;
+  int next_id_ = 0;
+  bool fused_ = false;
+};
+
+// Linear-attention layer state (e.g. gated delta rule): per sequence, a causal-convolution state
+// [conv_channels][conv_kernel - 1] and a recurrent state [state_heads][state_dk][state_dv], float32.
+struct StateShape {
+  int conv_channels = 0, conv_kernel = 0;
+  int state_heads = 0, state_dk = 0, state_dv = 0;
+};
+
+class StateCache final : public LayerCache {
+ public:
+  explicit StateCache(const StateShape& shape);
+  std::string describe() const override;
+  MemoryUsage memory() const override;
+  int add_sequence() override;
+  void remove_sequence(int seq) override;
+  const StateShape& shape() const { return shape_; }
+  float* conv_state(int seq);       // [conv_channels][conv_kernel - 1]
+  float* recurrent_state(int seq);  // [state_heads][state_dk][state_dv]
+  void reset(int seq);              // zeroes both (a new prompt)
+
+ private:
+  struct State {
+    std::vector<float> conv, recurrent;
+  };
+  State& state(int seq);
+  StateShape shape_;
+  std::map<int, State> states_;
+  int next_id_ = 0;
+};
+
+// What make_prompt_cache needs to know about one layer.
+struct LayerSpec {
+  LayerKind kind = LayerKind::full_attention;
+  int n_kv_heads = 0, head_dim = 0;
+  int window = 0;       // sliding_attention
+  StateShape state;     // linear_attention
+};
+
+using PromptCache = std::vector<std::unique_ptr<LayerCache>>;
+
+// The right cache per layer: growing dense caches for full attention, rotating dense caches for
+// sliding-window layers, state caches for linear attention.
+PromptCache make_prompt_cache(const std::vector<LayerSpec>& layers, KVType dense_type = KVType::f16, int block_tokens = 64);
+
+struct TurboQuantCacheOptions {
+  int k_bits = 8, v_bits = 3;
+  int group_size = 64;
+  int min_tokens_before_quant = 0;
+  uint64_t k_seed = 0x4b4b4b4b;  // documented defaults (docs/FORMATS.md)
+  uint64_t v_seed = 0x56565656;
+  ScaleFit scale_fit = ScaleFit::norm_correction;
+  Grid k_grid_8bit = Grid::uniform;
+  bool compress_rotating = false;  // also convert sliding-window caches (long windows)
+  int block_tokens = 64;
+  QuantizerOptions k_quantizer() const;
+  QuantizerOptions v_quantizer() const;
+};
+KVCacheOptions turboquant_cache_options(const TurboQuantCacheOptions& o, int window = 0);
+
+// Replaces every plain growing dense cache (and rotating ones when compress_rotating) by a
+// TurboQuant cache holding the same positions (quantizing what is already there); leaves the
+// others as they are. Returns how many caches were converted.
+int convert_cache_to_turboquant(PromptCache& caches, const TurboQuantCacheOptions& options);
+
+// Marks every KV cache for the fused attention path. Returns how many caches were marked.
+int enable_fused_attend(PromptCache& caches);
+
+}  // namespace tq

@@ -1,0 +1,332 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "hwy/tests/hwy_gtest.h"
+#include "kv/cache.h"
+
+namespace tq {
+namespace {
+
+std::vector<float> gaussian(size_t n, uint64_t seed) {
+  SplitMix64 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+std::string temp_path(const std::string& name) { return testing::TempDir() + "/" + name; }
+
+VectorFormatSpec tq_spec(int bits, int group = 64) {
+  VectorFormatSpec s;
+  s.type = KVType::turboquant;
+  s.quantizer = QuantizerOptions::defaults(bits);
+  s.quantizer.group_size = group;
+  return s;
+}
+
+std::vector<VectorFormatSpec> all_specs() {
+  std::vector<VectorFormatSpec> specs;
+  for (KVType t : {KVType::f32, KVType::f16, KVType::bf16, KVType::q8_0, KVType::q4_0}) {
+    VectorFormatSpec s;
+    s.type = t;
+    specs.push_back(s);
+    if (t == KVType::q8_0 || t == KVType::q4_0) {
+      s.rotate = true;
+      specs.push_back(s);
+    }
+  }
+  for (int b = 2; b <= 8; ++b)
+    for (int g : {32, 64, 128}) specs.push_back(tq_spec(b, g));
+  auto lm8 = tq_spec(8);
+  lm8.quantizer.grid = Grid::lloyd_max;
+  specs.push_back(lm8);
+  return specs;
+}
+
+class RecordTargets : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(RecordTargets);
+
+TEST_P(RecordTargets, SimdDecodeMatchesScalarForEveryFormat) {
+  for (int dim : {64, 128, 256}) {
+    for (const auto& spec : all_specs()) {
+      if (spec.type == KVType::turboquant && dim % spec.quantizer.group_size != 0) continue;
+      const VectorFormat f(dim, spec);
+      const int count = 5;
+      const auto x = gaussian(static_cast<size_t>(dim) * count, dim + 7);
+      std::vector<uint8_t> recs(f.record_bytes() * count);
+      for (int i = 0; i < count; ++i) f.encode(x.data() + i * dim, recs.data() + i * f.record_bytes());
+      std::vector<float> simd(static_cast<size_t>(dim) * count), ref(simd.size());
+      kernels::decode_records(f.plan(), recs.data(), f.record_bytes(), count, simd.data());
+      for (int i = 0; i < count; ++i) scalar::decode_record(f.plan(), recs.data() + i * f.record_bytes(), ref.data() + i * dim);
+      for (size_t i = 0; i < simd.size(); ++i) ASSERT_EQ(simd[i], ref[i]) << f.describe() << " dim " << dim << " i " << i;
+      // And the round trip is close to the input.
+      std::vector<float> back(dim);
+      f.decode(recs.data(), back.data());
+      double err = 0, norm = 0;
+      for (int j = 0; j < dim; ++j) {
+        err += (back[j] - x[j]) * (back[j] - x[j]);
+        norm += x[j] * x[j];
+      }
+      EXPECT_LT(err / norm, 0.2) << f.describe();
+    }
+  }
+}
+
+TEST(VectorFormat, RecordSizesMatchTheFormula) {
+  EXPECT_EQ(VectorFormat(128, tq_spec(8)).record_bytes(), 128u + 4u);  // K8: codes + 2 scales
+  EXPECT_EQ(VectorFormat(128, tq_spec(3)).record_bytes(), 48u + 4u);   // V3
+  EXPECT_EQ(VectorFormat(128, tq_spec(4, 128)).record_bytes(), 64u + 2u);
+  VectorFormatSpec q8;
+  q8.type = KVType::q8_0;
+  EXPECT_EQ(VectorFormat(128, q8).record_bytes(), 4u * 34u);
+  q8.type = KVType::q4_0;
+  EXPECT_EQ(VectorFormat(128, q8).record_bytes(), 4u * 18u);
+  VectorFormatSpec f16;
+  EXPECT_EQ(VectorFormat(128, f16).record_bytes(), 256u);
+}
+
+KVCacheOptions tq_options(int k_bits, int v_bits, int min_tokens, int window = 0, int block = 16) {
+  TurboQuantCacheOptions o;
+  o.k_bits = k_bits;
+  o.v_bits = v_bits;
+  o.min_tokens_before_quant = min_tokens;
+  o.block_tokens = block;
+  return turboquant_cache_options(o, window);
+}
+
+TEST(KVCache, AppendAndReadAcrossTiersBlocksAndSequences) {
+  const int H = 2, D = 64;
+  KVCache cache(H, D, tq_options(8, 4, 5));
+  const VectorFormat& kf = cache.k_format();
+  const VectorFormat& vf = cache.v_format();
+  const int a = cache.add_sequence(), b = cache.add_sequence();
+  EXPECT_NE(a, b);
+  const auto ka = gaussian(40 * H * D, 1), va = gaussian(40 * H * D, 2);
+  const auto kb = gaussian(9 * H * D, 3), vb = gaussian(9 * H * D, 4);
+  cache.append(a, ka.data(), va.data(), 17);          // crosses the sink tier and a block
+  cache.append(b, kb.data(), vb.data(), 9);
+  cache.append(a, ka.data() + 17 * H * D, va.data() + 17 * H * D, 23);
+  EXPECT_EQ(cache.length(a), 40);
+  EXPECT_EQ(cache.length(b), 9);
+  std::vector<float> k(H * D), v(H * D), expect_k(D), expect_v(D);
+  for (int pos = 0; pos < 40; ++pos) {
+    cache.read(a, pos, k.data(), v.data());
+    for (int h = 0; h < H; ++h) {
+      const float* xk = ka.data() + (pos * H + h) * D;
+      const float* xv = va.data() + (pos * H + h) * D;
+      if (pos < 5) {  // sink tier: FP16 values
+        for (int j = 0; j < D; ++j) {
+          EXPECT_EQ(k[h * D + j], round_to_f16(xk[j]));
+          EXPECT_EQ(v[h * D + j], round_to_f16(xv[j]));
+        }
+      } else {  // main tier: exactly what the format encodes
+        std::vector<uint8_t> rk(kf.record_bytes()), rv(vf.record_bytes());
+        kf.encode(xk, rk.data());
+        vf.encode(xv, rv.data());
+        kf.decode(rk.data(), expect_k.data());
+        vf.decode(rv.data(), expect_v.data());
+        for (int j = 0; j < D; ++j) {
+          EXPECT_EQ(k[h * D + j], expect_k[j]);
+          EXPECT_EQ(v[h * D + j], expect_v[j]);
+        }
+      }
+    }
+  }
+  std::vector<Segment> segs;
+  cache.segments(a, segs);
+  ASSERT_EQ(segs.size(), 1u + 3u);  // sink + ceil(35 / 16) blocks
+  EXPECT_EQ(segs[0].n_tokens, 5);
+  EXPECT_EQ(segs[1].first_pos, 5);
+  EXPECT_EQ(segs[3].first_pos, 37);
+  EXPECT_EQ(segs[3].n_tokens, 3);
+  cache.remove_sequence(b);
+  EXPECT_FALSE(cache.has_sequence(b));
+  EXPECT_THROW(cache.length(b), Error);
+  EXPECT_THROW(cache.read(a, 40, k.data(), v.data()), Error);
+}
+
+TEST(KVCache, MemoryAccountingEqualsTheFormula) {
+  const int H = 8, D = 128;
+  KVCache cache(H, D, tq_options(8, 3, 128, 0, 64));
+  const int seq = cache.add_sequence();
+  const auto k = gaussian(1000 * H * D, 5);
+  cache.append(seq, k.data(), k.data(), 1000);
+  const MemoryUsage m = cache.memory();
+  // docs/FORMATS.md: main tier H * ((D + 2 D/64) + (3D/8 + 2 D/64)) = 8 * (132 + 52) = 1472 B per position;
+  // sink tier H * 2 * 2D = 4096 B per position.
+  EXPECT_EQ(cache.main_bytes_per_token(), 1472u);
+  EXPECT_EQ(cache.sink_bytes_per_token(), 4096u);
+  EXPECT_EQ(m.sink_tokens, 128);
+  EXPECT_EQ(m.main_tokens, 872);
+  EXPECT_EQ(m.sink_bytes, 128 * 4096);
+  EXPECT_EQ(m.main_bytes, 872 * 1472);
+  EXPECT_EQ(m.fp16_bytes, 1000 * 4096);
+  EXPECT_GE(m.allocated_bytes, m.bytes_in_use());
+  EXPECT_LT(m.allocated_bytes, m.bytes_in_use() + 16 * 64 * 1472 + 64 * 16);  // at most one chunk of spare blocks
+}
+
+TEST(KVCache, RotatingCacheGivesBackBlocksOutsideTheWindow) {
+  const int H = 1, D = 64, W = 40;
+  KVCacheOptions o;
+  o.window = W;
+  o.block_tokens = 16;
+  KVCache cache(H, D, o);
+  const int seq = cache.add_sequence();
+  const auto x = gaussian(500 * D, 9);
+  for (int pos = 0; pos < 500; ++pos) cache.append(seq, x.data() + pos * D, x.data() + pos * D, 1);
+  EXPECT_EQ(cache.length(seq), 500);
+  EXPECT_LE(500 - cache.first_kept(seq), W + 16);
+  EXPECT_GE(500 - cache.first_kept(seq), W - 1);
+  EXPECT_LE(cache.memory().main_tokens, W + 16);
+  std::vector<float> k(D), v(D);
+  cache.read(seq, 499 - W + 1, k.data(), v.data());
+  for (int j = 0; j < D; ++j) EXPECT_EQ(k[j], round_to_f16(x[(499 - W + 1) * D + j]));
+  EXPECT_THROW(cache.read(seq, 10, k.data(), v.data()), Error);
+}
+
+TEST(KVCache, SaveLoadRoundTripIsExact) {
+  const int H = 2, D = 64;
+  for (int window : {0, 24}) {
+    KVCache cache(H, D, tq_options(4, 3, 3, window));
+    const int a = cache.add_sequence(), b = cache.add_sequence();
+    const auto x = gaussian(60 * H * D, 11);
+    cache.append(a, x.data(), x.data() + 1, 50);
+    cache.append(b, x.data() + 7, x.data() + 3, 2);
+    cache.set_fused(true);
+    const std::string path = temp_path("cache_roundtrip.tqkv");
+    cache.save(path);
+    const auto loaded = KVCache::load(path);
+    EXPECT_TRUE(loaded->fused());
+    EXPECT_EQ(loaded->describe(), cache.describe());
+    for (int seq : {a, b}) {
+      ASSERT_EQ(loaded->length(seq), cache.length(seq));
+      EXPECT_EQ(loaded->first_kept(seq), cache.first_kept(seq));
+      std::vector<float> k1(H * D), v1(H * D), k2(H * D), v2(H * D);
+      for (int pos = cache.first_kept(seq); pos < cache.length(seq); ++pos) {
+        if (pos < 3 && pos >= cache.length(seq)) continue;
+        cache.read(seq, pos, k1.data(), v1.data());
+        loaded->read(seq, pos, k2.data(), v2.data());
+        EXPECT_EQ(k1, k2);
+        EXPECT_EQ(v1, v2);
+      }
+    }
+    EXPECT_EQ(loaded->memory().bytes_in_use(), cache.memory().bytes_in_use());
+  }
+}
+
+TEST(KVCache, CorruptFilesGiveClearErrors) {
+  KVCache cache(1, 64, tq_options(8, 3, 0));
+  const int s = cache.add_sequence();
+  const auto x = gaussian(10 * 64, 12);
+  cache.append(s, x.data(), x.data(), 10);
+  const std::string path = temp_path("cache_corrupt.tqkv");
+  cache.save(path);
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto write = [&](const std::vector<char>& b) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(b.data(), static_cast<std::streamsize>(b.size()));
+  };
+  auto expect_error = [&](const std::string& needle) {
+    try {
+      KVCache::load(path);
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x40;
+  write(flipped);
+  expect_error("checksum");
+  write(std::vector<char>(bytes.begin(), bytes.begin() + 100));
+  expect_error("checksum");
+  write(std::vector<char>(bytes.begin(), bytes.begin() + 10));
+  expect_error("truncated");
+  auto magic = bytes;
+  magic[0] = 'X';
+  write(magic);
+  expect_error("bad magic");
+  expect_error("bad magic");
+  std::remove(path.c_str());
+  expect_error("cannot open");
+}
+
+TEST(PromptCache, MakeConvertAndEnableFused) {
+  std::vector<LayerSpec> layers(4);
+  for (auto& l : layers) {
+    l.n_kv_heads = 2;
+    l.head_dim = 64;
+  }
+  layers[1].kind = LayerKind::sliding_attention;
+  layers[1].window = 32;
+  layers[2].kind = LayerKind::linear_attention;
+  layers[2].state = StateShape{8, 4, 2, 16, 16};
+  PromptCache caches = make_prompt_cache(layers);
+  ASSERT_EQ(caches.size(), 4u);
+  auto* full = dynamic_cast<KVCache*>(caches[0].get());
+  ASSERT_NE(full, nullptr);
+  const int seq = full->add_sequence();
+  const auto x = gaussian(20 * 2 * 64, 13);
+  full->append(seq, x.data(), x.data(), 20);  // prefill in FP16, convert after
+  auto* state = dynamic_cast<StateCache*>(caches[2].get());
+  ASSERT_NE(state, nullptr);
+  const int sseq = state->add_sequence();
+  state->recurrent_state(sseq)[5] = 1.0f;
+  EXPECT_EQ(state->memory().main_bytes, static_cast<int64_t>((8 * 3 + 2 * 16 * 16) * 4));
+
+  TurboQuantCacheOptions o;
+  o.min_tokens_before_quant = 4;
+  EXPECT_EQ(convert_cache_to_turboquant(caches, o), 2);  // layers 0 and 3; not the rotating or state ones
+  auto* converted = dynamic_cast<KVCache*>(caches[0].get());
+  ASSERT_NE(converted, nullptr);
+  EXPECT_EQ(converted->k_format().type(), KVType::turboquant);
+  EXPECT_EQ(converted->length(seq), 20);
+  EXPECT_EQ(converted->memory().sink_tokens, 4);
+  EXPECT_EQ(dynamic_cast<KVCache*>(caches[1].get())->k_format().type(), KVType::f16);
+  EXPECT_EQ(dynamic_cast<StateCache*>(caches[2].get())->recurrent_state(sseq)[5], 1.0f);
+  // The converted cache holds the quantized image of the FP16 values.
+  std::vector<float> k(2 * 64), v(2 * 64), rk(64), back(64);
+  converted->read(seq, 10, k.data(), v.data());
+  std::vector<float> src(64);
+  for (int j = 0; j < 64; ++j) src[j] = round_to_f16(x[(10 * 2 + 1) * 64 + j]);
+  std::vector<uint8_t> rec(converted->k_format().record_bytes());
+  converted->k_format().encode(src.data(), rec.data());
+  converted->k_format().decode(rec.data(), back.data());
+  for (int j = 0; j < 64; ++j) EXPECT_EQ(k[64 + j], back[j]);
+  EXPECT_EQ(enable_fused_attend(caches), 3);
+  EXPECT_TRUE(converted->fused());
+  o.compress_rotating = true;
+  EXPECT_EQ(convert_cache_to_turboquant(caches, o), 1);  // now the rotating one
+}
+
+TEST(KVCache, BadOptionsSayWhatIsWrong) {
+  TurboQuantCacheOptions o;
+  o.k_bits = 9;
+  EXPECT_THROW(turboquant_cache_options(o), Error);
+  o.k_bits = 8;
+  o.group_size = 48;
+  try {
+    turboquant_cache_options(o);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group size"), std::string::npos);
+  }
+  KVCacheOptions bad;
+  bad.sink_type = KVType::q8_0;
+  EXPECT_THROW(KVCache(1, 64, bad), Error);
+  KVCacheOptions q;
+  q.k.type = KVType::q8_0;
+  EXPECT_THROW(KVCache(1, 48, q), Error);  // not a multiple of 32
+  EXPECT_THROW(parse_kv_type("q5_k"), Error);
+}
+
+}  // namespace
+}  // namespace tq
