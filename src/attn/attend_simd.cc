@@ -48,6 +48,32 @@ void ScoreTile(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT 
   }
 }
 
+// Scores of 16 tokens per vector group: for each dimension, one load of the 16 keys' values and
+// one broadcast multiply-add per query row. No horizontal sums.
+void ScoreColumns(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT kt, int dim,
+                  float* HWY_RESTRICT s, int ld_s) {
+  const hn::CappedTag<float, 16> d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(hn::CappedTag<float, 16>()));
+  constexpr int V = 16 / N;  // vectors per 16 tokens
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const int nr = rows - r0 < 4 ? rows - r0 : 4;
+    hn::Vec<decltype(d)> acc[4][V];
+    for (int r = 0; r < 4; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
+    const float* q0 = q + static_cast<size_t>(r0) * dim;
+    for (int j = 0; j < dim; ++j) {
+      hn::Vec<decltype(d)> k[V];
+      for (int v = 0; v < V; ++v) k[v] = hn::Load(d, kt + j * 16 + v * N);
+      for (int r = 0; r < nr; ++r) {
+        const auto qj = hn::Set(d, q0[static_cast<size_t>(r) * dim + j]);
+        for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, s + static_cast<size_t>(r0 + r) * ld_s + v * N);
+  }
+}
+
 // Two rows at a time, the accumulator chunk in registers across all tokens of the tile.
 void AccumulateTile(float* HWY_RESTRICT acc, int rows, const float* HWY_RESTRICT p, int ld_p,
                     const float* HWY_RESTRICT v, int tokens, int dim) {
@@ -142,6 +168,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tq::attn_kernels {
 HWY_EXPORT(ScoreTile);
+HWY_EXPORT(ScoreColumns);
+void score_columns(const float* q, int rows, const float* kt, int dim, float* s, int ld_s) {
+  HWY_DYNAMIC_DISPATCH(ScoreColumns)(q, rows, kt, dim, s, ld_s);
+}
 HWY_EXPORT(AccumulateTile);
 HWY_EXPORT(ExpShifted);
 HWY_EXPORT(Scale);

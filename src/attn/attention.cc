@@ -111,7 +111,7 @@ void attend_standard_head(const KVCache& cache, const AttentionRequest& r, const
   int n = 0;
   for (const auto& g : segs) {
     for (int t = 0; t < g.n_tokens; ++t, ++n) {
-      g.k_format->decode(g.k_record(h, t), keys.data() + static_cast<size_t>(n) * dim);
+      g.decode_k(h, t, keys.data() + static_cast<size_t>(n) * dim);
       g.v_format->decode(g.v_record(h, t), values.data() + static_cast<size_t>(n) * dim);
       positions[n] = g.first_pos + t;
     }
@@ -161,18 +161,17 @@ struct PartialState {
 
 struct WorkItem {
   int request, head;
-  int begin, end;  // index range into the request's concatenated segment positions
+  int seg_begin, seg_end;  // range of the request's segments
 };
 
 struct RequestPlan {
   std::vector<Segment> segs;
-  std::vector<int> seg_start;          // concatenated index of each segment's first position
-  int total = 0;
+  int total = 0;                       // positions held
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
 };
 
 struct Scratch {
-  AlignedVector<float> k_tile, v_tile;  // [kTile][dim]
+  AlignedVector<float> k_tile, v_tile;  // [kTile][dim] (K: [dim][kTile] for column segments)
   AlignedVector<float> scores;          // [rows][kTile]
 };
 
@@ -189,18 +188,20 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   const int oldest_visible = p.window > 0 ? r.pos0 - p.window + 1 : 0;
   float* sc = scratch.scores.data();
 
-  for (size_t si = 0; si < plan.segs.size(); ++si) {
+  for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
-    const int seg_lo = plan.seg_start[si];
-    const int t_begin = std::max(item.begin - seg_lo, 0);
-    const int t_end = std::min(item.end - seg_lo, g.n_tokens);
-    for (int t0 = t_begin; t0 < t_end; t0 += kTile) {
-      const int nt = std::min(kTile, t_end - t0);
+    for (int t0 = 0; t0 < g.n_tokens; t0 += kTile) {
+      const int nt = std::min(kTile, g.n_tokens - t0);
       const int p_first = g.first_pos + t0, p_last = p_first + nt - 1;
       if (p_first > last_q || p_last < oldest_visible) continue;  // no row sees any of these
-      kernels::decode_records(g.k_format->plan(), g.k_record(h, t0), g.k_stride, nt, scratch.k_tile.data());
       const float* q = g.k_format->rotated() ? q_rot : q_orig;
-      attn_kernels::score_tile(q, rows, scratch.k_tile.data(), nt, dim, sc, kTile);
+      if (g.k_columns) {
+        kernels::decode_columns(g.k_format->plan(), g.k_region(h), g.block_tokens, t0, scratch.k_tile.data());
+        attn_kernels::score_columns(q, rows, scratch.k_tile.data(), dim, sc, kTile);
+      } else {
+        kernels::decode_records(g.k_format->plan(), g.k_record(h, t0), g.k_stride, nt, scratch.k_tile.data());
+        attn_kernels::score_tile(q, rows, scratch.k_tile.data(), nt, dim, sc, kTile);
+      }
       bool any = false;
       for (int row = 0; row < rows; ++row) {
         const int qpos = r.pos0 + row / s.group;
@@ -247,10 +248,7 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     const auto& r = requests[ri];
     RequestPlan& plan = plans[ri];
     cache.segments(r.seq, plan.segs);
-    for (const auto& g : plan.segs) {
-      plan.seg_start.push_back(plan.total);
-      plan.total += g.n_tokens;
-    }
+    for (const auto& g : plan.segs) plan.total += g.n_tokens;
     const int rows = r.n_q * s.group;
     max_rows = std::max(max_rows, rows);
     plan.q_orig.resize(static_cast<size_t>(s.n_kv) * rows * dim);
@@ -276,12 +274,20 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       const int want = (4 * pool.size() + heads_total - 1) / heads_total;
       slices = std::clamp(total / 512, 1, std::max(1, want));
     }
-    const int per = (total + slices - 1) / slices;
-    for (int h = 0; h < s.n_kv; ++h)
-      for (int c = 0; c < slices; ++c) {
-        const int b = c * per, e = std::min(total, b + per);
-        if (b < e) items.push_back({static_cast<int>(ri), h, b, e});
+    // Cut the segment list into `slices` runs of about equal length.
+    const auto& segs = plans[ri].segs;
+    std::vector<std::pair<int, int>> runs;
+    int start = 0, seen = 0;
+    for (int si = 0; si < static_cast<int>(segs.size()); ++si) {
+      seen += segs[si].n_tokens;
+      if (seen * static_cast<int64_t>(slices) >= static_cast<int64_t>(total) * (static_cast<int>(runs.size()) + 1) ||
+          si + 1 == static_cast<int>(segs.size())) {
+        runs.emplace_back(start, si + 1);
+        start = si + 1;
       }
+    }
+    for (int h = 0; h < s.n_kv; ++h)
+      for (const auto& [b, e] : runs) items.push_back({static_cast<int>(ri), h, b, e});
   }
 
   std::vector<PartialState> states(items.size());

@@ -25,6 +25,7 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       sink_format_(std::make_unique<VectorFormat>(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0})),
       block_head_bytes_(static_cast<size_t>(options.block_tokens) *
                         (k_format_->record_bytes() + v_format_->record_bytes())),
+      k_columns_(k_format_->supports_columns() && options.block_tokens % 16 == 0),
       pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads)) {
   TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
   TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);
@@ -97,15 +98,38 @@ void KVCache::drop_out_of_window(Sequence& s, int next_pos) {
   }
 }
 
-uint8_t* KVCache::main_record(Sequence& s, int pos, int head, bool value) {
+uint8_t* KVCache::main_block(Sequence& s, int pos) {
+  const size_t b = static_cast<size_t>((pos - s.first_block_pos) / options_.block_tokens);
+  while (s.block_table.size() <= b) {
+    const int id = pool_.allocate();
+    // Zeroed so that column tiles read defined values past the last filled token.
+    std::memset(pool_.data(id), 0, pool_.block_bytes());
+    s.block_table.push_back(id);
+  }
+  return pool_.data(s.block_table[b]);
+}
+
+uint8_t* KVCache::main_v_record(Sequence& s, int pos, int head) {
   const int T = options_.block_tokens;
-  const int index = pos - s.first_block_pos;
-  const size_t b = static_cast<size_t>(index / T);
-  while (s.block_table.size() <= b) s.block_table.push_back(pool_.allocate());
-  uint8_t* head_base = pool_.data(s.block_table[b]) + static_cast<size_t>(head) * block_head_bytes_;
-  const int t = index % T;
-  if (!value) return head_base + static_cast<size_t>(t) * k_format_->record_bytes();
-  return head_base + static_cast<size_t>(T) * k_format_->record_bytes() + static_cast<size_t>(t) * v_format_->record_bytes();
+  const int t = (pos - s.first_block_pos) % T;
+  return main_block(s, pos) + static_cast<size_t>(head) * block_head_bytes_ + static_cast<size_t>(T) * k_format_->record_bytes() +
+         static_cast<size_t>(t) * v_format_->record_bytes();
+}
+
+void Segment::decode_k_stored(int head, int t, float* y) const {
+  if (k_columns) {
+    k_format->decode_column_stored(k_region(head), block_tokens, t, y);
+  } else {
+    k_format->decode_stored(k_record(head, t), y);
+  }
+}
+
+void Segment::decode_k(int head, int t, float* x) const {
+  if (k_columns) {
+    k_format->decode_column(k_region(head), block_tokens, t, x);
+  } else {
+    k_format->decode(k_record(head, t), x);
+  }
 }
 
 void KVCache::append(int seq, const float* k, const float* v, int n) {
@@ -128,8 +152,15 @@ void KVCache::append(int seq, const float* k, const float* v, int n) {
         sink_format_->encode(kh, s.sink_k.data() + off);
         sink_format_->encode(vh, s.sink_v.data() + off);
       } else {
-        k_format_->encode(kh, main_record(s, pos, h, false));
-        v_format_->encode(vh, main_record(s, pos, h, true));
+        const int T = options_.block_tokens;
+        const int t = (pos - s.first_block_pos) % T;
+        uint8_t* k_region = main_block(s, pos) + static_cast<size_t>(h) * block_head_bytes_;
+        if (k_columns_) {
+          k_format_->encode_column(kh, k_region, T, t);
+        } else {
+          k_format_->encode(kh, k_region + static_cast<size_t>(t) * k_format_->record_bytes());
+        }
+        v_format_->encode(vh, main_v_record(s, pos, h));
       }
     }
     ++s.length;
@@ -166,6 +197,8 @@ void KVCache::segments(int seq, std::vector<Segment>& out) const {
     g.head_stride = block_head_bytes_;
     g.k_stride = k_format_->record_bytes();
     g.v_stride = v_format_->record_bytes();
+    g.k_columns = k_columns_;
+    g.block_tokens = T;
     out.push_back(g);
   }
 }
@@ -184,11 +217,14 @@ void KVCache::read(int seq, int pos, float* k, float* v) const {
     return;
   }
   TQ_CHECK(pos >= s.first_block_pos, "position ", pos, " of sequence ", seq, " has left the sliding window");
-  auto& self = const_cast<KVCache&>(*this);
-  auto& ms = const_cast<Sequence&>(s);
-  for (int h = 0; h < n_kv_heads_; ++h) {
-    k_format_->decode(self.main_record(ms, pos, h, false), k + static_cast<size_t>(h) * head_dim_);
-    v_format_->decode(self.main_record(ms, pos, h, true), v + static_cast<size_t>(h) * head_dim_);
+  std::vector<Segment> segs;
+  segments(seq, segs);
+  for (const Segment& g : segs) {
+    if (g.k_format != k_format_.get() || pos < g.first_pos || pos >= g.first_pos + g.n_tokens) continue;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      g.decode_k(h, pos - g.first_pos, k + static_cast<size_t>(h) * head_dim_);
+      v_format_->decode(g.v_record(h, pos - g.first_pos), v + static_cast<size_t>(h) * head_dim_);
+    }
   }
 }
 
@@ -262,7 +298,7 @@ VectorFormatSpec spec_from_json(const nlohmann::json& j) {
 
 // File: magic[8] "TQKVCACH", u32 version, u32 header length L, L bytes of JSON (options and sequence
 // lengths), then per sequence in header order: sink K and V [n_kv_heads][min(length, min_tokens)][record],
-// then each held main-tier position in order, per head a K record then a V record; last, the u64
+// then each held main-tier block in order, whole (the block layout of cache.h); last, the u64
 // FNV-1a hash of every byte before it. All integers little-endian.
 void KVCache::save(const std::string& path) const {
   nlohmann::json header = {{"n_kv_heads", n_kv_heads_},
@@ -295,13 +331,10 @@ void KVCache::save(const std::string& path) const {
     const int n_sink = std::min(s.length, M);
     for (const auto* buf : {&s.sink_k, &s.sink_v})
       for (int h = 0; h < n_kv_heads_; ++h) put(buf->data() + static_cast<size_t>(h) * M * sink_rec, n_sink * sink_rec);
-    auto& self = const_cast<KVCache&>(*this);
-    auto& ms = const_cast<Sequence&>(s);
-    for (int pos = std::max(M, s.first_block_pos); pos < s.length; ++pos)
-      for (int h = 0; h < n_kv_heads_; ++h) {
-        put(self.main_record(ms, pos, h, false), k_format_->record_bytes());
-        put(self.main_record(ms, pos, h, true), v_format_->record_bytes());
-      }
+    const int T = options_.block_tokens;
+    for (size_t b = 0; b < s.block_table.size() && s.first_block_pos + static_cast<int>(b) * T < s.length; ++b) {
+      put(pool_.data(s.block_table[b]), block_head_bytes_ * static_cast<size_t>(n_kv_heads_));
+    }
   }
   const uint64_t hash = fnv1a(bytes.data(), bytes.size());
   put(&hash, 8);
@@ -369,11 +402,8 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
     // Main tier: blocks start at first_main rounded down to the block grid.
     const int T = cache->options_.block_tokens;
     s.first_block_pos = M + (first_main - M) / T * T;
-    for (int pos = first_main; pos < length; ++pos)
-      for (int h = 0; h < H; ++h) {
-        std::memcpy(cache->main_record(s, pos, h, false), take(cache->k_format_->record_bytes()), cache->k_format_->record_bytes());
-        std::memcpy(cache->main_record(s, pos, h, true), take(cache->v_format_->record_bytes()), cache->v_format_->record_bytes());
-      }
+    const size_t block_bytes = cache->block_head_bytes_ * static_cast<size_t>(H);
+    for (int pos = s.first_block_pos; pos < length; pos += T) std::memcpy(cache->main_block(s, pos), take(block_bytes), block_bytes);
     s.length = length;
   }
   TQ_CHECK(off == end, "cache file '", path, "' has ", end - off, " unexpected trailing bytes");

@@ -8,8 +8,10 @@
 //               sliding-window layers: blocks that fall entirely out of the window are given back.
 //   StateCache  convolution and recurrent state of a linear-attention layer.
 //
-// Block layout (bytes): for each KV head h: [K records: block_tokens x k_record][V records:
-// block_tokens x v_record]. Memory formulas: docs/FORMATS.md ("KV cache").
+// Block layout (bytes): for each KV head h: [K region: block_tokens x k_record][V records:
+// block_tokens x v_record]. The K region is in column (dimension-major) layout when the K format has
+// one (dense and TurboQuant; see VectorFormat::encode_column), else block_tokens records. Memory
+// formulas: docs/FORMATS.md ("KV cache").
 #pragma once
 
 #include <cstdint>
@@ -32,10 +34,16 @@ struct Segment {
   const uint8_t* k = nullptr;  // record of head 0, first token
   const uint8_t* v = nullptr;
   size_t head_stride = 0;      // bytes from head h to head h + 1 (same for K and V)
-  size_t k_stride = 0;         // bytes from one token's K record to the next
+  size_t k_stride = 0;         // bytes from one token's K record to the next (record layout)
   size_t v_stride = 0;
+  bool k_columns = false;      // K is a column region of `block_tokens` tokens (first_pos at column 0)
+  int block_tokens = 0;
+  const uint8_t* k_region(int head) const { return k + head * head_stride; }
   const uint8_t* k_record(int head, int t) const { return k + head * head_stride + static_cast<size_t>(t) * k_stride; }
   const uint8_t* v_record(int head, int t) const { return v + head * head_stride + static_cast<size_t>(t) * v_stride; }
+  // Token t's key (either layout) as floats: original domain / stored domain.
+  void decode_k(int head, int t, float* x) const;
+  void decode_k_stored(int head, int t, float* y) const;
 };
 
 struct MemoryUsage {
@@ -118,13 +126,16 @@ class KVCache final : public LayerCache {
   };
   Sequence& seq_ref(int seq);
   const Sequence& seq_ref(int seq) const;
-  uint8_t* main_record(Sequence& s, int pos, int head, bool value);
+  uint8_t* main_block(Sequence& s, int pos);  // allocates blocks up to pos
+  uint8_t* main_v_record(Sequence& s, int pos, int head);
+  bool k_columns() const { return k_columns_; }
   void drop_out_of_window(Sequence& s, int next_pos);
 
   int n_kv_heads_, head_dim_;
   KVCacheOptions options_;
   std::unique_ptr<VectorFormat> k_format_, v_format_, sink_format_;
   size_t block_head_bytes_;  // K and V records of one head in one block
+  bool k_columns_;
   BlockPool pool_;
   std::map<int, Sequence> seqs_;
   int next_id_ = 0;

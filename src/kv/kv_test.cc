@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "hwy/tests/hwy_gtest.h"
+#include "core/aligned.h"
 #include "kv/cache.h"
 
 namespace tq {
@@ -75,6 +76,34 @@ TEST_P(RecordTargets, SimdDecodeMatchesScalarForEveryFormat) {
         norm += x[j] * x[j];
       }
       EXPECT_LT(err / norm, 0.2) << f.describe();
+    }
+  }
+}
+
+TEST_P(RecordTargets, ColumnRegionsDecodeLikeRecords) {
+  const int T = 64;
+  for (int dim : {64, 128}) {
+    for (const auto& spec : all_specs()) {
+      if (spec.type == KVType::turboquant && dim % spec.quantizer.group_size != 0) continue;
+      const VectorFormat f(dim, spec);
+      if (!f.supports_columns()) continue;
+      const auto x = gaussian(static_cast<size_t>(dim) * T, dim + 3);
+      std::vector<uint8_t> region(f.record_bytes() * T, 0), rec(f.record_bytes());
+      for (int t = 0; t < T; ++t) f.encode_column(x.data() + t * dim, region.data(), T, t);
+      AlignedVector<float> cols(static_cast<size_t>(dim) * 16);
+      std::vector<float> one(dim), expect(dim);
+      for (int t0 = 0; t0 < T; t0 += 16) {
+        kernels::decode_columns(f.plan(), region.data(), T, t0, cols.data());
+        for (int t = t0; t < t0 + 16; ++t) {
+          f.encode(x.data() + t * dim, rec.data());
+          f.decode_stored(rec.data(), expect.data());
+          f.decode_column_stored(region.data(), T, t, one.data());
+          for (int j = 0; j < dim; ++j) {
+            ASSERT_EQ(one[j], expect[j]) << f.describe();
+            ASSERT_EQ(cols[j * 16 + (t - t0)], expect[j]) << f.describe() << " t " << t << " j " << j;
+          }
+        }
+      }
     }
   }
 }

@@ -18,28 +18,27 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using D = hn::CappedTag<float, 16>;
 
-// Bits [bit, bit + n) of a byte array (n <= 16), as the low bits of a word.
-HWY_INLINE uint32_t ReadBits(const uint8_t* p, size_t bit, size_t avail_bytes) {
-  const size_t byte = bit / 8;
-  uint32_t w = 0;
-  const size_t n = avail_bytes - byte < 3 ? avail_bytes - byte : 3;
-  std::memcpy(&w, p + byte, n);
-  return w >> (bit % 8);
+// Mask of lanes whose bit is set in a plane, for codes [first, first + lanes). Vectors of 8 or more
+// lanes start on a byte; narrower ones need the byte shifted first.
+template <class DI>
+HWY_INLINE auto PlaneMask(DI di, const uint8_t* plane, size_t first) {
+  if constexpr (hn::MaxLanes(DI()) >= 8) {
+    return hn::LoadMaskBits(di, plane + first / 8);
+  } else {
+    const uint8_t byte = static_cast<uint8_t>(plane[first / 8] >> (first % 8));
+    return hn::LoadMaskBits(di, &byte);
+  }
 }
 
 void DecodeTurboQuant(const RecordPlan& plan, const uint8_t* HWY_RESTRICT first, size_t stride, int count,
                       float* HWY_RESTRICT out_all) {
   const D d;
   const hn::RebindToSigned<D> di;
-  const hn::RebindToUnsigned<D> du;
   const hn::Rebind<uint8_t, D> du8;
   const size_t N = hn::Lanes(d);
   const int dim = plan.dim;
   const size_t plane_bytes = static_cast<size_t>(dim) / 8;
 
-  HWY_ALIGN uint32_t lane_bit_arr[16];
-  for (size_t i = 0; i < 16; ++i) lane_bit_arr[i] = 1u << i;
-  const auto lane_bit = hn::Load(du, lane_bit_arr);
   HWY_ALIGN float lv[32] = {0};
   for (int i = 0; i < plan.level_count && i < 32; ++i) lv[i] = plan.levels[i];
   const auto lv_lo = hn::Load(d, lv);
@@ -63,9 +62,9 @@ void DecodeTurboQuant(const RecordPlan& plan, const uint8_t* HWY_RESTRICT first,
       } else {
         auto code = hn::Zero(di);
         for (int k = 0; k < plan.bits; ++k) {
-          const uint32_t w = ReadBits(rec + k * plane_bytes, static_cast<size_t>(j), plane_bytes);
-          const auto hit = hn::TestBit(hn::Set(du, w), lane_bit);
-          code = hn::Or(code, hn::IfThenElseZero(hn::RebindMask(di, hit), hn::Set(di, 1 << k)));
+          // Plane k holds bit k of dims j .. j + N - 1 as consecutive bits: a mask register load.
+          const auto hit = PlaneMask(di, rec + k * plane_bytes, static_cast<size_t>(j));
+          code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
         }
         if (plan.uniform) {
           value = hn::Sub(hn::ConvertTo(d, code), hn::Set(d, plan.uniform_max));
@@ -154,6 +153,83 @@ void DecodeOne(const RecordPlan& plan, const uint8_t* HWY_RESTRICT rec, float* H
   scalar::decode_record(plan, rec, out);
 }
 
+// Tokens [t0, t0 + 16) of a column region (see VectorFormat::encode_column) -> out [dim][16].
+void DecodeColumns(const RecordPlan& plan, const uint8_t* HWY_RESTRICT region, int T, int t0, float* HWY_RESTRICT out) {
+  const D d;
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint8_t, D> du8;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const hn::Rebind<hwy::bfloat16_t, D> db;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const int dim = plan.dim;
+  const size_t Ts = static_cast<size_t>(T);
+  switch (plan.type) {
+    case KVType::f32: {
+      const auto* x = reinterpret_cast<const float*>(region);
+      for (int j = 0; j < dim; ++j)
+        for (int v = 0; v < 16; v += N) hn::Store(hn::LoadU(d, x + j * Ts + t0 + v), d, out + j * 16 + v);
+      return;
+    }
+    case KVType::f16: {
+      const auto* x = reinterpret_cast<const hwy::float16_t*>(region);
+      for (int j = 0; j < dim; ++j)
+        for (int v = 0; v < 16; v += N) hn::Store(hn::PromoteTo(d, hn::LoadU(dh, x + j * Ts + t0 + v)), d, out + j * 16 + v);
+      return;
+    }
+    case KVType::bf16: {
+      const auto* x = reinterpret_cast<const hwy::bfloat16_t*>(region);
+      for (int j = 0; j < dim; ++j)
+        for (int v = 0; v < 16; v += N) hn::Store(hn::PromoteTo(d, hn::LoadU(db, x + j * Ts + t0 + v)), d, out + j * 16 + v);
+      return;
+    }
+    case KVType::turboquant: {
+      HWY_ALIGN float lv[32] = {0};
+      for (int i = 0; i < plan.level_count && i < 32; ++i) lv[i] = plan.levels[i];
+      const auto lv_lo = hn::Load(d, lv);
+      const auto lv_hi = hn::LoadU(d, lv + N);
+      const auto mask_low = hn::Set(di, N - 1);
+      const auto n_vec = hn::Set(di, N);
+      const auto umax = hn::Set(d, plan.uniform_max);
+      const size_t plane = Ts / 8;
+      const auto* scales = reinterpret_cast<const hwy::float16_t*>(region + Ts * plan.code_bytes);
+      for (int g = 0; g < dim / plan.group_size; ++g) {
+        hn::Vec<D> sc[16];
+        for (int v = 0; v < 16; v += N) sc[v / N] = hn::PromoteTo(d, hn::LoadU(dh, scales + g * Ts + t0 + v));
+        for (int j = g * plan.group_size; j < (g + 1) * plan.group_size; ++j) {
+          for (int v = 0; v < 16; v += N) {
+            hn::Vec<D> value;
+            if (plan.bits == 8) {
+              const auto c = hn::PromoteTo(di, hn::LoadU(du8, region + j * Ts + t0 + v));
+              value = plan.uniform ? hn::Sub(hn::ConvertTo(d, c), umax) : hn::GatherIndex(d, plan.levels, c);
+            } else {
+              auto code = hn::Zero(di);
+              for (int k = 0; k < plan.bits; ++k) {
+                const auto hit = PlaneMask(di, region + (static_cast<size_t>(j) * plan.bits + k) * plane, static_cast<size_t>(t0 + v));
+                code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
+              }
+              if (plan.uniform) {
+                value = hn::Sub(hn::ConvertTo(d, code), umax);
+              } else if (plan.level_count <= N) {
+                value = hn::TableLookupLanes(lv_lo, hn::IndicesFromVec(d, code));
+              } else if (plan.level_count <= 2 * N) {
+                const auto idx = hn::IndicesFromVec(d, hn::And(code, mask_low));
+                value = hn::IfThenElse(hn::RebindMask(d, hn::Lt(code, n_vec)), hn::TableLookupLanes(lv_lo, idx),
+                                       hn::TableLookupLanes(lv_hi, idx));
+              } else {
+                value = hn::GatherIndex(d, plan.levels, code);
+              }
+            }
+            hn::Store(hn::Mul(value, sc[v / N]), d, out + j * 16 + v);
+          }
+        }
+      }
+      return;
+    }
+    default:
+      break;
+  }
+}
+
 // count records, `stride` bytes apart -> out [count][dim].
 void DecodeRecords(const RecordPlan& plan, const uint8_t* HWY_RESTRICT first, size_t stride, int count,
                    float* HWY_RESTRICT out) {
@@ -172,6 +248,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tq::kernels {
 HWY_EXPORT(DecodeRecords);
+HWY_EXPORT(DecodeColumns);
+void decode_columns(const RecordPlan& plan, const uint8_t* region, int T, int t0, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeColumns)(plan, region, T, t0, out);
+}
 void decode_records(const RecordPlan& plan, const uint8_t* first, size_t stride, int count, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeRecords)(plan, first, stride, count, out);
 }

@@ -117,6 +117,82 @@ void VectorFormat::decode(const uint8_t* record, float* x) const {
   if (rotation_) rotation_->inverse(x);
 }
 
+void VectorFormat::encode_column(const float* x, uint8_t* region, int T, int t) const {
+  TQ_CHECK(supports_columns(), to_string(spec_.type), " has no column layout");
+  std::vector<uint8_t> rec(record_bytes_);
+  encode(x, rec.data());
+  const size_t D = static_cast<size_t>(dim_);
+  switch (spec_.type) {
+    case KVType::f32:
+      for (size_t j = 0; j < D; ++j) std::memcpy(region + (j * T + t) * 4, rec.data() + j * 4, 4);
+      return;
+    case KVType::f16:
+    case KVType::bf16:
+      for (size_t j = 0; j < D; ++j) std::memcpy(region + (j * T + t) * 2, rec.data() + j * 2, 2);
+      return;
+    case KVType::turboquant: {
+      const int bits = plan_.bits;
+      std::vector<uint8_t> codes(D);
+      unpack_codes(PackLayout::planes, rec.data(), D, bits, codes.data());
+      if (bits == 8) {
+        for (size_t j = 0; j < D; ++j) region[j * T + t] = codes[j];
+      } else {
+        const size_t plane = static_cast<size_t>(T) / 8;
+        for (size_t j = 0; j < D; ++j)
+          for (int k = 0; k < bits; ++k) {
+            uint8_t& byte = region[(j * bits + k) * plane + t / 8];
+            const uint8_t bit = static_cast<uint8_t>(1u << (t % 8));
+            byte = static_cast<uint8_t>(((codes[j] >> k) & 1) ? (byte | bit) : (byte & ~bit));
+          }
+      }
+      uint8_t* scales = region + static_cast<size_t>(T) * plan_.code_bytes;
+      for (int g = 0; g < dim_ / plan_.group_size; ++g)
+        std::memcpy(scales + (static_cast<size_t>(g) * T + t) * 2, rec.data() + plan_.code_bytes + 2 * g, 2);
+      return;
+    }
+    default: break;
+  }
+}
+
+void VectorFormat::decode_column_stored(const uint8_t* region, int T, int t, float* y) const {
+  TQ_CHECK(supports_columns(), to_string(spec_.type), " has no column layout");
+  std::vector<uint8_t> rec(record_bytes_);
+  const size_t D = static_cast<size_t>(dim_);
+  switch (spec_.type) {
+    case KVType::f32:
+      for (size_t j = 0; j < D; ++j) std::memcpy(rec.data() + j * 4, region + (j * T + t) * 4, 4);
+      break;
+    case KVType::f16:
+    case KVType::bf16:
+      for (size_t j = 0; j < D; ++j) std::memcpy(rec.data() + j * 2, region + (j * T + t) * 2, 2);
+      break;
+    case KVType::turboquant: {
+      const int bits = plan_.bits;
+      std::vector<uint8_t> codes(D, 0);
+      if (bits == 8) {
+        for (size_t j = 0; j < D; ++j) codes[j] = region[j * T + t];
+      } else {
+        const size_t plane = static_cast<size_t>(T) / 8;
+        for (size_t j = 0; j < D; ++j)
+          for (int k = 0; k < bits; ++k)
+            codes[j] = static_cast<uint8_t>(codes[j] | (((region[(j * bits + k) * plane + t / 8] >> (t % 8)) & 1) << k));
+      }
+      pack_codes(PackLayout::planes, codes.data(), D, bits, rec.data());
+      const uint8_t* scales = region + static_cast<size_t>(T) * plan_.code_bytes;
+      for (int g = 0; g < dim_ / plan_.group_size; ++g)
+        std::memcpy(rec.data() + plan_.code_bytes + 2 * g, scales + (static_cast<size_t>(g) * T + t) * 2, 2);
+      break;
+    }
+    default: break;
+  }
+  decode_stored(rec.data(), y);
+}
+
+void VectorFormat::decode_column(const uint8_t* region, int T, int t, float* x) const {
+  decode_column_stored(region, T, t, x);
+  if (rotation_) rotation_->inverse(x);
+}
+
 namespace scalar {
 
 void decode_record(const RecordPlan& plan, const uint8_t* record, float* out) {

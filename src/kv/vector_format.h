@@ -64,6 +64,16 @@ class VectorFormat {
   // record -> [dim] in the stored domain (rotated when rotated()).
   void decode_stored(const uint8_t* record, float* y) const;
 
+  // Column (dimension-major) regions: the records of T tokens stored so that the values of one
+  // dimension for consecutive tokens are adjacent, which lets attention score 16 tokens per vector
+  // without horizontal sums. Same size as T records. Layout (docs/FORMATS.md):
+  //   dense: [dim][T] elements; turboquant: codes [dim][T] bytes at 8 bits, else [dim][bits][T/8]
+  //   plane bytes (bit t = token t), then scales [dim/group][T] binary16. T must be a multiple of 16.
+  bool supports_columns() const { return spec_.type != KVType::q8_0 && spec_.type != KVType::q4_0; }
+  void encode_column(const float* x, uint8_t* region, int T, int t) const;
+  void decode_column_stored(const uint8_t* region, int T, int t, float* y) const;
+  void decode_column(const uint8_t* region, int T, int t, float* x) const;
+
  private:
   int dim_;
   VectorFormatSpec spec_;
@@ -79,6 +89,9 @@ namespace kernels {
 void decode_record(const RecordPlan& plan, const uint8_t* record, float* out);
 // count records `stride` bytes apart -> out [count][dim] (per-call setup amortised over the tile).
 void decode_records(const RecordPlan& plan, const uint8_t* first, size_t stride, int count, float* out);
+// Tokens [t0, t0 + 16) of a column region of T tokens -> out [dim][16], stored domain, scales applied.
+// t0 is a multiple of 16; tokens past the filled ones decode whatever the (zeroed) region holds.
+void decode_columns(const RecordPlan& plan, const uint8_t* region, int T, int t0, float* out);
 }  // namespace kernels
 namespace scalar {
 void decode_record(const RecordPlan& plan, const uint8_t* record, float* out);

@@ -21,4 +21,15 @@ struct CodecArgs {
 };
 int run_codec(const CodecArgs& args);
 
+struct AttentionArgs {
+  int n_heads = 32, n_kv = 8, dim = 128, group_size = 64, block_tokens = 64;
+  std::vector<int> contexts = {1024, 4096, 16384, 65536};
+  std::vector<int> threads = {1, 2};
+  std::vector<std::pair<int, int>> bit_pairs = {{8, 3}, {4, 4}};
+  bool standard = true;
+  double min_seconds = 0.2;
+  bool json = false;
+};
+int run_attention(const AttentionArgs& args);
+
 }  // namespace tq::bench

@@ -26,6 +26,21 @@ int main(int argc, char** argv) {
   c->add_option("--floats", codec.floats, "floats per (data, dim) test set")->check(CLI::Range(4096, 1 << 26));
   c->add_flag("--json", codec.json, "print a JSON array instead of a Markdown table");
 
+  AttentionArgs attn;
+  std::vector<std::string> kv_pairs = {"8,3", "4,4"};
+  bool no_standard = false;
+  auto* at = app.add_subcommand("attention", "one layer's decode step: dense FP16, standard and fused TurboQuant, q8_0/q4_0");
+  at->add_option("--context", attn.contexts, "context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 22));
+  at->add_option("--threads", attn.threads, "thread counts (1 or 2)")->delimiter(',')->check(CLI::Range(1, 2));
+  at->add_option("--heads", attn.n_heads, "query heads")->check(CLI::PositiveNumber);
+  at->add_option("--kv-heads", attn.n_kv, "KV heads")->check(CLI::PositiveNumber);
+  at->add_option("--head-dim", attn.dim, "head dimension")->check(CLI::PositiveNumber);
+  at->add_option("--group-size", attn.group_size, "TurboQuant group size (32, 64, 128)");
+  at->add_option("--kv", kv_pairs, "TurboQuant K,V bit pairs, e.g. --kv 8,3 --kv 4,4")->expected(1, 16);
+  at->add_flag("--no-standard", no_standard, "skip the (slow) standard path");
+  at->add_option("--min-seconds", attn.min_seconds, "time per measurement round");
+  at->add_flag("--json", attn.json, "print a JSON array instead of a Markdown table");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c->parsed()) {
@@ -33,6 +48,17 @@ int main(int argc, char** argv) {
       codec.rotation_block = tq::parse_rotation_block(rotation);
       codec.codebook = tq::parse_distribution(codebook);
       return run_codec(codec);
+    }
+    if (at->parsed()) {
+      TQ_CHECK(attn.n_heads % attn.n_kv == 0, "--heads must be a multiple of --kv-heads");
+      attn.bit_pairs.clear();
+      for (const auto& s : kv_pairs) {
+        const auto comma = s.find(',');
+        TQ_CHECK(comma != std::string::npos, "--kv takes K,V bit pairs like 8,3; got '", s, "'");
+        attn.bit_pairs.emplace_back(std::stoi(s.substr(0, comma)), std::stoi(s.substr(comma + 1)));
+      }
+      attn.standard = !no_standard;
+      return run_attention(attn);
     }
   } catch (const tq::Error& e) {
     std::fprintf(stderr, "turboquant-bench: %s\n", e.what());
