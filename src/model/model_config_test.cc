@@ -2,13 +2,16 @@
 // on small models written here in both naming conventions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -498,6 +501,16 @@ TEST(Weights, TiedEmbeddingsUnderEitherName) {
     EXPECT_EQ(w.embed, w.lm_head);
     EXPECT_TRUE(w.unused.empty());
   }
+  // A wrong shape found through the alias names both names.
+  {
+    std::vector<Spec> s = without(specs, "model.embed_tokens.weight");
+    s.push_back({"lm_head.weight", {12, 16}});
+    ScratchDir dir("tied_alias_bad");
+    write_hf_model(dir, s, DType::f32, {{"model.embed_tokens.weight", "lm_head.weight"}});
+    const SafetensorsModel m = SafetensorsModel::open(dir.path());
+    expect_error([&] { validate_weights(c, m.tensors(), WeightNaming::hf); },
+                 {"'model.embed_tokens.weight' (stored as 'lm_head.weight')", "[12, 16]", "expected [11, 16]"});
+  }
   // Neither name: the error names both.
   {
     ScratchDir dir("tied_none");
@@ -506,6 +519,88 @@ TEST(Weights, TiedEmbeddingsUnderEitherName) {
     expect_error([&] { validate_weights(c, m.tensors(), WeightNaming::hf); },
                  {"'model.embed_tokens.weight'", "'lm_head.weight'", "missing", "[11, 16]"});
   }
+}
+
+// Reference RoPE in both layouts on one head x[head_dim] at position pos (theta 10000).
+void rope_rotate_half(std::vector<double>& x, int64_t pos) {
+  const size_t half = x.size() / 2;
+  for (size_t i = 0; i < half; ++i) {
+    const double a = pos * std::pow(10000.0, -2.0 * i / x.size());
+    const double x0 = x[i], x1 = x[i + half];
+    x[i] = x0 * std::cos(a) - x1 * std::sin(a);
+    x[i + half] = x0 * std::sin(a) + x1 * std::cos(a);
+  }
+}
+void rope_interleaved(std::vector<double>& x, int64_t pos) {
+  for (size_t i = 0; i < x.size() / 2; ++i) {
+    const double a = pos * std::pow(10000.0, -2.0 * i / x.size());
+    const double x0 = x[2 * i], x1 = x[2 * i + 1];
+    x[2 * i] = x0 * std::cos(a) - x1 * std::sin(a);
+    x[2 * i + 1] = x0 * std::sin(a) + x1 * std::cos(a);
+  }
+}
+
+// Permuting Wq/Wk rows as llama.cpp does turns rotate-half attention scores into interleaved ones.
+TEST(Weights, InterleavedRowOrderPreservesAttentionScores) {
+  const int64_t heads = 3, hd = 8, in = 5;
+  const std::vector<int64_t> order = interleaved_rows_from_rotate_half(heads, hd);
+  // A permutation that keeps every row inside its head.
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t r = 0; r < heads * hd; ++r) {
+    EXPECT_EQ(sorted[r], r);
+    EXPECT_EQ(order[r] / hd, r / hd);
+  }
+  EXPECT_EQ(order[1], 4);  // head 0: interleaved row 1 pairs with row 0, i.e. rotate-half row 0 + hd/2
+  SplitMix64 rng(9);
+  std::vector<double> wq(heads * hd * in), wk(heads * hd * in), x(in), y(in);  // [rows, in], [in]
+  for (auto* v : {&wq, &wk, &x, &y}) {
+    for (double& e : *v) e = rng.normal();
+  }
+  auto head_of = [&](const std::vector<double>& w, const std::vector<double>& v, int64_t h, bool permuted) {
+    std::vector<double> out(hd);
+    for (int64_t r = 0; r < hd; ++r) {
+      const int64_t row = permuted ? order[h * hd + r] : h * hd + r;
+      for (int64_t c = 0; c < in; ++c) out[r] += w[row * in + c] * v[c];
+    }
+    return out;
+  };
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> q_hf = head_of(wq, x, h, false), k_hf = head_of(wk, y, h, false);
+    std::vector<double> q_gg = head_of(wq, x, h, true), k_gg = head_of(wk, y, h, true);
+    rope_rotate_half(q_hf, 7);
+    rope_rotate_half(k_hf, 3);
+    rope_interleaved(q_gg, 7);
+    rope_interleaved(k_gg, 3);
+    double s_hf = 0, s_gg = 0, s_wrong = 0;
+    std::vector<double> k_wrong = head_of(wk, y, h, false);
+    rope_interleaved(k_wrong, 3);  // unpermuted weights with the other layout: a different score
+    for (int64_t d = 0; d < hd; ++d) {
+      s_hf += q_hf[d] * k_hf[d];
+      s_gg += q_gg[d] * k_gg[d];
+      s_wrong += q_gg[d] * k_wrong[d];
+    }
+    EXPECT_NEAR(s_gg, s_hf, 1e-9 * (1 + std::fabs(s_hf)));
+    EXPECT_GT(std::fabs(s_wrong - s_hf), 1e-3);
+  }
+}
+
+TEST(OpenModel, FolderAndErrors) {
+  ScratchDir dir("open");
+  const std::string config = tiny_config("Qwen3ForCausalLM", "qwen3");
+  write_bytes_to_file(dir.file("config.json"), std::vector<uint8_t>(config.begin(), config.end()));
+  const ModelConfig c = parse_hf_config(config, "x");
+  write_hf_model(dir, expected_tensors(c, WeightNaming::hf));
+  const ModelFiles m = open_model(dir.path());
+  EXPECT_EQ(m.config.arch, Architecture::qwen3);
+  EXPECT_EQ(m.weights.layers[1].k_norm->name, "model.layers.1.self_attn.k_norm.weight");
+  EXPECT_FALSE(m.generation.temperature.has_value());
+  expect_error([&] { open_model(dir.file("absent")); }, {"absent", "does not exist"});
+  expect_error([&] { open_model(dir.file("config.json")); }, {"config.json", "neither a model folder nor a .gguf"});
+  write_hf_model(dir, without(expected_tensors(c, WeightNaming::hf), "model.norm.weight"));
+  expect_error([&] { open_model(dir.path()); }, {"model.safetensors", "'model.norm.weight'", "missing"});
+  ScratchDir empty("open_empty");
+  expect_error([&] { open_model(empty.path()); }, {"config.json", "no such file"});
 }
 
 TEST(GgufConfig, Errors) {

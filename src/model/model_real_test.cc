@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/loader.h"
 #include "model/mapped_file.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -228,6 +229,30 @@ TEST(RealModels, TqLlamaHd128FiveShards) {
     sum += std::fabs(v);
   }
   EXPECT_GT(sum, 0);
+}
+
+TEST(RealModels, OpenModelByPath) {
+  int opened = 0;
+  const std::string gguf = shared_model("stories260K/stories260K.gguf");
+  if (std::filesystem::exists(gguf)) {
+    ++opened;
+    ModelFiles m = open_model(gguf);
+    EXPECT_EQ(m.naming, WeightNaming::gguf);
+    EXPECT_EQ(m.config.rope_layout, RopeLayout::interleaved);
+    ModelFiles moved = std::move(m);  // the weights stay valid across a move
+    EXPECT_EQ(moved.weights.embed, moved.tensors().find("token_embd.weight"));
+  }
+  for (const char* folder : {"tinystories-656K", "tq-llama-hd128"}) {
+    const std::string dir = shared_model(folder);
+    if (!std::filesystem::exists(dir + "/config.json")) continue;
+    ++opened;
+    ModelFiles m = open_model(dir);
+    EXPECT_EQ(m.naming, WeightNaming::hf);
+    EXPECT_EQ(m.weights.layers.size(), static_cast<size_t>(m.config.num_hidden_layers));
+    EXPECT_EQ(m.weights.lm_head, m.weights.embed) << folder;
+    EXPECT_FALSE(m.generation.eos_token_ids.empty()) << folder;
+  }
+  if (opened == 0) GTEST_SKIP() << "no model of " << TQ_SHARED_DIR << "/models is present";
 }
 
 }  // namespace

@@ -43,9 +43,12 @@ class Checker {
 
   const TensorView* check(const std::string& tensor, const TensorView* t, const std::vector<int64_t>& shape,
                           bool matrix, const std::string& why) {
-    TQ_CHECK(t->shape == shape, "'", t->file, "': tensor '", tensor, "' has shape ", shape_string(t->shape),
+    // A tensor found through an alias is named by both names.
+    std::string label = "'" + tensor + "'";
+    if (t->name != tensor) label += " (stored as '" + t->name + "')";
+    TQ_CHECK(t->shape == shape, "'", t->file, "': tensor ", label, " has shape ", shape_string(t->shape),
              ", expected ", shape_string(shape), " (", why, ")");
-    TQ_CHECK(matrix || t->dtype != DType::q8_0, "'", t->file, "': tensor '", tensor, "' is ", dtype_name(t->dtype),
+    TQ_CHECK(matrix || t->dtype != DType::q8_0, "'", t->file, "': tensor ", label, " is ", dtype_name(t->dtype),
              "; norms and biases must be F32, F16 or BF16");
     used_.insert(t->name);
     return t;
@@ -162,6 +165,19 @@ ModelWeights validate_weights(const ModelConfig& c, const TensorSet& tensors, We
              "' belongs to layer ", index, " but the config has ", c.num_hidden_layers, " layers (", c.source, ")");
   }
   return w;
+}
+
+std::vector<int64_t> interleaved_rows_from_rotate_half(int64_t n_heads, int64_t head_dim) {
+  TQ_CHECK(n_heads > 0 && head_dim > 0 && head_dim % 2 == 0, "RoPE row order: need positive heads and an even head_dim, got ",
+           n_heads, " x ", head_dim);
+  const int64_t half = head_dim / 2;
+  std::vector<int64_t> rows(static_cast<size_t>(n_heads * head_dim));  // [n_heads * head_dim]
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < half; ++i) {
+      for (int64_t j = 0; j < 2; ++j) rows[h * head_dim + 2 * i + j] = h * head_dim + j * half + i;
+    }
+  }
+  return rows;
 }
 
 }  // namespace tq

@@ -54,4 +54,13 @@ struct ModelWeights {
 // The returned pointers live as long as `tensors`.
 ModelWeights validate_weights(const ModelConfig& config, const TensorSet& tensors, WeightNaming naming);
 
+// The row order llama.cpp's converter gives Wq and Wk of a Llama checkpoint (see gguf.h). Within each
+// head of head_dim rows, rotate-half RoPE pairs rows i and i + head_dim/2 and interleaved RoPE pairs
+// rows 2i and 2i + 1; the converter moves row j * head_dim/2 + i to row 2i + j (i < head_dim/2,
+// j in {0, 1}), after which interleaved RoPE gives the same attention scores as before.
+// Returns, for each row of the interleaved (GGUF) tensor, the rotate-half (HF) row it holds:
+//   [n_heads * head_dim]
+// Use it to turn one layout into the other (e.g. to run a GGUF with rotate-half RoPE).
+std::vector<int64_t> interleaved_rows_from_rotate_half(int64_t n_heads, int64_t head_dim);
+
 }  // namespace tq
