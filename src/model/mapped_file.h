@@ -11,7 +11,8 @@ namespace tq {
 
 class MappedFile {
  public:
-  // Maps `path` read-only. Throws tq::Error naming the path when it is missing, unreadable
+  // Maps `path` read-only. The file must not shrink while mapped (reading a page past its new end
+  // raises SIGBUS; model files are not rewritten in place, so this is not guarded). Throws tq::Error naming the path when it is missing, unreadable
   // (permission), a directory, empty, or cannot be mapped.
   static MappedFile open(const std::string& path);
   // Takes ownership of `bytes`; `name` stands in for the path in error messages.
