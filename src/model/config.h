@@ -1,0 +1,121 @@
+// Model hyperparameters, from a Hugging Face config.json or from GGUF metadata, checked for
+// consistency; and the sampling defaults of generation_config.json.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tq {
+
+class GgufFile;
+
+enum class Architecture { llama, mistral, qwen2, qwen3 };
+const char* architecture_name(Architecture a);  // "llama", "mistral", "qwen2", "qwen3"
+
+// How RoPE pairs the coordinates of a head of dimension d (rotating the first rope_dim of them):
+//   rotate_half: (x[i], x[i + rope_dim/2])  - Hugging Face checkpoints (and Qwen GGUFs)
+//   interleaved: (x[2i], x[2i + 1])         - llama2.c, and Llama GGUFs (whose Q/K rows llama.cpp's
+//                                              converter permuted to keep the model's function)
+enum class RopeLayout { rotate_half, interleaved };
+const char* rope_layout_name(RopeLayout l);
+
+enum class RopeScalingType { none, llama3 };
+
+// Llama 3.1 frequency-dependent scaling (rope_type "llama3"): with wavelength w = 2*pi/freq,
+// w < original_max/high_freq_factor keeps freq, w > original_max/low_freq_factor divides it by
+// factor, and wavelengths between blend the two smoothly.
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+};
+
+struct ModelConfig {
+  std::string source;             // config.json or .gguf path, for messages
+  Architecture arch = Architecture::llama;
+  std::string architecture_class; // "LlamaForCausalLM", ... (HF), or "gguf:llama"
+
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // = num_attention_heads when the config omits it
+  int64_t head_dim = 0;             // = hidden_size / num_attention_heads when the config omits it
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+
+  double rope_theta = 10000.0;
+  int64_t rope_dim = 0;             // rotated dimensions per head (= head_dim unless GGUF says less)
+  RopeLayout rope_layout = RopeLayout::rotate_half;
+  RopeScaling rope_scaling;
+  // GGUF only: llama.cpp stores Llama 3 rope scaling as per-frequency divisors in a tensor
+  // "rope_freqs.weight" [rope_dim / 2] instead of metadata. True when the file has that tensor.
+  bool rope_freq_factors = false;
+
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;            // q/k/v projections have biases (Qwen2; Llama with attention_bias)
+  bool o_bias = false;              // o projection has a bias (Llama/Qwen3 with attention_bias)
+  bool mlp_bias = false;            // gate/up/down have biases (Llama with mlp_bias)
+  bool qk_norm = false;             // per-head RMSNorm on q and k before RoPE (Qwen3)
+  std::string hidden_act = "silu";
+
+  // Sliding-window attention as the checkpoint declares it (recorded; Mistral v0.1 uses 4096).
+  std::optional<int64_t> sliding_window;
+  // Per layer, whether it uses the sliding window ([num_hidden_layers]; empty when none does).
+  std::vector<bool> sliding_layers;
+
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;  // a config may list several
+  std::optional<int64_t> pad_token_id;
+  std::string dtype;                   // "bfloat16", "float32", ... as the config says ("" for GGUF)
+
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  bool uses_sliding_window(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() && sliding_layers[layer];
+  }
+  std::string summary() const;  // one line for logs
+};
+
+// The supported Hugging Face classes, for messages: "LlamaForCausalLM, MistralForCausalLM, ...".
+std::string supported_architectures();
+
+// Parses config.json text; `source` names it in messages. Throws tq::Error for an unknown
+// architecture (naming it and the supported ones), a missing or mistyped field, inconsistent
+// dimensions or an unsupported rope scaling / activation.
+ModelConfig parse_hf_config(std::string_view json_text, const std::string& source);
+// `path`: config.json or the folder holding it.
+ModelConfig load_hf_config(const std::string& path);
+
+// From GGUF metadata (general.architecture llama, qwen2 or qwen3, and the <arch>.* keys) and the
+// file's tensors (tied embeddings when there is no output.weight; rope_freqs.weight).
+ModelConfig config_from_gguf(const GgufFile& gguf);
+
+// generation_config.json: every field optional.
+struct GenerationConfig {
+  std::string source;
+  std::optional<double> temperature;
+  std::optional<int64_t> top_k;
+  std::optional<double> top_p;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+  std::optional<bool> do_sample;
+  std::optional<int64_t> max_new_tokens;
+  std::optional<int64_t> max_length;
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> pad_token_id;
+  std::vector<int64_t> eos_token_ids;  // empty when absent
+};
+
+GenerationConfig parse_generation_config(std::string_view json_text, const std::string& source);
+// `path`: generation_config.json or the folder holding it. A folder without the file gives an
+// empty GenerationConfig (the file is optional in HF folders); a named file that is missing is an error.
+GenerationConfig load_generation_config(const std::string& path);
+
+}  // namespace tq

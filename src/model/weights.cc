@@ -1,0 +1,183 @@
+#include "model/weights.h"
+
+#include <set>
+
+#include "core/error.h"
+
+namespace tq {
+
+namespace {
+
+// Role names in both conventions; "#" stands for the layer index.
+struct Names {
+  const char* hf;
+  const char* gguf;
+};
+constexpr Names kEmbed{"model.embed_tokens.weight", "token_embd.weight"};
+constexpr Names kLmHead{"lm_head.weight", "output.weight"};
+constexpr Names kFinalNorm{"model.norm.weight", "output_norm.weight"};
+
+std::string layer_name(const char* pattern, int64_t layer) {
+  std::string s(pattern);
+  const size_t at = s.find('#');
+  if (at != std::string::npos) s.replace(at, 1, std::to_string(layer));
+  return s;
+}
+
+class Checker {
+ public:
+  Checker(const TensorSet& tensors, WeightNaming naming) : tensors_(tensors), naming_(naming) {}
+
+  std::string name(const Names& n, int64_t layer = -1) const {
+    return layer_name(naming_ == WeightNaming::hf ? n.hf : n.gguf, layer);
+  }
+
+  // The tensor `name` with `shape`; `why` explains the expected shape in config terms.
+  const TensorView* require(const std::string& tensor, const std::vector<int64_t>& shape, bool matrix,
+                            const std::string& why) {
+    const TensorView* t = tensors_.find(tensor);
+    TQ_CHECK(t != nullptr, "'", tensors_.source(), "': tensor '", tensor, "' is missing (expected shape ",
+             shape_string(shape), ": ", why, ")");
+    return check(tensor, t, shape, matrix, why);
+  }
+
+  const TensorView* check(const std::string& tensor, const TensorView* t, const std::vector<int64_t>& shape,
+                          bool matrix, const std::string& why) {
+    // A tensor found through an alias is named by both names.
+    std::string label = "'" + tensor + "'";
+    if (t->name != tensor) label += " (stored as '" + t->name + "')";
+    TQ_CHECK(t->shape == shape, "'", t->file, "': tensor ", label, " has shape ", shape_string(t->shape),
+             ", expected ", shape_string(shape), " (", why, ")");
+    TQ_CHECK(matrix || t->dtype != DType::q8_0, "'", t->file, "': tensor ", label, " is ", dtype_name(t->dtype),
+             "; norms and biases must be F32, F16 or BF16");
+    used_.insert(t->name);
+    return t;
+  }
+
+  std::vector<std::string> unused() const {
+    std::vector<std::string> out;
+    for (const TensorView& t : tensors_.all()) {
+      if (!used_.count(t.name)) out.push_back(t.name);
+    }
+    return out;
+  }
+
+  const TensorSet& tensors() const { return tensors_; }
+
+ private:
+  const TensorSet& tensors_;
+  WeightNaming naming_;
+  std::set<std::string> used_;
+};
+
+std::string dims(const char* a, int64_t x, const char* b, int64_t y) {
+  return std::string(a) + " " + std::to_string(x) + " x " + b + " " + std::to_string(y);
+}
+
+}  // namespace
+
+ModelWeights validate_weights(const ModelConfig& c, const TensorSet& tensors, WeightNaming naming) {
+  Checker ck(tensors, naming);
+  ModelWeights w;
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, hd = c.head_dim;
+  const std::string hidden_why = "hidden_size " + std::to_string(hidden);
+  const std::string embed_why = dims("vocab_size", c.vocab_size, "hidden_size", hidden);
+  const std::vector<int64_t> embed_shape = {c.vocab_size, hidden};
+
+  // Embeddings. Tied models store the matrix once, under either name.
+  const std::string embed_name = ck.name(kEmbed), head_name = ck.name(kLmHead);
+  const TensorView* embed = tensors.find(embed_name);
+  const TensorView* head = tensors.find(head_name);
+  if (c.tie_word_embeddings) {
+    const TensorView* shared = embed != nullptr ? embed : head;
+    TQ_CHECK(shared != nullptr, "'", tensors.source(), "': tensor '", embed_name, "' is missing (tied embeddings: ",
+             "expected it or '", head_name, "' with shape ", shape_string(embed_shape), ": ", embed_why, ")");
+    w.embed = w.lm_head = ck.check(shared == embed ? embed_name : head_name, shared, embed_shape, true, embed_why);
+    // A tied checkpoint that also stores lm_head separately: transformers ties it to the embedding
+    // and ignores the stored copy; so do we (it stays in `unused`).
+  } else {
+    w.embed = ck.require(embed_name, embed_shape, true, embed_why);
+    w.lm_head = ck.require(head_name, embed_shape, true, embed_why + " (tie_word_embeddings is false)");
+  }
+  w.final_norm = ck.require(ck.name(kFinalNorm), {hidden}, false, hidden_why);
+  if (c.rope_freq_factors) {
+    w.rope_freqs = ck.require("rope_freqs.weight", {c.rope_dim / 2}, false,
+                              "rope dimension count " + std::to_string(c.rope_dim) + " / 2");
+  }
+
+  const std::string q_why = dims("num_attention_heads", c.num_attention_heads, "head_dim", hd);
+  const std::string kv_why = dims("num_key_value_heads", c.num_key_value_heads, "head_dim", hd);
+  const bool hf = naming == WeightNaming::hf;
+  w.layers.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& L = w.layers[l];
+    auto n = [&](const char* hf_pattern, const char* gguf_pattern) {
+      return layer_name(hf ? hf_pattern : gguf_pattern, l);
+    };
+    L.attn_norm = ck.require(n("model.layers.#.input_layernorm.weight", "blk.#.attn_norm.weight"), {hidden}, false,
+                             hidden_why);
+    L.wq = ck.require(n("model.layers.#.self_attn.q_proj.weight", "blk.#.attn_q.weight"), {c.q_dim(), hidden}, true,
+                      q_why + " by " + hidden_why);
+    L.wk = ck.require(n("model.layers.#.self_attn.k_proj.weight", "blk.#.attn_k.weight"), {c.kv_dim(), hidden}, true,
+                      kv_why + " by " + hidden_why);
+    L.wv = ck.require(n("model.layers.#.self_attn.v_proj.weight", "blk.#.attn_v.weight"), {c.kv_dim(), hidden}, true,
+                      kv_why + " by " + hidden_why);
+    L.wo = ck.require(n("model.layers.#.self_attn.o_proj.weight", "blk.#.attn_output.weight"), {hidden, c.q_dim()},
+                      true, hidden_why + " by " + q_why);
+    if (c.qkv_bias) {
+      L.bq = ck.require(n("model.layers.#.self_attn.q_proj.bias", "blk.#.attn_q.bias"), {c.q_dim()}, false, q_why);
+      L.bk = ck.require(n("model.layers.#.self_attn.k_proj.bias", "blk.#.attn_k.bias"), {c.kv_dim()}, false, kv_why);
+      L.bv = ck.require(n("model.layers.#.self_attn.v_proj.bias", "blk.#.attn_v.bias"), {c.kv_dim()}, false, kv_why);
+    }
+    if (c.o_bias) {
+      L.bo = ck.require(n("model.layers.#.self_attn.o_proj.bias", "blk.#.attn_output.bias"), {hidden}, false,
+                        hidden_why);
+    }
+    if (c.qk_norm) {
+      const std::string why = "head_dim " + std::to_string(hd);
+      L.q_norm = ck.require(n("model.layers.#.self_attn.q_norm.weight", "blk.#.attn_q_norm.weight"), {hd}, false, why);
+      L.k_norm = ck.require(n("model.layers.#.self_attn.k_norm.weight", "blk.#.attn_k_norm.weight"), {hd}, false, why);
+    }
+    L.ffn_norm = ck.require(n("model.layers.#.post_attention_layernorm.weight", "blk.#.ffn_norm.weight"), {hidden},
+                            false, hidden_why);
+    const std::string up_why = dims("intermediate_size", inter, "hidden_size", hidden);
+    L.w_gate = ck.require(n("model.layers.#.mlp.gate_proj.weight", "blk.#.ffn_gate.weight"), {inter, hidden}, true,
+                          up_why);
+    L.w_up = ck.require(n("model.layers.#.mlp.up_proj.weight", "blk.#.ffn_up.weight"), {inter, hidden}, true, up_why);
+    L.w_down = ck.require(n("model.layers.#.mlp.down_proj.weight", "blk.#.ffn_down.weight"), {hidden, inter}, true,
+                          dims("hidden_size", hidden, "intermediate_size", inter));
+    if (c.mlp_bias) {
+      const std::string why = "intermediate_size " + std::to_string(inter);
+      L.b_gate = ck.require(n("model.layers.#.mlp.gate_proj.bias", "blk.#.ffn_gate.bias"), {inter}, false, why);
+      L.b_up = ck.require(n("model.layers.#.mlp.up_proj.bias", "blk.#.ffn_up.bias"), {inter}, false, why);
+      L.b_down = ck.require(n("model.layers.#.mlp.down_proj.bias", "blk.#.ffn_down.bias"), {hidden}, false, hidden_why);
+    }
+  }
+  w.unused = ck.unused();
+  // Tensors of layers past num_hidden_layers mean the config and the weights disagree.
+  const std::string prefix = hf ? "model.layers." : "blk.";
+  for (const std::string& name : w.unused) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    const std::string index = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
+    if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos || index.size() > 9) continue;
+    TQ_CHECK(std::stoll(index) < c.num_hidden_layers, "'", tensors.find(name)->file, "': tensor '", name,
+             "' belongs to layer ", index, " but the config has ", c.num_hidden_layers, " layers (", c.source, ")");
+  }
+  return w;
+}
+
+std::vector<int64_t> interleaved_rows_from_rotate_half(int64_t n_heads, int64_t head_dim) {
+  TQ_CHECK(n_heads > 0 && head_dim > 0 && head_dim % 2 == 0, "RoPE row order: need positive heads and an even head_dim, got ",
+           n_heads, " x ", head_dim);
+  const int64_t half = head_dim / 2;
+  std::vector<int64_t> rows(static_cast<size_t>(n_heads * head_dim));  // [n_heads * head_dim]
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < half; ++i) {
+      for (int64_t j = 0; j < 2; ++j) rows[h * head_dim + 2 * i + j] = h * head_dim + j * half + i;
+    }
+  }
+  return rows;
+}
+
+}  // namespace tq
