@@ -159,9 +159,14 @@ struct PartialState {
   AlignedVector<float> acc_orig, acc_rot;  // [rows][dim]: values in the original / V-rotated domain
 };
 
+// A range of KV heads over a range of a request's segments. Decode steps take all heads of a run of
+// blocks, so memory is read in block order (head after head inside each block) and the context is
+// split between threads; big query blocks take one head each.
 struct WorkItem {
-  int request, head;
-  int seg_begin, seg_end;  // range of the request's segments
+  int request;
+  int head_begin, head_end;
+  int seg_begin, seg_end;
+  size_t first_state;  // index of the state of head_begin
 };
 
 struct RequestPlan {
@@ -176,20 +181,25 @@ struct Scratch {
 };
 
 void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequest& r, const AttentionParams& p,
-              const Shape& s, Scratch& scratch, PartialState& st) {
-  const int dim = s.dim, rows = r.n_q * s.group, h = item.head;
-  st.m.assign(rows, kNegInf);
-  st.l.assign(rows, 0.0f);
-  st.acc_orig.assign(static_cast<size_t>(rows) * dim, 0.0f);
-  st.acc_rot.assign(static_cast<size_t>(rows) * dim, 0.0f);
-  const float* q_orig = plan.q_orig.data() + static_cast<size_t>(h) * rows * dim;
-  const float* q_rot = plan.q_rot.data() + static_cast<size_t>(h) * rows * dim;
+              const Shape& s, Scratch& scratch, std::vector<PartialState>& states) {
+  const int dim = s.dim, rows = r.n_q * s.group;
+  for (int h = item.head_begin; h < item.head_end; ++h) {
+    PartialState& st = states[item.first_state + (h - item.head_begin)];
+    st.m.assign(rows, kNegInf);
+    st.l.assign(rows, 0.0f);
+    st.acc_orig.assign(static_cast<size_t>(rows) * dim, 0.0f);
+    st.acc_rot.assign(static_cast<size_t>(rows) * dim, 0.0f);
+  }
   const int last_q = r.pos0 + r.n_q - 1;
   const int oldest_visible = p.window > 0 ? r.pos0 - p.window + 1 : 0;
   float* sc = scratch.scores.data();
 
   for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
+    for (int h = item.head_begin; h < item.head_end; ++h) {
+    PartialState& st = states[item.first_state + (h - item.head_begin)];
+    const float* q_orig = plan.q_orig.data() + static_cast<size_t>(h) * rows * dim;
+    const float* q_rot = plan.q_rot.data() + static_cast<size_t>(h) * rows * dim;
     for (int t0 = 0; t0 < g.n_tokens; t0 += kTile) {
       const int nt = std::min(kTile, g.n_tokens - t0);
       const int p_first = g.first_pos + t0, p_last = p_first + nt - 1;
@@ -232,6 +242,7 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
       float* acc = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
       attn_kernels::accumulate_tile(acc, rows, sc, kTile, scratch.v_tile.data(), nt, dim);
     }
+    }
   }
 }
 
@@ -266,14 +277,11 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   // Work items: (request, KV head, slice of positions). Decode steps split long contexts so that
   // every thread gets work (flash-decoding); big query blocks have enough rows already.
   std::vector<WorkItem> items;
-  const int heads_total = static_cast<int>(requests.size()) * s.n_kv;
+  size_t n_states = 0;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const int total = plans[ri].total;
-    int slices = 1;
-    if (requests[ri].n_q * s.group <= 16) {
-      const int want = (4 * pool.size() + heads_total - 1) / heads_total;
-      slices = std::clamp(total / 512, 1, std::max(1, want));
-    }
+    const bool decode_like = requests[ri].n_q * s.group <= 16;
+    const int slices = decode_like ? std::clamp(total / 1024, 1, 2 * pool.size()) : 1;
     // Cut the segment list into `slices` runs of about equal length.
     const auto& segs = plans[ri].segs;
     std::vector<std::pair<int, int>> runs;
@@ -286,11 +294,17 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
         start = si + 1;
       }
     }
-    for (int h = 0; h < s.n_kv; ++h)
-      for (const auto& [b, e] : runs) items.push_back({static_cast<int>(ri), h, b, e});
+    for (const auto& [b, e] : runs) {
+      if (decode_like) {
+        items.push_back({static_cast<int>(ri), 0, s.n_kv, b, e, n_states});
+        n_states += s.n_kv;
+      } else {
+        for (int h = 0; h < s.n_kv; ++h) items.push_back({static_cast<int>(ri), h, h + 1, b, e, n_states++});
+      }
+    }
   }
 
-  std::vector<PartialState> states(items.size());
+  std::vector<PartialState> states(n_states);
   std::vector<Scratch> scratch(pool.size());
   for (auto& sc : scratch) {
     sc.k_tile.resize(static_cast<size_t>(kTile) * dim);
@@ -300,7 +314,7 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   pool.parallel_for(items.size(), [&](size_t b, size_t e, int thread) {
     for (size_t i = b; i < e; ++i) {
       const WorkItem& it = items[i];
-      run_item(it, plans[it.request], requests[it.request], p, s, scratch[thread], states[i]);
+      run_item(it, plans[it.request], requests[it.request], p, s, scratch[thread], states);
     }
   });
 
@@ -311,8 +325,9 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     const int rows = r.n_q * s.group;
     for (int h = 0; h < s.n_kv; ++h) {
       std::vector<const PartialState*> parts;
-      for (size_t i = 0; i < items.size(); ++i)
-        if (items[i].request == static_cast<int>(ri) && items[i].head == h) parts.push_back(&states[i]);
+      for (const WorkItem& it : items)
+        if (it.request == static_cast<int>(ri) && h >= it.head_begin && h < it.head_end)
+          parts.push_back(&states[it.first_state + (h - it.head_begin)]);
       AlignedVector<float> out_orig(dim), out_rot(dim);
       for (int row = 0; row < rows; ++row) {
         const int i = row / s.group, hq = h * s.group + row % s.group;

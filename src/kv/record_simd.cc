@@ -1,12 +1,17 @@
-// SIMD decoders for cache records (see vector_format.h): one record -> head_dim floats in the
-// stored domain. Fused attention calls these per token, so they must be cheap: bit-plane codes are
-// expanded with per-lane bit tests, levels looked up in registers.
+// SIMD decoders for cache records (see vector_format.h): records -> head_dim floats in the stored
+// domain. Fused attention calls these for every position, so they must be cheap: bit-plane codes
+// become mask-register loads (AVX-512) or bit deposits (AVX2), levels are looked up in registers,
+// and the bit width is a template parameter so the plane loop unrolls.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/record_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
 #include <cstring>
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 #include "codec/absmax.h"
 #include "kv/vector_format.h"
@@ -18,71 +23,166 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using D = hn::CappedTag<float, 16>;
 
-// Mask of lanes whose bit is set in a plane, for codes [first, first + lanes). Vectors of 8 or more
-// lanes start on a byte; narrower ones need the byte shifted first.
-template <class DI>
-HWY_INLINE auto PlaneMask(DI di, const uint8_t* plane, size_t first) {
-  if constexpr (hn::MaxLanes(DI()) >= 8) {
-    return hn::LoadMaskBits(di, plane + first / 8);
-  } else {
-    const uint8_t byte = static_cast<uint8_t>(plane[first / 8] >> (first % 8));
-    return hn::LoadMaskBits(di, &byte);
+// Codes of N consecutive lanes from kBits bit planes: plane k starts at base + k * plane_stride, and
+// lane i's bit is bit (first + i) of the plane.
+template <int kBits, class DI>
+HWY_INLINE hn::Vec<DI> PlaneCodes(DI di, const uint8_t* HWY_RESTRICT base, size_t plane_stride, size_t first) {
+  constexpr size_t N = hn::MaxLanes(DI());
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (N == 8) {
+    // BMI2: deposit the 8 bits of plane k into bit k of 8 bytes, then widen the bytes.
+    uint64_t bytes = 0;
+    for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(base[k * plane_stride + first / 8], 0x0101010101010101ull << k);
+    const hn::Rebind<uint8_t, DI> du8;
+    HWY_ALIGN uint8_t lanes[8];
+    std::memcpy(lanes, &bytes, 8);
+    return hn::PromoteTo(di, hn::Load(du8, lanes));
   }
+#endif
+  auto code = hn::Zero(di);
+  for (int k = 0; k < kBits; ++k) {
+    const uint8_t* plane = base + k * plane_stride;
+    hn::Mask<DI> hit;
+    if constexpr (N >= 8) {
+      hit = hn::LoadMaskBits(di, plane + first / 8);  // one mask-register load on AVX-512
+    } else {
+      const uint8_t byte = static_cast<uint8_t>(plane[first / 8] >> (first % 8));
+      hit = hn::LoadMaskBits(di, &byte);
+    }
+    code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
+  }
+  return code;
 }
 
-void DecodeTurboQuant(const RecordPlan& plan, const uint8_t* HWY_RESTRICT first, size_t stride, int count,
-                      float* HWY_RESTRICT out_all) {
+// Level lookup for a code vector, the method fixed per call.
+enum class Lookup { uniform, table1, table2, gather };
+
+struct Levels {
+  hn::Vec<D> lo, hi;           // levels [0, N) and [N, 2N) in registers
+  hn::Vec<D> uniform_max;
+  const float* table;
+  Lookup how;
+};
+
+HWY_INLINE Levels MakeLevels(const RecordPlan& plan, float* lv /* [32], aligned */) {
+  const D d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int i = 0; i < 32; ++i) lv[i] = i < plan.level_count ? plan.levels[i] : 0.0f;
+  Levels L{hn::Load(d, lv), hn::LoadU(d, lv + N), hn::Set(d, plan.uniform_max), plan.levels, Lookup::gather};
+  if (plan.uniform) {
+    L.how = Lookup::uniform;
+  } else if (plan.level_count <= N) {
+    L.how = Lookup::table1;
+  } else if (plan.level_count <= 2 * N) {
+    L.how = Lookup::table2;
+  }
+  return L;
+}
+
+template <class DI>
+HWY_INLINE hn::Vec<D> LookupLevels(const Levels& L, DI di, hn::Vec<DI> code) {
+  const D d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  switch (L.how) {
+    case Lookup::uniform: return hn::Sub(hn::ConvertTo(d, code), L.uniform_max);
+    case Lookup::table1: return hn::TableLookupLanes(L.lo, hn::IndicesFromVec(d, code));
+    case Lookup::table2: {
+      const auto idx = hn::IndicesFromVec(d, hn::And(code, hn::Set(di, N - 1)));
+      return hn::IfThenElse(hn::RebindMask(d, hn::Lt(code, hn::Set(di, N))), hn::TableLookupLanes(L.lo, idx),
+                            hn::TableLookupLanes(L.hi, idx));
+    }
+    case Lookup::gather: break;
+  }
+  return hn::GatherIndex(d, L.table, code);
+}
+
+// Token-major TurboQuant records (codes in dimension planes, then binary16 scales) -> [count][dim].
+template <int kBits>
+void DecodeTurboQuantRecords(const RecordPlan& plan, const uint8_t* HWY_RESTRICT first, size_t stride, int count,
+                             float* HWY_RESTRICT out_all) {
   const D d;
   const hn::RebindToSigned<D> di;
   const hn::Rebind<uint8_t, D> du8;
-  const size_t N = hn::Lanes(d);
-  const int dim = plan.dim;
-  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
-
-  HWY_ALIGN float lv[32] = {0};
-  for (int i = 0; i < plan.level_count && i < 32; ++i) lv[i] = plan.levels[i];
-  const auto lv_lo = hn::Load(d, lv);
-  const auto lv_hi = hn::LoadU(d, lv + N);
-  const auto mask_low = hn::Set(di, static_cast<int32_t>(N - 1));
-  const auto n_vec = hn::Set(di, static_cast<int32_t>(N));
-
+  const int N = static_cast<int>(hn::Lanes(d));
+  const int dim = plan.dim, group = plan.group_size, groups = dim / group;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8, code_bytes = plan.code_bytes;
+  HWY_ALIGN float lv[32];
+  const Levels L = MakeLevels(plan, lv);
   for (int r = 0; r < count; ++r) {
-  const uint8_t* rec = first + static_cast<size_t>(r) * stride;
-  float* out = out_all + static_cast<size_t>(r) * dim;
-  for (int g = 0; g < dim / plan.group_size; ++g) {
-    uint16_t sbits;
-    std::memcpy(&sbits, rec + plan.code_bytes + 2 * g, 2);
-    const auto scale = hn::Set(d, f16_bits_to_f32(sbits));
-    for (int j = g * plan.group_size; j < (g + 1) * plan.group_size; j += static_cast<int>(N)) {
-      hn::Vec<D> value;
-      if (plan.bits == 8) {
-        const auto c = hn::PromoteTo(di, hn::LoadU(du8, rec + j));
-        value = plan.uniform ? hn::Sub(hn::ConvertTo(d, c), hn::Set(d, plan.uniform_max))
-                             : hn::GatherIndex(d, plan.levels, c);
-      } else {
-        auto code = hn::Zero(di);
-        for (int k = 0; k < plan.bits; ++k) {
-          // Plane k holds bit k of dims j .. j + N - 1 as consecutive bits: a mask register load.
-          const auto hit = PlaneMask(di, rec + k * plane_bytes, static_cast<size_t>(j));
-          code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
-        }
-        if (plan.uniform) {
-          value = hn::Sub(hn::ConvertTo(d, code), hn::Set(d, plan.uniform_max));
-        } else if (plan.level_count <= static_cast<int>(N)) {
-          value = hn::TableLookupLanes(lv_lo, hn::IndicesFromVec(d, code));
-        } else if (plan.level_count <= static_cast<int>(2 * N)) {
-          const auto idx = hn::IndicesFromVec(d, hn::And(code, mask_low));
-          const auto in_low_table = hn::RebindMask(d, hn::Lt(code, n_vec));
-          value = hn::IfThenElse(in_low_table, hn::TableLookupLanes(lv_lo, idx), hn::TableLookupLanes(lv_hi, idx));
+    const uint8_t* rec = first + static_cast<size_t>(r) * stride;
+    float* out = out_all + static_cast<size_t>(r) * dim;
+    for (int g = 0; g < groups; ++g) {
+      uint16_t sbits;
+      std::memcpy(&sbits, rec + code_bytes + 2 * g, 2);
+      const auto scale = hn::Set(d, f16_bits_to_f32(sbits));
+      for (int j = g * group; j < (g + 1) * group; j += N) {
+        hn::Vec<decltype(di)> code;
+        if constexpr (kBits == 8) {
+          code = hn::PromoteTo(di, hn::LoadU(du8, rec + j));
         } else {
-          value = hn::GatherIndex(d, plan.levels, code);
+          code = PlaneCodes<kBits>(di, rec, plane_bytes, static_cast<size_t>(j));
         }
+        hn::StoreU(hn::Mul(LookupLevels(L, di, code), scale), d, out + j);
       }
-      hn::StoreU(hn::Mul(value, scale), d, out + j);
     }
   }
+}
+
+// Column region (codes [dim][T] bytes or [dim][bits][T/8] planes, then scales [groups][T]) ->
+// tokens [t0, t0 + 16) as out [dim][16].
+template <int kBits>
+void DecodeTurboQuantColumns(const RecordPlan& plan, const uint8_t* HWY_RESTRICT region, int T, int t0,
+                             float* HWY_RESTRICT out) {
+  const D d;
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint8_t, D> du8;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D()));
+  constexpr int V = 16 / N;
+  const int dim = plan.dim, group = plan.group_size;
+  const size_t Ts = static_cast<size_t>(T), plane = Ts / 8;
+  HWY_ALIGN float lv[32];
+  const Levels L = MakeLevels(plan, lv);
+  const auto* scales = reinterpret_cast<const hwy::float16_t*>(region + Ts * plan.code_bytes);
+  for (int g = 0; g < dim / group; ++g) {
+    hn::Vec<D> sc[V];
+    for (int v = 0; v < V; ++v) sc[v] = hn::PromoteTo(d, hn::LoadU(dh, scales + g * Ts + t0 + v * N));
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      for (int v = 0; v < V; ++v) {
+        hn::Vec<decltype(di)> code;
+        if constexpr (kBits == 8) {
+          code = hn::PromoteTo(di, hn::LoadU(du8, region + j * Ts + t0 + v * N));
+        } else {
+          code = PlaneCodes<kBits>(di, region + static_cast<size_t>(j) * kBits * plane, plane,
+                                   static_cast<size_t>(t0 + v * N));
+        }
+        hn::Store(hn::Mul(LookupLevels(L, di, code), sc[v]), d, out + j * 16 + v * N);
+      }
+    }
   }
 }
+
+template <template <int> class Fn, typename... Args>
+HWY_INLINE void WithBits(int bits, Args&&... args) {
+  switch (bits) {
+    case 2: return Fn<2>::run(args...);
+    case 3: return Fn<3>::run(args...);
+    case 4: return Fn<4>::run(args...);
+    case 5: return Fn<5>::run(args...);
+    case 6: return Fn<6>::run(args...);
+    case 7: return Fn<7>::run(args...);
+    case 8: return Fn<8>::run(args...);
+    default: return Fn<1>::run(args...);
+  }
+}
+template <int kBits>
+struct RecordsFn {
+  static void run(const RecordPlan& p, const uint8_t* f, size_t s, int c, float* o) { DecodeTurboQuantRecords<kBits>(p, f, s, c, o); }
+};
+template <int kBits>
+struct ColumnsFn {
+  static void run(const RecordPlan& p, const uint8_t* r, int T, int t0, float* o) { DecodeTurboQuantColumns<kBits>(p, r, T, t0, o); }
+};
 
 void DecodeOne(const RecordPlan& plan, const uint8_t* HWY_RESTRICT rec, float* HWY_RESTRICT out) {
   const D d;
@@ -182,49 +282,9 @@ void DecodeColumns(const RecordPlan& plan, const uint8_t* HWY_RESTRICT region, i
         for (int v = 0; v < 16; v += N) hn::Store(hn::PromoteTo(d, hn::LoadU(db, x + j * Ts + t0 + v)), d, out + j * 16 + v);
       return;
     }
-    case KVType::turboquant: {
-      HWY_ALIGN float lv[32] = {0};
-      for (int i = 0; i < plan.level_count && i < 32; ++i) lv[i] = plan.levels[i];
-      const auto lv_lo = hn::Load(d, lv);
-      const auto lv_hi = hn::LoadU(d, lv + N);
-      const auto mask_low = hn::Set(di, N - 1);
-      const auto n_vec = hn::Set(di, N);
-      const auto umax = hn::Set(d, plan.uniform_max);
-      const size_t plane = Ts / 8;
-      const auto* scales = reinterpret_cast<const hwy::float16_t*>(region + Ts * plan.code_bytes);
-      for (int g = 0; g < dim / plan.group_size; ++g) {
-        hn::Vec<D> sc[16];
-        for (int v = 0; v < 16; v += N) sc[v / N] = hn::PromoteTo(d, hn::LoadU(dh, scales + g * Ts + t0 + v));
-        for (int j = g * plan.group_size; j < (g + 1) * plan.group_size; ++j) {
-          for (int v = 0; v < 16; v += N) {
-            hn::Vec<D> value;
-            if (plan.bits == 8) {
-              const auto c = hn::PromoteTo(di, hn::LoadU(du8, region + j * Ts + t0 + v));
-              value = plan.uniform ? hn::Sub(hn::ConvertTo(d, c), umax) : hn::GatherIndex(d, plan.levels, c);
-            } else {
-              auto code = hn::Zero(di);
-              for (int k = 0; k < plan.bits; ++k) {
-                const auto hit = PlaneMask(di, region + (static_cast<size_t>(j) * plan.bits + k) * plane, static_cast<size_t>(t0 + v));
-                code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
-              }
-              if (plan.uniform) {
-                value = hn::Sub(hn::ConvertTo(d, code), umax);
-              } else if (plan.level_count <= N) {
-                value = hn::TableLookupLanes(lv_lo, hn::IndicesFromVec(d, code));
-              } else if (plan.level_count <= 2 * N) {
-                const auto idx = hn::IndicesFromVec(d, hn::And(code, mask_low));
-                value = hn::IfThenElse(hn::RebindMask(d, hn::Lt(code, n_vec)), hn::TableLookupLanes(lv_lo, idx),
-                                       hn::TableLookupLanes(lv_hi, idx));
-              } else {
-                value = hn::GatherIndex(d, plan.levels, code);
-              }
-            }
-            hn::Store(hn::Mul(value, sc[v / N]), d, out + j * 16 + v);
-          }
-        }
-      }
+    case KVType::turboquant:
+      WithBits<ColumnsFn>(plan.bits, plan, region, T, t0, out);
       return;
-    }
     default:
       break;
   }
@@ -235,7 +295,7 @@ void DecodeRecords(const RecordPlan& plan, const uint8_t* HWY_RESTRICT first, si
                    float* HWY_RESTRICT out) {
   const D d;
   if (plan.type == KVType::turboquant && plan.group_size % static_cast<int>(hn::Lanes(d)) == 0) {
-    DecodeTurboQuant(plan, first, stride, count, out);
+    WithBits<RecordsFn>(plan.bits, plan, first, stride, count, out);
     return;
   }
   for (int r = 0; r < count; ++r) DecodeOne(plan, first + static_cast<size_t>(r) * stride, out + static_cast<size_t>(r) * plan.dim);

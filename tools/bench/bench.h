@@ -27,6 +27,7 @@ struct AttentionArgs {
   std::vector<int> threads = {1, 2};
   std::vector<std::pair<int, int>> bit_pairs = {{8, 3}, {4, 4}};
   bool standard = true;
+  std::vector<std::string> methods = {"dense_f16", "fused", "standard", "q8_0", "q4_0"};
   double min_seconds = 0.2;
   bool json = false;
 };

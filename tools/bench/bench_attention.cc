@@ -1,5 +1,6 @@
 // turboquant-bench attention: one layer's decode step over caches of several formats, side by side,
 // with the machine's read bandwidth measured in the same run.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -72,7 +73,9 @@ int run_attention(const AttentionArgs& a) {
   for (int t : a.threads) machine[t] = measure_read_bandwidth(t);
   std::vector<Row> rows;
   SplitMix64 rng(42);
-  const auto ms = methods(a);
+  std::vector<Method> ms;
+  for (const Method& m : methods(a))
+    if (std::find(a.methods.begin(), a.methods.end(), m.method) != a.methods.end()) ms.push_back(m);
   for (int context : a.contexts) {
     // The same keys and values for every format: [context][n_kv][dim].
     const size_t n = static_cast<size_t>(context) * a.n_kv * a.dim;

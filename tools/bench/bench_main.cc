@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   at->add_option("--group-size", attn.group_size, "TurboQuant group size (32, 64, 128)");
   at->add_option("--kv", kv_pairs, "TurboQuant K,V bit pairs, e.g. --kv 8,3 --kv 4,4")->expected(1, 16);
   at->add_flag("--no-standard", no_standard, "skip the (slow) standard path");
+  at->add_option("--methods", attn.methods, "subset of dense_f16,fused,standard,q8_0,q4_0")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"dense_f16", "fused", "standard", "q8_0", "q4_0"}));
   at->add_option("--min-seconds", attn.min_seconds, "time per measurement round");
   at->add_flag("--json", attn.json, "print a JSON array instead of a Markdown table");
 
