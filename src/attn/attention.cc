@@ -180,6 +180,18 @@ struct Scratch {
   AlignedVector<float> scores;          // [rows][kTile]
 };
 
+// Software prefetch of a segment's K and V bytes for a range of heads (one hint per cache line).
+void prefetch_segment(const Segment& g, int head_begin, int head_end) {
+  const size_t k_bytes = static_cast<size_t>(g.k_columns ? g.block_tokens : g.n_tokens) * g.k_format->record_bytes();
+  const size_t v_bytes = static_cast<size_t>(g.n_tokens) * g.v_stride;
+  for (int h = head_begin; h < head_end; ++h) {
+    const uint8_t* k = g.k_region(h);
+    const uint8_t* v = g.v_record(h, 0);
+    for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(k + off, 0, 1);
+    for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(v + off, 0, 1);
+  }
+}
+
 void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequest& r, const AttentionParams& p,
               const Shape& s, Scratch& scratch, std::vector<PartialState>& states) {
   const int dim = s.dim, rows = r.n_q * s.group;
@@ -196,6 +208,8 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
 
   for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
+    // The next segment's records for these heads stream in while this one is computed.
+    if (si + 1 < item.seg_end) prefetch_segment(plan.segs[si + 1], item.head_begin, item.head_end);
     for (int h = item.head_begin; h < item.head_end; ++h) {
     PartialState& st = states[item.first_state + (h - item.head_begin)];
     const float* q_orig = plan.q_orig.data() + static_cast<size_t>(h) * rows * dim;
