@@ -62,7 +62,12 @@ HWY_INLINE V LoadWeights(D d, const hwy::bfloat16_t* HWY_RESTRICT p) {
   return hn::PromoteTo(d, hn::LoadU(dh, p));
 }
 
-HWY_INLINE float WeightToFloat(const float* p) { return *p; }
+// Rows may start at any byte (a padded stride, a file offset), so scalar reads go through memcpy.
+HWY_INLINE float WeightToFloat(const float* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 HWY_INLINE float WeightToFloat(const hwy::float16_t* p) {
   uint16_t b;
   std::memcpy(&b, p, 2);
@@ -129,7 +134,7 @@ struct DenseRows {
 
 // One binary16 scale widened with the target's conversion instruction (F16C where it exists):
 // cheaper than the branchy scalar conversion, and exact either way.
-HWY_INLINE float ScaleToFloat(const uint16_t* bits) {
+HWY_INLINE float ScaleToFloat(const uint8_t* bits) {
   const hn::CappedTag<float, 1> d1;
   const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
   return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(bits))));
@@ -139,7 +144,7 @@ HWY_INLINE float ScaleToFloat(const uint16_t* bits) {
 // multiply-add (q * d is exact in float: 8 x 11 significant bits), so a row reads 34 bytes per
 // 32 values and the activations stay float32.
 struct Q8Rows {
-  using Row = const BlockQ8_0*;
+  using Row = const uint8_t*;  // blocks of kQ8BlockBytes: f16 scale, then 32 int8 quants
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
 
   template <size_t TT, size_t RR>
@@ -160,13 +165,14 @@ struct Q8Rows {
     // k0 and k1 are multiples of 32 (the panel width is, and Q8_0 rows are whole blocks).
     for (size_t b = k0 / kQ8BlockValues; b < k1 / kQ8BlockValues; ++b) {
       V scale[RR];
-      for (size_t r = 0; r < RR; ++r) scale[r] = hn::Set(d, ScaleToFloat(&w[r][b].scale_bits));
+      for (size_t r = 0; r < RR; ++r) scale[r] = hn::Set(d, ScaleToFloat(w[r] + b * kQ8BlockBytes));
       const size_t kb = b * kQ8BlockValues;
       for (size_t j = 0; j < kQ8BlockValues; j += N) {
         V xv[TT];
         for (size_t t = 0; t < TT; ++t) xv[t] = hn::LoadU(d, x[t] + kb + j);
         for (size_t r = 0; r < RR; ++r) {
-          const auto q = hn::PromoteTo(di, hn::LoadU(di8, w[r][b].quants + j));
+          const int8_t* quants = reinterpret_cast<const int8_t*>(w[r] + b * kQ8BlockBytes + 2);
+          const auto q = hn::PromoteTo(di, hn::LoadU(di8, quants + j));
           const V wv = hn::Mul(hn::ConvertTo(d, q), scale[r]);
           for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
         }
