@@ -1,0 +1,130 @@
+// ops-bench: timing of the matrix products (not part of ctest).
+//
+//   build/bin/ops-bench [--threads N] [--rows R] [--cols C] [--tokens T] [--reps K]
+//
+// For each weight type: decode (matvec, y = W x) and batched (matmul over T tokens) on a
+// [rows][cols] weight, best of K runs. GB/s counts the weight bytes read once per call
+// (activations are small next to them); GFLOP/s counts 2 * rows * cols * tokens. The machine's
+// read bandwidth, measured here with the same thread count, is printed for comparison.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/half.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "ops/ops.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <typename F>
+double best_seconds(int reps, F&& f) {
+  f();  // warm up (page in, wake threads)
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+// Sum of a large buffer split across the pool: a plain read-bandwidth probe.
+double read_bandwidth_gbs(tq::ThreadPool& pool, size_t bytes, int reps) {
+  std::vector<uint64_t> buf(bytes / 8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;
+  std::vector<uint64_t> partial(static_cast<size_t>(pool.size()));
+  const double s = best_seconds(reps, [&] {
+    pool.parallel_for(buf.size(), [&](size_t b, size_t e, int t) {
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      size_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        a0 += buf[i];
+        a1 += buf[i + 1];
+        a2 += buf[i + 2];
+        a3 += buf[i + 3];
+      }
+      for (; i < e; ++i) a0 += buf[i];
+      partial[static_cast<size_t>(t)] = a0 + a1 + a2 + a3;
+    });
+  });
+  uint64_t sink = 0;
+  for (uint64_t p : partial) sink += p;
+  if (sink == 42) std::printf(" ");
+  return static_cast<double>(bytes) / s / 1e9;
+}
+
+std::vector<uint8_t> random_weights(tq::ops::DType t, size_t rows, size_t cols) {
+  using tq::ops::DType;
+  std::vector<uint8_t> bytes(rows * tq::ops::storage_bytes(t, cols));
+  tq::SplitMix64 rng(7);
+  if (t == DType::Q8_0) {
+    for (size_t b = 0; b < bytes.size(); b += tq::ops::kQ8BlockBytes) {
+      const uint16_t scale = tq::f32_to_f16_bits(0.01f);
+      std::memcpy(&bytes[b], &scale, 2);
+      for (size_t i = 0; i < 32; ++i) bytes[b + 2 + i] = static_cast<uint8_t>(rng.next());
+    }
+    return bytes;
+  }
+  for (size_t i = 0; i < rows * cols; ++i) {
+    const float v = static_cast<float>(0.02 * (rng.uniform() - 0.5));
+    if (t == DType::F32) {
+      std::memcpy(&bytes[4 * i], &v, 4);
+    } else {
+      const uint16_t b = t == DType::F16 ? tq::f32_to_f16_bits(v) : tq::f32_to_bf16_bits(v);
+      std::memcpy(&bytes[2 * i], &b, 2);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, reps = 10;
+  size_t rows = 4096, cols = 4096, tokens = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const long value = std::atol(argv[i + 1]);
+    if (flag == "--threads") threads = static_cast<int>(value);
+    else if (flag == "--rows") rows = static_cast<size_t>(value);
+    else if (flag == "--cols") cols = static_cast<size_t>(value);
+    else if (flag == "--tokens") tokens = static_cast<size_t>(value);
+    else if (flag == "--reps") reps = static_cast<int>(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  tq::ThreadPool pool(threads);
+  std::printf("ops-bench: SIMD target %s, %d thread(s), weight [%zu][%zu], batch %zu tokens, best of %d\n",
+              tq::ops::simd_target_name(), threads, rows, cols, tokens, reps);
+  std::printf("measured read bandwidth (512 MiB sum): %.1f GB/s\n\n",
+              read_bandwidth_gbs(pool, size_t{512} << 20, std::max(3, reps / 3)));
+
+  tq::AlignedVector<float> x(tokens * cols), y(tokens * rows);
+  tq::SplitMix64 rng(3);
+  for (auto& v : x) v = static_cast<float>(rng.normal());
+
+  std::printf("| weights | path | time | weight GB/s | GFLOP/s |\n|---|---|---|---|---|\n");
+  using tq::ops::DType;
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8_0}) {
+    const auto bytes = random_weights(t, rows, cols);
+    const auto w = tq::ops::WeightView::dense(t, bytes.data(), static_cast<int64_t>(rows), static_cast<int64_t>(cols));
+    const double mv = best_seconds(reps, [&] { tq::ops::matvec(w, x.data(), y.data(), pool); });
+    std::printf("| %s | decode matvec | %.3f ms | %.1f | %.1f |\n", tq::ops::dtype_name(t), mv * 1e3,
+                static_cast<double>(bytes.size()) / mv / 1e9, 2.0 * rows * cols / mv / 1e9);
+    const double mm = best_seconds(std::max(2, reps / 3), [&] { tq::ops::matmul(w, x.data(), tokens, y.data(), pool); });
+    std::printf("| %s | batched matmul, %zu tokens | %.3f ms | %.1f | %.1f |\n", tq::ops::dtype_name(t), tokens,
+                mm * 1e3, static_cast<double>(bytes.size()) / mm / 1e9, 2.0 * rows * cols * tokens / mm / 1e9);
+  }
+  return 0;
+}

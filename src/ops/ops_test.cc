@@ -1,0 +1,532 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "hwy/tests/hwy_gtest.h"
+#include "ops/dtype.h"
+#include "ops/ops.h"
+#include "ops/reference.h"
+
+namespace tq::ops {
+namespace {
+
+std::vector<float> gaussian(size_t n, uint64_t seed, double scale = 1.0) {
+  SplitMix64 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
+  return v;
+}
+
+template <typename F>
+void expect_error_mentions(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected tq::Error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+RopeConfig rope_config(int head_dim, int rotary_dim = 0, double theta = 10000.0,
+                       RopeLayout layout = RopeLayout::rotate_half) {
+  RopeConfig c;
+  c.head_dim = head_dim;
+  c.rotary_dim = rotary_dim;
+  c.theta = theta;
+  c.layout = layout;
+  return c;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// A random weight matrix [rows][cols] stored as `dtype`, rows padded by `pad_bytes`.
+struct RandomWeights {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+
+  RandomWeights(DType dtype, int64_t rows, int64_t cols, uint64_t seed, size_t pad_bytes = 0) {
+    const size_t row_size = storage_bytes(dtype, static_cast<size_t>(cols)) + pad_bytes;
+    bytes.assign(row_size * static_cast<size_t>(rows), 0xAB);  // padding holds garbage on purpose
+    SplitMix64 rng(seed);
+    for (int64_t r = 0; r < rows; ++r) {
+      uint8_t* row = bytes.data() + static_cast<size_t>(r) * row_size;
+      if (dtype == DType::Q8_0) {
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          BlockQ8_0 block;
+          block.scale_bits = f32_to_f16_bits(static_cast<float>(0.002 + 0.05 * rng.uniform()));
+          for (auto& q : block.quants) q = static_cast<int8_t>(static_cast<int>(rng.next() % 255) - 127);
+          std::memcpy(row + b * kQ8BlockBytes, &block, kQ8BlockBytes);
+        }
+        continue;
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = static_cast<float>(0.1 * rng.normal());
+        if (dtype == DType::F32) {
+          std::memcpy(row + 4 * c, &v, 4);
+        } else {
+          const uint16_t bits = dtype == DType::F16 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v);
+          std::memcpy(row + 2 * c, &bits, 2);
+        }
+      }
+    }
+    view = WeightView::dense(dtype, bytes.data(), rows, cols);
+    view.row_stride_bytes = row_size;
+  }
+};
+
+// Error allowed for a float dot product: relative to sum |w_k x_k| (+ |bias|), which bounds the
+// rounding error of any summation order.
+std::vector<double> abs_dot_bounds(const WeightView& w, const float* x, size_t n, const float* bias) {
+  std::vector<double> bound(n * static_cast<size_t>(w.rows));
+  for (size_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < w.rows; ++r) {
+      double s = bias ? std::fabs(bias[r]) : 0.0;
+      for (int64_t c = 0; c < w.cols; ++c) s += std::fabs(ref::weight_at(w, r, c) * x[t * w.cols + c]);
+      bound[t * w.rows + r] = s;
+    }
+  }
+  return bound;
+}
+
+const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+
+// ---------------------------------------------------------------- plain checks
+
+TEST(DType, SizesAndValidation) {
+  EXPECT_EQ(block_bytes(DType::F32), 4u);
+  EXPECT_EQ(block_bytes(DType::F16), 2u);
+  EXPECT_EQ(block_bytes(DType::BF16), 2u);
+  EXPECT_EQ(block_bytes(DType::Q8_0), 34u);
+  EXPECT_EQ(block_values(DType::Q8_0), 32u);
+  EXPECT_EQ(storage_bytes(DType::Q8_0, 4096), 128u * 34u);
+  EXPECT_EQ(storage_bytes(DType::BF16, 100), 200u);
+  expect_error_mentions([] { storage_bytes(DType::Q8_0, 100); }, "blocks of 32");
+
+  std::vector<uint8_t> data(1024);
+  WeightView w = WeightView::dense(DType::F32, data.data(), 4, 16);
+  EXPECT_NO_THROW(w.validate("test"));
+  w.row_stride_bytes = 32;
+  expect_error_mentions([&] { w.validate("q_proj"); }, "q_proj: row stride 32");
+  w = WeightView::dense(DType::F32, nullptr, 4, 16);
+  expect_error_mentions([&] { w.validate("k_proj"); }, "null");
+  w = WeightView::dense(DType::F16, data.data(), 0, 16);
+  expect_error_mentions([&] { w.validate("v_proj"); }, "non-empty");
+  w.dtype = DType::Q8_0;
+  w.rows = 2;
+  w.cols = 48;
+  w.row_stride_bytes = 64;
+  expect_error_mentions([&] { w.validate("o_proj"); }, "48 columns");
+  ThreadPool pool(1);
+  std::vector<float> x(48), y(2);
+  expect_error_mentions([&] { matvec(w, x.data(), y.data(), pool); }, "matvec");
+}
+
+TEST(WeightRow, MatchesReferenceForEveryType) {
+  for (DType t : kAllTypes) {
+    const RandomWeights w(t, 5, 96, 17, 6);
+    std::vector<float> row(96);
+    for (int64_t r = 0; r < 5; ++r) {
+      weight_row(w.view, r, row.data());
+      for (int64_t c = 0; c < 96; ++c) ASSERT_TRUE(same_bits(row[c], ref::weight_at(w.view, r, c))) << dtype_name(t);
+    }
+    expect_error_mentions([&] { weight_row(w.view, 5, row.data()); }, "index 5");
+  }
+}
+
+TEST(Rope, TableValidation) {
+  expect_error_mentions([] { RopeTable(rope_config(64, 63)); }, "even");
+  expect_error_mentions([] { RopeTable(rope_config(64, 66)); }, "rotary_dim");
+  expect_error_mentions([] { RopeTable(rope_config(0)); }, "head_dim");
+  expect_error_mentions([] { RopeTable(rope_config(64, 0, 0.5)); }, "theta");
+  RopeConfig bad = rope_config(64);
+  bad.llama3 = true;
+  bad.llama3_scaling.high_freq_factor = 0.5;
+  expect_error_mentions([&] { RopeTable{bad}; }, "low_freq_factor");
+  const RopeTable table(rope_config(64));
+  std::vector<float> c(32), s(32);
+  expect_error_mentions([&] { table.cos_sin(-1, c.data(), s.data()); }, "position");
+}
+
+TEST(Rope, DefaultFrequenciesMatchTheFormula) {
+  for (const int dim : {64, 128, 80}) {
+    for (const double theta : {10000.0, 500000.0, 1000000.0}) {
+      const RopeTable table(rope_config(dim, 0, theta));
+      ASSERT_EQ(table.inv_freq().size(), static_cast<size_t>(dim / 2));
+      for (int j = 0; j < dim / 2; ++j) {
+        // transformers rounds the exponent 2j / dim to float first (not exact for dim 80), which
+        // moves the result by up to ln(theta) * 2^-25 relative; after that only the final
+        // roundings of pow and the reciprocal remain.
+        const float exponent = static_cast<float>(2 * j) / static_cast<float>(dim);
+        const double expected = std::pow(theta, -static_cast<double>(exponent));
+        EXPECT_NEAR(table.inv_freq()[j], expected, expected * 1.2e-7) << "dim " << dim << " j " << j;
+        const double exact = std::pow(theta, -2.0 * j / dim);
+        EXPECT_NEAR(table.inv_freq()[j], exact, exact * (std::log(theta) * 0x1p-25 + 1.2e-7));
+      }
+    }
+  }
+  // Partial rotary: the frequencies are those of a head of rotary_dim dims.
+  const RopeTable partial(rope_config(128, 32));
+  ASSERT_EQ(partial.inv_freq().size(), 16u);
+  EXPECT_NEAR(partial.inv_freq()[1], std::pow(10000.0, -2.0 / 32), 1e-7);
+}
+
+// Llama 3.1 settings (theta 500000, factor 8, low 1, high 4, original context 8192), head_dim 128.
+// Expected values evaluated independently in double precision (python3) from the published rule:
+//   f_j = 500000^(-j/64); wavelen = 2 pi / f_j
+//   wavelen < 8192 / 4 -> f_j;  wavelen > 8192 / 1 -> f_j / 8;
+//   otherwise s = (8192 / wavelen - 1) / 3 and (1 - s) f_j / 8 + s f_j.
+TEST(Rope, Llama3ScalingMatchesHandComputedValues) {
+  RopeConfig config = rope_config(128, 0, 500000.0);
+  config.llama3 = true;
+  config.llama3_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 8192};
+  const RopeTable table(config);
+  const RopeTable plain(rope_config(128, 0, 500000.0));
+  struct Case {
+    int j;
+    double expected;
+  };
+  const Case cases[] = {
+      {0, 1.0},                      // wavelen 6.3: high frequency, unchanged
+      {20, 0.016560440080994446},    // wavelen 379: unchanged
+      {28, 0.003211445994752591},    // wavelen 1956, just below 2048: unchanged
+      {29, 0.002166570763503359},    // wavelen 2402: medium, s = 0.8036
+      {31, 0.0008567514129196321},   // wavelen 3619: medium, s = 0.4212
+      {34, 0.0001785078127679964},   // wavelen 6695: medium, s = 0.0745
+      {40, 3.428102195952591e-05},   // wavelen 22911 > 8192: divided by 8
+      {63, 3.068925988914511e-07},   // lowest frequency: divided by 8
+  };
+  for (const Case& c : cases) {
+    EXPECT_NEAR(table.inv_freq()[c.j], c.expected, c.expected * 2e-6) << "j = " << c.j;
+  }
+  // Outside the medium band the scaling is exactly "keep" or "divide by 8".
+  EXPECT_EQ(table.inv_freq()[0], plain.inv_freq()[0]);
+  EXPECT_EQ(table.inv_freq()[28], plain.inv_freq()[28]);
+  EXPECT_EQ(table.inv_freq()[63], plain.inv_freq()[63] / 8.0f);
+  // The scaled frequencies still decrease monotonically.
+  for (size_t j = 1; j < table.inv_freq().size(); ++j) EXPECT_LT(table.inv_freq()[j], table.inv_freq()[j - 1]);
+}
+
+TEST(Rope, AnglesAreFloatProductsThenDoubleCosSin) {
+  const RopeTable table(rope_config(64));
+  std::vector<float> c(32), s(32);
+  for (const int64_t pos : {0, 1, 3, 1000, 100000}) {
+    table.cos_sin(pos, c.data(), s.data());
+    for (int j = 0; j < 32; ++j) {
+      const float angle = table.inv_freq()[j] * static_cast<float>(pos);
+      EXPECT_EQ(c[j], static_cast<float>(std::cos(static_cast<double>(angle))));
+      EXPECT_EQ(s[j], static_cast<float>(std::sin(static_cast<double>(angle))));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- every SIMD target
+
+class OpsTargets : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(OpsTargets);
+
+TEST_P(OpsTargets, MatVecMatchesReference) {
+  ThreadPool pool(1);
+  for (DType t : kAllTypes) {
+    for (const int64_t cols : {64, 96, 100, 160, 4096}) {
+      if (cols % static_cast<int64_t>(block_values(t)) != 0) continue;
+      for (const int64_t rows : {1, 3, 17, 300}) {
+        const uint64_t seed = static_cast<uint64_t>(rows * 10007 + cols);
+        const RandomWeights w(t, rows, cols, seed, rows == 17 ? 9 : 0);  // 17 rows: odd, misaligned stride
+        const auto x = gaussian(static_cast<size_t>(cols), seed + 1);
+        const auto bias = gaussian(static_cast<size_t>(rows), seed + 2);
+        for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+          std::vector<float> y(rows), expected(rows);
+          matvec(w.view, x.data(), y.data(), pool, b);
+          ref::matvec(w.view, x.data(), expected.data(), b);
+          const auto bound = abs_dot_bounds(w.view, x.data(), 1, b);
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_NEAR(y[r], expected[r], 1e-5 * bound[r] + 1e-30)
+                << dtype_name(t) << " [" << rows << "][" << cols << "] row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpsTargets, MatMulMatchesReferenceAndMatVecBitForBit) {
+  ThreadPool pool(1);
+  for (DType t : kAllTypes) {
+    for (const int64_t cols : {64, 100, 4096}) {
+      if (cols % static_cast<int64_t>(block_values(t)) != 0) continue;
+      for (const int64_t rows : {1, 3, 17, 300}) {
+        for (const size_t n : {2, 5, 9}) {
+          const uint64_t seed = static_cast<uint64_t>(rows * 31 + cols * 7 + n);
+          const RandomWeights w(t, rows, cols, seed);
+          const auto x = gaussian(n * static_cast<size_t>(cols), seed + 1);
+          const auto bias = gaussian(static_cast<size_t>(rows), seed + 2);
+          std::vector<float> y(n * rows), expected(n * rows), single(rows);
+          matmul(w.view, x.data(), n, y.data(), pool, bias.data());
+          ref::matmul(w.view, x.data(), n, expected.data(), bias.data());
+          const auto bound = abs_dot_bounds(w.view, x.data(), n, bias.data());
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_NEAR(y[i], expected[i], 1e-5 * bound[i] + 1e-30)
+                << dtype_name(t) << " [" << rows << "][" << cols << "] n " << n << " element " << i;
+          }
+          // Tiling across tokens and rows must not change a single output.
+          for (size_t tok = 0; tok < n; ++tok) {
+            matvec(w.view, x.data() + tok * cols, single.data(), pool, bias.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_TRUE(same_bits(single[r], y[tok * rows + r]))
+                  << dtype_name(t) << " [" << rows << "][" << cols << "] token " << tok << " row " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpsTargets, ThreadCountDoesNotChangeResults) {
+  ThreadPool one(1), two(2), three(3);
+  for (DType t : kAllTypes) {
+    const int64_t rows = 301, cols = 416;  // large enough to be threaded; rows not a multiple of 4
+    const RandomWeights w(t, rows, cols, 99);
+    const size_t n = 70;  // more than one token block
+    const auto x = gaussian(n * cols, 100);
+    std::vector<float> y1(n * rows), y2(n * rows), y3(n * rows);
+    matmul(w.view, x.data(), n, y1.data(), one);
+    matmul(w.view, x.data(), n, y2.data(), two);
+    matmul(w.view, x.data(), n, y3.data(), three);
+    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0) << dtype_name(t);
+    EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0) << dtype_name(t);
+    std::vector<float> v1(rows), v2(rows), v3(rows);
+    matvec(w.view, x.data() + 69 * cols, v1.data(), one);
+    matvec(w.view, x.data() + 69 * cols, v2.data(), two);
+    matvec(w.view, x.data() + 69 * cols, v3.data(), three);
+    EXPECT_EQ(std::memcmp(v1.data(), v2.data(), rows * 4), 0) << dtype_name(t);
+    EXPECT_EQ(std::memcmp(v1.data(), v3.data(), rows * 4), 0) << dtype_name(t);
+    EXPECT_EQ(std::memcmp(v1.data(), y1.data() + 69 * rows, rows * 4), 0) << dtype_name(t);
+    // Spot-check against the reference too, so a uniformly wrong result cannot pass.
+    std::vector<float> expected(rows);
+    ref::matvec(w.view, x.data() + 69 * cols, expected.data(), nullptr);
+    const auto bound = abs_dot_bounds(w.view, x.data() + 69 * cols, 1, nullptr);
+    for (int64_t r = 0; r < rows; ++r) ASSERT_NEAR(v3[r], expected[r], 1e-5 * bound[r]);
+  }
+}
+
+TEST_P(OpsTargets, RmsNormMatchesReference) {
+  for (const size_t n : {1, 7, 64, 100, 4096}) {
+    const auto x = gaussian(3 * n, n, 3.0);
+    const auto w = gaussian(n, n + 1);
+    std::vector<float> y(3 * n), expected(3 * n);
+    rms_norm_rows(x.data(), w.data(), 1e-5f, 3, n, y.data());
+    for (size_t r = 0; r < 3; ++r) ref::rms_norm(x.data() + r * n, w.data(), 1e-5f, n, expected.data() + r * n);
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], expected[i], 1e-5 * std::fabs(expected[i]) + 1e-30) << "n " << n << " i " << i;
+    }
+    auto in_place = x;
+    rms_norm_rows(in_place.data(), w.data(), 1e-5f, 3, n, in_place.data());
+    EXPECT_EQ(std::memcmp(in_place.data(), y.data(), y.size() * 4), 0) << "n " << n;
+  }
+  // eps dominates a zero row: the output is exactly zero, not NaN.
+  std::vector<float> zeros(100, 0.0f), ones(100, 1.0f), out(100, 5.0f);
+  rms_norm(zeros.data(), ones.data(), 1e-6f, 100, out.data());
+  for (float v : out) EXPECT_EQ(v, 0.0f);
+}
+
+TEST_P(OpsTargets, RopeIsBitIdenticalToReference) {
+  struct Shape {
+    size_t head_dim, rotary_dim;
+  };
+  for (const Shape s : {Shape{64, 64}, Shape{128, 128}, Shape{96, 96}, Shape{80, 80}, Shape{100, 100},
+                        Shape{128, 32}, Shape{80, 20}, Shape{6, 6}}) {
+    for (const RopeLayout layout : {RopeLayout::rotate_half, RopeLayout::interleaved}) {
+      const RopeTable table(rope_config(static_cast<int>(s.head_dim), static_cast<int>(s.rotary_dim), 10000.0, layout));
+      const size_t heads = 3;
+      const auto x = gaussian(heads * s.head_dim, s.head_dim * 7 + s.rotary_dim);
+      std::vector<float> c(s.rotary_dim / 2), sn(s.rotary_dim / 2);
+      for (const int64_t pos : {0, 1, 17, 5000}) {
+        table.cos_sin(pos, c.data(), sn.data());
+        auto got = x, expected = x;
+        table.apply(got.data(), heads, pos);
+        ref::apply_rope(layout, expected.data(), heads, s.head_dim, s.rotary_dim, c.data(), sn.data());
+        ASSERT_EQ(std::memcmp(got.data(), expected.data(), got.size() * 4), 0)
+            << "head_dim " << s.head_dim << " rotary " << s.rotary_dim << " pos " << pos;
+        for (size_t h = 0; h < heads; ++h) {
+          for (size_t i = s.rotary_dim; i < s.head_dim; ++i) {
+            ASSERT_EQ(got[h * s.head_dim + i], x[h * s.head_dim + i]) << "pass-through dim " << i;
+          }
+        }
+        if (pos == 0) {
+          EXPECT_EQ(std::memcmp(got.data(), x.data(), x.size() * 4), 0) << "position 0 is the identity";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpsTargets, RopeMatchesDoublePrecisionRotation) {
+  const size_t head_dim = 128, heads = 2;
+  const double theta = 10000.0;
+  for (const RopeLayout layout : {RopeLayout::rotate_half, RopeLayout::interleaved}) {
+    const RopeTable table(rope_config(128, 0, theta, layout));
+    for (const int64_t pos : {1, 7, 100, 1234}) {
+      const auto x = gaussian(heads * head_dim, static_cast<uint64_t>(pos));
+      auto got = x;
+      table.apply(got.data(), heads, pos);
+      for (size_t h = 0; h < heads; ++h) {
+        for (size_t j = 0; j < head_dim / 2; ++j) {
+          const size_t ia = layout == RopeLayout::rotate_half ? j : 2 * j;
+          const size_t ib = layout == RopeLayout::rotate_half ? j + head_dim / 2 : 2 * j + 1;
+          const double angle = static_cast<double>(pos) * std::pow(theta, -2.0 * j / head_dim);
+          const double a = x[h * head_dim + ia], b = x[h * head_dim + ib];
+          const double ea = a * std::cos(angle) - b * std::sin(angle);
+          const double eb = b * std::cos(angle) + a * std::sin(angle);
+          // float inv_freq and a float angle: the error grows with the angle (~1.2e-7 relative).
+          const double tol = (std::fabs(a) + std::fabs(b)) * (3e-7 * angle + 1e-6);
+          ASSERT_NEAR(got[h * head_dim + ia], ea, tol) << "pos " << pos << " j " << j;
+          ASSERT_NEAR(got[h * head_dim + ib], eb, tol) << "pos " << pos << " j " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpsTargets, RopeLayoutsAgreeAfterPermutingDims) {
+  for (const size_t rotary_dim : {64, 24}) {
+    const size_t head_dim = 64, heads = 4, half = rotary_dim / 2;
+    const RopeTable halves(rope_config(64, static_cast<int>(rotary_dim), 10000.0, RopeLayout::rotate_half));
+    const RopeTable pairs(rope_config(64, static_cast<int>(rotary_dim), 10000.0, RopeLayout::interleaved));
+    const auto x = gaussian(heads * head_dim, rotary_dim);
+    // interleaved[2j] = halves[j], interleaved[2j + 1] = halves[j + half]; other dims as they are.
+    auto permute = [&](const std::vector<float>& v) {
+      std::vector<float> out = v;
+      for (size_t h = 0; h < heads; ++h) {
+        for (size_t j = 0; j < half; ++j) {
+          out[h * head_dim + 2 * j] = v[h * head_dim + j];
+          out[h * head_dim + 2 * j + 1] = v[h * head_dim + j + half];
+        }
+      }
+      return out;
+    };
+    for (const int64_t pos : {3, 4097}) {
+      auto a = x;
+      auto b = permute(x);
+      halves.apply(a.data(), heads, pos);
+      pairs.apply(b.data(), heads, pos);
+      const auto a_permuted = permute(a);
+      EXPECT_EQ(std::memcmp(a_permuted.data(), b.data(), b.size() * 4), 0) << "rotary " << rotary_dim;
+    }
+  }
+}
+
+TEST_P(OpsTargets, SwiGluMatchesReference) {
+  for (const size_t n : {1, 5, 64, 100, 11008}) {
+    auto gate = gaussian(n, n, 6.0);
+    const auto up = gaussian(n, n + 1);
+    if (n >= 8) {  // extremes: exp(-g) overflows for g < -88 in a naive float formula
+      gate[0] = -100.0f;
+      gate[1] = 100.0f;
+      gate[2] = 0.0f;
+      gate[3] = -0.0f;
+      gate[4] = -1e4f;
+      gate[5] = 1e4f;
+      gate[6] = -87.5f;
+    }
+    std::vector<float> out(n), expected(n);
+    swiglu(gate.data(), up.data(), out.data(), n);
+    ref::swiglu(gate.data(), up.data(), expected.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_FALSE(std::isnan(out[i])) << i;
+      ASSERT_NEAR(out[i], expected[i], 2e-6 * std::fabs(expected[i]) + 1e-35) << "n " << n << " g " << gate[i];
+    }
+    auto in_place = gate;
+    swiglu(in_place.data(), up.data(), in_place.data(), n);
+    EXPECT_EQ(std::memcmp(in_place.data(), out.data(), n * 4), 0);
+  }
+}
+
+TEST_P(OpsTargets, SoftmaxMatchesReference) {
+  for (const size_t n : {1, 5, 16, 100, 4099}) {
+    const auto x = gaussian(n, n, 8.0);
+    std::vector<float> y(n), expected(n);
+    softmax(x.data(), y.data(), n);
+    ref::softmax(x.data(), expected.data(), n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(y[i], expected[i], 4e-6 * expected[i] + 1e-38) << "n " << n << " i " << i;
+      sum += y[i];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+    auto in_place = x;
+    softmax(in_place.data(), in_place.data(), n);
+    EXPECT_EQ(std::memcmp(in_place.data(), y.data(), n * 4), 0);
+  }
+  // Masked entries (-inf) get exactly zero; huge logits do not overflow.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = {1e30f, -inf, 1e30f, 0.0f, -inf};
+  std::vector<float> y(x.size());
+  softmax(x.data(), y.data(), x.size());
+  EXPECT_EQ(y[0], 0.5f);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[2], 0.5f);
+  EXPECT_EQ(y[3], 0.0f);
+  EXPECT_EQ(y[4], 0.0f);
+  // A fully masked row has no distribution: NaN, as torch gives, rather than a made-up one.
+  std::vector<float> masked(19, -inf), out(19);
+  softmax(masked.data(), out.data(), masked.size());
+  for (float v : out) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST_P(OpsTargets, ArgmaxMatchesReference) {
+  for (const size_t n : {1, 3, 16, 17, 100, 32000}) {
+    auto x = gaussian(n, n);
+    EXPECT_EQ(argmax(x.data(), n), ref::argmax(x.data(), n)) << n;
+    // Ties go to the lowest index, wherever they fall relative to vector boundaries.
+    x[n - 1] = 100.0f;
+    EXPECT_EQ(argmax(x.data(), n), n - 1);
+    x[n / 2] = 100.0f;
+    EXPECT_EQ(argmax(x.data(), n), n / 2);
+    x[0] = 100.0f;
+    EXPECT_EQ(argmax(x.data(), n), 0u);
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(37, -1.0f);
+  x[3] = nan;
+  x[20] = 2.0f;
+  x[30] = nan;
+  EXPECT_EQ(argmax(x.data(), x.size()), 20u);
+  EXPECT_EQ(ref::argmax(x.data(), x.size()), 20u);
+  x[0] = nan;
+  x[36] = inf;
+  EXPECT_EQ(argmax(x.data(), x.size()), 36u);
+  std::vector<float> masked(21, -inf);
+  masked[9] = nan;
+  EXPECT_EQ(argmax(masked.data(), masked.size()), 0u);
+  EXPECT_EQ(ref::argmax(masked.data(), masked.size()), 0u);
+  EXPECT_EQ(argmax(x.data(), 0), 0u);
+}
+
+TEST_P(OpsTargets, AddAndScaleAreExact) {
+  for (const size_t n : {1, 7, 64, 1001}) {
+    const auto a = gaussian(n, n), b = gaussian(n, n + 1);
+    std::vector<float> out(n), expected(n);
+    add(a.data(), b.data(), out.data(), n);
+    ref::add(a.data(), b.data(), expected.data(), n);
+    EXPECT_EQ(std::memcmp(out.data(), expected.data(), n * 4), 0);
+    auto residual = a;
+    add(residual.data(), b.data(), residual.data(), n);
+    EXPECT_EQ(std::memcmp(residual.data(), expected.data(), n * 4), 0);
+    scale(a.data(), 0.125f, out.data(), n);
+    ref::scale(a.data(), 0.125f, expected.data(), n);
+    EXPECT_EQ(std::memcmp(out.data(), expected.data(), n * 4), 0);
+  }
+}
+
+}  // namespace
+}  // namespace tq::ops

@@ -1,0 +1,114 @@
+// RoPE frequency table. transformers computes the frequencies and angles in float32 tensors; each
+// step below is the same float operation in the same order, so with the build's
+// -ffp-contract=off the results match torch bit for bit wherever torch's own elementwise float
+// functions are correctly rounded. The two transcendental steps (pow for the base frequencies,
+// cos/sin for the angles) are evaluated in double and rounded once to float, i.e. correctly
+// rounded; torch's vectorised float pow/cos/sin are accurate to about 1 ulp, so an occasional
+// 1-ulp difference there is the only expected deviation.
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/kernels.h"
+#include "ops/ops.h"
+
+namespace tq::ops {
+namespace {
+
+// transformers' _compute_default_rope_parameters:
+//   inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))
+// as float32 ops: the exponent is a float division, the power a float pow, and `1.0 / t` is
+// torch's reciprocal (a float division).
+std::vector<float> default_inv_freq(double theta, int rotary_dim) {
+  std::vector<float> inv_freq(static_cast<size_t>(rotary_dim / 2));
+  const float base = static_cast<float>(theta);
+  for (int j = 0; j < rotary_dim / 2; ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(rotary_dim);
+    const float power = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+    inv_freq[static_cast<size_t>(j)] = 1.0f / power;
+  }
+  return inv_freq;
+}
+
+// transformers' _compute_llama3_parameters, reimplemented from its published formula:
+//   wavelen = 2 pi / inv_freq
+//   wavelen < old_len / high_freq_factor: unchanged (high frequencies)
+//   wavelen > old_len / low_freq_factor:  inv_freq / factor (low frequencies)
+//   otherwise: s = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor),
+//              (1 - s) * inv_freq / factor + s * inv_freq
+// In torch, `scalar / tensor` is tensor.reciprocal() * scalar and Python scalars meet float32
+// tensors as float32, so each step is written with float operands in that order.
+float llama3_scale(float inv_freq, const Llama3RopeScaling& s) {
+  const float factor = static_cast<float>(s.factor);
+  const float low_freq_factor = static_cast<float>(s.low_freq_factor);
+  const float old_len = static_cast<float>(s.original_max_position_embeddings);
+  // Python computes these two in double before torch compares them with float32 tensors.
+  const float low_freq_wavelen =
+      static_cast<float>(static_cast<double>(s.original_max_position_embeddings) / s.low_freq_factor);
+  const float high_freq_wavelen =
+      static_cast<float>(static_cast<double>(s.original_max_position_embeddings) / s.high_freq_factor);
+  const float factor_span = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+  const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+
+  const float wavelen = (1.0f / inv_freq) * two_pi;
+  const float low_scaled = wavelen > low_freq_wavelen ? inv_freq / factor : inv_freq;
+  const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+  if (!medium) return low_scaled;
+  const float smooth = ((1.0f / wavelen) * old_len - low_freq_factor) / factor_span;
+  const float from_low = (1.0f - smooth) * low_scaled / factor;
+  const float from_high = smooth * low_scaled;
+  return from_low + from_high;
+}
+
+}  // namespace
+
+RopeTable::RopeTable(const RopeConfig& config) : config_(config) {
+  if (config_.rotary_dim == 0) config_.rotary_dim = config_.head_dim;
+  TQ_CHECK(config_.head_dim > 0, "RoPE: head_dim must be positive, got ", config_.head_dim);
+  TQ_CHECK(config_.rotary_dim > 0 && config_.rotary_dim <= config_.head_dim && config_.rotary_dim % 2 == 0,
+           "RoPE: rotary_dim must be even and in (0, head_dim = ", config_.head_dim, "], got ",
+           config_.rotary_dim);
+  TQ_CHECK(std::isfinite(config_.theta) && config_.theta > 1.0, "RoPE: theta must be finite and > 1, got ",
+           config_.theta);
+  inv_freq_ = default_inv_freq(config_.theta, config_.rotary_dim);
+  if (config_.llama3) {
+    const Llama3RopeScaling& s = config_.llama3_scaling;
+    TQ_CHECK(s.factor >= 1.0, "RoPE llama3 scaling: factor must be >= 1, got ", s.factor);
+    TQ_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor,
+             "RoPE llama3 scaling: need 0 < low_freq_factor < high_freq_factor, got low ", s.low_freq_factor,
+             ", high ", s.high_freq_factor);
+    TQ_CHECK(s.original_max_position_embeddings > 0,
+             "RoPE llama3 scaling: original_max_position_embeddings must be positive, got ",
+             s.original_max_position_embeddings);
+    for (float& f : inv_freq_) f = llama3_scale(f, s);
+  }
+}
+
+void RopeTable::cos_sin(int64_t pos, float* cos, float* sin) const {
+  TQ_CHECK(pos >= 0, "RoPE: position must be non-negative, got ", pos);
+  // transformers: freqs = inv_freq.float() @ position_ids.float(), a float32 product (the
+  // position itself is rounded to float, exact below 2^24).
+  const float p = static_cast<float>(pos);
+  for (size_t j = 0; j < inv_freq_.size(); ++j) {
+    const float angle = inv_freq_[j] * p;
+    cos[j] = static_cast<float>(std::cos(static_cast<double>(angle)));
+    sin[j] = static_cast<float>(std::sin(static_cast<double>(angle)));
+  }
+}
+
+void RopeTable::apply(float* x, size_t heads, int64_t pos) const {
+  // [rotary_dim / 2] each; a few hundred floats at most, so the heap is not worth avoiding.
+  std::vector<float> cos(inv_freq_.size()), sin(inv_freq_.size());
+  cos_sin(pos, cos.data(), sin.data());
+  kernels::apply_rope(config_.layout, x, heads, static_cast<size_t>(config_.head_dim),
+                      static_cast<size_t>(config_.rotary_dim), cos.data(), sin.data());
+}
+
+void apply_rope(RopeLayout layout, float* x, size_t heads, size_t head_dim, size_t rotary_dim,
+                const float* cos, const float* sin) {
+  TQ_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "RoPE: rotary_dim ", rotary_dim,
+           " must be even and at most head_dim ", head_dim);
+  kernels::apply_rope(layout, x, heads, head_dim, rotary_dim, cos, sin);
+}
+
+}  // namespace tq::ops
