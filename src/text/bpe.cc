@@ -21,11 +21,7 @@ bool heap_after(const BpeModel::Scratch::Entry& a, const BpeModel::Scratch::Entr
 
 BpeModel::BpeModel(std::vector<std::string> vocab, const Options& options)
     : vocab_(std::move(vocab)), options_(options) {
-  ids_.reserve(vocab_.size() * 2);
-  for (size_t i = 0; i < vocab_.size(); ++i) {
-    if (vocab_[i].empty()) continue;
-    ids_.emplace(vocab_[i], static_cast<int32_t>(i));  // keeps the first id of a duplicated text
-  }
+  ids_.build(vocab_);
   small_char_ids_.assign(kSmallCharLimit, -1);
   std::string s;
   for (char32_t cp = 0; cp < kSmallCharLimit; ++cp) {
@@ -43,13 +39,11 @@ BpeModel::BpeModel(std::vector<std::string> vocab, const Options& options)
 }
 
 int32_t BpeModel::find(std::string_view text) const {
-  const auto it = ids_.find(text);
-  return it == ids_.end() ? -1 : it->second;
+  return ids_.find(text);
 }
 
 void BpeModel::set_merges(const std::vector<std::pair<std::string, std::string>>& merges) {
-  merges_.clear();
-  merges_.reserve(merges.size() * 2);
+  merges_.reserve(merges.size());
   std::string joined;
   for (size_t i = 0; i < merges.size(); ++i) {
     const auto& [a, b] = merges[i];
@@ -60,13 +54,13 @@ void BpeModel::set_merges(const std::vector<std::pair<std::string, std::string>>
     const int32_t id = find(joined);
     TQ_CHECK(id >= 0, "merge ", i, " ('", a, "' '", b, "'): the result '", joined, "' is not in the vocabulary");
     // A repeated merge keeps its last rank, as HF's map built from the list does.
-    merges_[pair_key(ia, ib)] = Merge{static_cast<int32_t>(i), id};
+    merges_.put(ia, ib, {static_cast<int32_t>(i), id}, true);
   }
   build_bigrams();
 }
 
 void BpeModel::set_merges_from_vocab_ranks() {
-  merges_.clear();
+  merges_.reserve(vocab_.size() * 2);
   for (size_t id = 0; id < vocab_.size(); ++id) {
     const std::string& t = vocab_[id];
     // Every split of the token into two tokens is a merge that produces it, ranked by the token's id.
@@ -74,7 +68,7 @@ void BpeModel::set_merges_from_vocab_ranks() {
     while (cut < t.size()) {
       const int32_t a = find(std::string_view(t).substr(0, cut));
       const int32_t b = find(std::string_view(t).substr(cut));
-      if (a >= 0 && b >= 0) merges_.emplace(pair_key(a, b), Merge{static_cast<int32_t>(id), static_cast<int32_t>(id)});
+      if (a >= 0 && b >= 0) merges_.put(a, b, {static_cast<int32_t>(id), static_cast<int32_t>(id)}, false);
       cut += utf8_sequence_length(static_cast<unsigned char>(t[cut]));
     }
   }
@@ -85,17 +79,13 @@ void BpeModel::set_scores(std::vector<float> scores, std::vector<uint8_t> mergea
   TQ_CHECK(scores.size() == vocab_.size() && mergeable.size() == vocab_.size(), "BPE: ", scores.size(),
            " scores and ", mergeable.size(), " piece kinds for a vocabulary of ", vocab_.size());
   scores_ = std::move(scores);
-  mergeable_ids_.clear();
-  mergeable_ids_.reserve(vocab_.size() * 2);
-  for (size_t i = 0; i < vocab_.size(); ++i)
-    if (mergeable[i] && !vocab_[i].empty()) mergeable_ids_.emplace(vocab_[i], static_cast<int32_t>(i));
+  mergeable_ids_.build(vocab_, &mergeable);
   // Characters resolve through the mergeable pieces only.
   std::string s;
   for (char32_t cp = 0; cp < kSmallCharLimit; ++cp) {
     s.clear();
     append_utf8(s, cp);
-    const auto it = mergeable_ids_.find(s);
-    small_char_ids_[cp] = it == mergeable_ids_.end() ? -1 : it->second;
+    small_char_ids_[cp] = mergeable_ids_.find(s);
   }
   build_bigrams();
 }
@@ -104,7 +94,7 @@ void BpeModel::build_bigrams() {
   bigrams_.clear();
   const bool by_score = options_.priority == Priority::piece_score;
   for (const std::string& t : vocab_) {
-    if (t.empty() || (by_score && mergeable_ids_.find(t) == mergeable_ids_.end())) continue;
+    if (t.empty() || (by_score && mergeable_ids_.find(t) < 0)) continue;
     char32_t prev = 0;
     bool have_prev = false;
     size_t i = 0;
@@ -146,8 +136,7 @@ void BpeModel::split_chunks(std::string_view word, std::vector<std::string_view>
 int32_t BpeModel::char_id(std::string_view ch, char32_t cp) const {
   if (cp < kSmallCharLimit) return small_char_ids_[cp];
   if (options_.priority == Priority::piece_score) {
-    const auto it = mergeable_ids_.find(ch);
-    return it == mergeable_ids_.end() ? -1 : it->second;
+    return mergeable_ids_.find(ch);
   }
   return find(ch);
 }
@@ -196,15 +185,15 @@ void BpeModel::build_symbols(std::string_view word, std::vector<Symbol>& symbols
 bool BpeModel::candidate(std::string_view word, const Symbol& a, const Symbol& b, Candidate& c) const {
   if (options_.priority == Priority::merge_rank) {
     if (a.id < 0 || b.id < 0) return false;
-    const auto it = merges_.find(pair_key(a.id, b.id));
-    if (it == merges_.end()) return false;
-    c = {static_cast<double>(it->second.rank), it->second.new_id};
+    const MergeTable::Merge* m = merges_.find(a.id, b.id);
+    if (!m) return false;
+    c = {static_cast<double>(m->rank), m->new_id};
     return true;
   }
   if (a.id < 0 || b.id < 0) return false;
-  const auto it = mergeable_ids_.find(word.substr(a.start, a.len + b.len));
-  if (it == mergeable_ids_.end()) return false;
-  c = {-static_cast<double>(scores_[static_cast<size_t>(it->second)]), it->second};
+  const int32_t id = mergeable_ids_.find(word.substr(a.start, a.len + b.len));
+  if (id < 0) return false;
+  c = {-static_cast<double>(scores_[static_cast<size_t>(id)]), id};
   return true;
 }
 

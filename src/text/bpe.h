@@ -17,10 +17,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "text/flat_map.h"
 
 namespace tq {
 
@@ -37,6 +38,8 @@ class BpeModel {
 
   // `vocab`: [vocab size] token text of each id in the model's alphabet; "" for an id without one.
   BpeModel(std::vector<std::string> vocab, const Options& options);
+  BpeModel(const BpeModel&) = delete;  // the lookup tables point into vocab_
+  BpeModel& operator=(const BpeModel&) = delete;
 
   // merge_rank: the merges in rank order. Throws tq::Error for a merge whose parts or result are not in the
   // vocabulary (the message names the merge's index).
@@ -85,9 +88,6 @@ class BpeModel {
   };
 
  private:
-  static uint64_t pair_key(int32_t a, int32_t b) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  }
   void build_symbols(std::string_view word, std::vector<Symbol>& symbols) const;
   bool candidate(std::string_view word, const Symbol& a, const Symbol& b, Candidate& c) const;
   void emit(std::string_view word, const std::vector<Symbol>& symbols, std::vector<int32_t>& out) const;
@@ -96,14 +96,10 @@ class BpeModel {
 
   std::vector<std::string> vocab_;
   Options options_;
-  std::unordered_map<std::string_view, int32_t> ids_;           // all tokens (first id of a duplicate)
-  std::unordered_map<std::string_view, int32_t> mergeable_ids_; // piece_score: the mergeable pieces only
-  std::vector<int32_t> small_char_ids_;                         // [0x800] id of each small code point, or -1
-  struct Merge {
-    int32_t rank;
-    int32_t new_id;
-  };
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> merge
+  StringIdIndex ids_;                    // all tokens (first id of a duplicate)
+  StringIdIndex mergeable_ids_;          // piece_score: the mergeable pieces only
+  std::vector<int32_t> small_char_ids_;  // [0x800] id of each small code point, or -1
+  MergeTable merges_;                    // (left id, right id) -> merge
   std::vector<float> scores_;
   std::unordered_set<uint64_t> bigrams_;  // (a, b) code point pairs adjacent inside some token
   int32_t byte_ids_[256];  // id of <0xXX>, -1 when absent

@@ -177,20 +177,17 @@ class BpeTokenizer final : public Tokenizer {
       TQ_CHECK(!t.content.empty(), spec_.source, ": added token ", t.id, " has no content");
       size = std::max(size, t.id + 1);
     }
-    tokens_.resize(static_cast<size_t>(size));
+    vocab_size_ = size;
     special_.assign(static_cast<size_t>(size), 0);
-    for (int32_t id = 0; id < model.vocab_size(); ++id) tokens_[static_cast<size_t>(id)] = model.token(id);
-    for (const AddedToken& t : spec_.added_tokens) {
-      tokens_[static_cast<size_t>(t.id)] = t.content;
+    added_index_.assign(static_cast<size_t>(size), -1);
+    for (size_t i = 0; i < spec_.added_tokens.size(); ++i) {
+      const AddedToken& t = spec_.added_tokens[i];
+      added_index_[static_cast<size_t>(t.id)] = static_cast<int32_t>(i);
       if (t.special) special_[static_cast<size_t>(t.id)] = 1;
+      added_ids_.emplace(t.content, t.id);  // the first of a repeated content
     }
-    pieces_.resize(tokens_.size());
-    for (size_t id = 0; id < tokens_.size(); ++id) pieces_[id] = decoded_piece(tokens_[id], spec_.decoder);
-    // Added contents win over vocabulary strings, then the first id of a repeated string.
-    ids_.reserve(tokens_.size() * 2);
-    for (const AddedToken& t : spec_.added_tokens) ids_.emplace(t.content, t.id);
-    for (int32_t id = 0; id < model.vocab_size(); ++id)
-      if (!model.token(id).empty()) ids_.emplace(model.token(id), id);
+    pieces_.resize(static_cast<size_t>(size));
+    for (int32_t id = 0; id < size; ++id) pieces_[static_cast<size_t>(id)] = decoded_piece(id_to_token(id), spec_.decoder);
 
     for (size_t i = 0; i < spec_.added_tokens.size(); ++i) {
       const AddedToken& t = spec_.added_tokens[i];
@@ -255,13 +252,17 @@ class BpeTokenizer final : public Tokenizer {
     return id >= 0 && id < vocab_size() ? pieces_[static_cast<size_t>(id)] : empty_;
   }
   const std::string& id_to_token(int32_t id) const override {
-    return id >= 0 && id < vocab_size() ? tokens_[static_cast<size_t>(id)] : empty_;
+    if (id < 0 || id >= vocab_size()) return empty_;
+    const int32_t added = added_index_[static_cast<size_t>(id)];
+    if (added >= 0) return spec_.added_tokens[static_cast<size_t>(added)].content;
+    return id < spec_.model->vocab_size() ? spec_.model->token(id) : empty_;
   }
   int32_t token_to_id(std::string_view token) const override {
-    const auto it = ids_.find(std::string(token));
-    return it == ids_.end() ? -1 : it->second;
+    // Added contents win over vocabulary strings, as in HF.
+    const auto it = added_ids_.find(std::string(token));
+    return it != added_ids_.end() ? it->second : spec_.model->find(token);
   }
-  int32_t vocab_size() const override { return static_cast<int32_t>(tokens_.size()); }
+  int32_t vocab_size() const override { return vocab_size_; }
   int32_t bos_id() const override { return spec_.bos_id; }
   int32_t eos_id() const override { return spec_.eos_id; }
   int32_t pad_id() const override { return spec_.pad_id; }
@@ -380,10 +381,11 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   TokenizerSpec spec_;
-  std::vector<std::string> tokens_;  // [vocab size] vocabulary string or added content
-  std::vector<std::string> pieces_;  // [vocab size] decoded bytes
-  std::vector<uint8_t> special_;     // [vocab size] 1 for special added tokens
-  std::unordered_map<std::string, int32_t> ids_;
+  int32_t vocab_size_ = 0;
+  std::vector<std::string> pieces_;    // [vocab size] decoded bytes
+  std::vector<uint8_t> special_;       // [vocab size] 1 for special added tokens
+  std::vector<int32_t> added_index_;   // [vocab size] index into spec_.added_tokens, or -1
+  std::unordered_map<std::string, int32_t> added_ids_;  // added content -> id
   AddedTokenMatcher raw_matcher_, normalized_matcher_;
   std::string empty_;
 };

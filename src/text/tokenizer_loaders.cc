@@ -281,42 +281,187 @@ void parse_post_processor(const JsonReader& r, const json& p, TokenizerSpec& spe
   }
 }
 
-// The vocabulary {token: id} as [size] strings.
-std::vector<std::string> vocab_by_id(const JsonReader& r, const json& vocab, const std::string& where) {
-  TQ_CHECK(vocab.is_object(), r.path, ": ", where, " is not an object of token -> id");
-  TQ_CHECK(!vocab.empty(), r.path, ": ", where, " is empty");
-  int32_t max_id = -1;
-  for (const auto& [token, id] : vocab.items()) max_id = std::max(max_id, r.id(id, where + " entry '" + token + "'"));
-  TQ_CHECK(static_cast<size_t>(max_id) < vocab.size() * 2 + 1024, r.path, ": ", where, ": id ", max_id,
-           " is far beyond the ", vocab.size(), " entries");
-  std::vector<std::string> out(static_cast<size_t>(max_id) + 1);
-  for (const auto& [token, id] : vocab.items()) {
-    std::string& slot = out[static_cast<size_t>(id.get<int32_t>())];
-    TQ_CHECK(slot.empty(), r.path, ": ", where, ": id ", id.get<int32_t>(), " is used by both '", slot, "' and '", token, "'");
-    TQ_CHECK(!token.empty(), r.path, ": ", where, ": an empty token");
-    slot = token;
+// A JSON reader that builds the document as nlohmann::json would, except for the two big members of a
+// tokenizer file: the vocabulary object {token: id} and the merges list, which it collects straight into
+// vectors (building them as JSON maps costs several times the parse). Where they are: `vocab_path` /
+// `merges_path` are the keys leading to them ({} for a vocab.json whose root is the vocabulary).
+class TokenizerJsonSax final : public nlohmann::json_sax<json> {
+ public:
+  using Path = std::optional<std::vector<std::string>>;
+  TokenizerJsonSax(Path vocab_path, Path merges_path)
+      : vocab_path_(std::move(vocab_path)), merges_path_(std::move(merges_path)) {}
+
+  json root;
+  bool has_vocab = false, has_merges = false;
+  std::vector<std::pair<std::string, int64_t>> vocab;       // [entries] in file order
+  std::vector<std::pair<std::string, std::string>> merges;  // [merges] in rank order
+  std::string error;                                        // set when a captured member is malformed
+
+  bool null() override { return value(json()); }
+  bool boolean(bool v) override { return value(json(v)); }
+  bool number_integer(number_integer_t v) override {
+    if (mode_ == Mode::vocab) return vocab.emplace_back(std::move(key_), v), true;
+    return value(json(v));
   }
-  return out;
+  bool number_unsigned(number_unsigned_t v) override {
+    if (mode_ == Mode::vocab) {
+      if (v > static_cast<number_unsigned_t>(std::numeric_limits<int64_t>::max())) return bad("an id out of range");
+      return vocab.emplace_back(std::move(key_), static_cast<int64_t>(v)), true;
+    }
+    return value(json(v));
+  }
+  bool number_float(number_float_t v, const string_t&) override { return value(json(v)); }
+  bool string(string_t& v) override {
+    if (mode_ == Mode::merges) {
+      if (pair_depth_ == 1) {
+        pair_.push_back(std::move(v));
+        return true;
+      }
+      const size_t space = v.find(' ');
+      if (space == std::string::npos || space == 0 || space + 1 >= v.size() || v.find(' ', space + 1) != std::string::npos)
+        return bad("model.merges[" + std::to_string(merges.size()) + "] '" + v + "' is not two tokens separated by one space");
+      merges.emplace_back(v.substr(0, space), v.substr(space + 1));
+      return true;
+    }
+    return value(json(std::move(v)));
+  }
+  bool binary(binary_t&) override { return bad("binary data"); }
+  bool start_object(std::size_t) override {
+    if (mode_ != Mode::build) return bad(mode_ == Mode::vocab ? "a vocabulary value is not an id" : "a merge is not a string or a pair");
+    if (path_matches(vocab_path_)) return enter(Mode::vocab);
+    json* obj = insert(json::object());
+    stack_.push_back(obj);
+    keys_.push_back(std::move(key_));
+    return true;
+  }
+  bool end_object() override {
+    if (mode_ == Mode::vocab) return leave();
+    stack_.pop_back();
+    keys_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (mode_ == Mode::merges) {
+      if (pair_depth_ != 0) return bad("a merge is not a string or a pair");
+      pair_depth_ = 1;
+      pair_.clear();
+      return true;
+    }
+    if (mode_ == Mode::vocab) return bad("a vocabulary value is not an id");
+    if (path_matches(merges_path_)) return enter(Mode::merges);
+    json* arr = insert(json::array());
+    stack_.push_back(arr);
+    keys_.push_back(std::move(key_));
+    return true;
+  }
+  bool end_array() override {
+    if (mode_ == Mode::merges) {
+      if (pair_depth_ == 1) {
+        pair_depth_ = 0;
+        if (pair_.size() != 2)
+          return bad("model.merges[" + std::to_string(merges.size()) + "] is neither \"a b\" nor [\"a\", \"b\"]");
+        merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+        return true;
+      }
+      return leave();
+    }
+    stack_.pop_back();
+    keys_.pop_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    error = "not valid JSON (" + std::string(e.what()) + ", at byte " + std::to_string(position) + ")";
+    return false;
+  }
+
+ private:
+  enum class Mode { build, vocab, merges };
+
+  bool bad(const std::string& what) {
+    if (error.empty()) error = what;
+    return false;
+  }
+  bool value(json v) {
+    if (mode_ != Mode::build) return bad(mode_ == Mode::vocab ? "a vocabulary value is not an id" : "a merge is not a string or a pair");
+    insert(std::move(v));
+    return true;
+  }
+  // Adds a value to the open container (or as the root). Containers on the stack stay valid: objects are
+  // std::map nodes, and an array gets no new element while a child of it is open.
+  json* insert(json v) {
+    if (stack_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    json& parent = *stack_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    json& slot = parent[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+  // True when the container about to open sits at `path` (keys from the root; empty: the root itself).
+  bool path_matches(const Path& path) const {
+    if (!path) return false;
+    if (path->empty()) return stack_.empty();
+    if (stack_.size() != path->size() || !stack_.back()->is_object()) return false;
+    for (size_t i = 1; i < path->size(); ++i)
+      if (keys_[i] != (*path)[i - 1]) return false;
+    return key_ == path->back();
+  }
+  bool enter(Mode m) {
+    mode_ = m;
+    (m == Mode::vocab ? has_vocab : has_merges) = true;
+    return true;
+  }
+  bool leave() {
+    mode_ = Mode::build;
+    return true;
+  }
+
+  Path vocab_path_, merges_path_;
+  Mode mode_ = Mode::build;
+  std::vector<json*> stack_;       // open containers
+  std::vector<std::string> keys_;  // the key each open container was opened under ("" at the root)
+  std::string key_;
+  int pair_depth_ = 0;
+  std::vector<std::string> pair_;
+};
+
+void sax_parse_file(const std::string& path, TokenizerJsonSax& sax) {
+  const std::string text = read_file(path);
+  bool ok = false;
+  try {
+    ok = json::sax_parse(text, &sax);
+  } catch (const json::exception& e) {
+    fail(path, ": not valid JSON (", e.what(), ")");
+  }
+  if (!ok) fail(path, ": ", sax.error.empty() ? "not valid JSON" : sax.error);
 }
 
-std::vector<std::pair<std::string, std::string>> merges_from_json(const JsonReader& r, const json& merges) {
-  TQ_CHECK(merges.is_array(), r.path, ": model.merges is not a list");
-  std::vector<std::pair<std::string, std::string>> out;
-  out.reserve(merges.size());
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const json& m = merges[i];
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const size_t space = s.find(' ');
-      TQ_CHECK(space != std::string::npos && space > 0 && space + 1 < s.size() &&
-                   s.find(' ', space + 1) == std::string::npos,
-               r.path, ": model.merges[", i, "] '", s, "' is not two tokens separated by one space");
-      out.emplace_back(s.substr(0, space), s.substr(space + 1));
-    } else {
-      TQ_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), r.path, ": model.merges[", i,
-               "] is neither \"a b\" nor [\"a\", \"b\"]");
-      out.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-    }
+// The vocabulary {token: id} as [size] strings.
+std::vector<std::string> vocab_by_id(const std::string& path, const std::vector<std::pair<std::string, int64_t>>& entries,
+                                     const std::string& where) {
+  TQ_CHECK(!entries.empty(), path, ": ", where, " is empty");
+  int64_t max_id = -1;
+  for (const auto& [token, id] : entries) {
+    TQ_CHECK(id >= 0 && id < std::numeric_limits<int32_t>::max(), path, ": ", where, " entry '", token, "' has id ", id);
+    max_id = std::max(max_id, id);
+  }
+  TQ_CHECK(static_cast<size_t>(max_id) < entries.size() * 2 + 1024, path, ": ", where, ": id ", max_id,
+           " is far beyond the ", entries.size(), " entries");
+  std::vector<std::string> out(static_cast<size_t>(max_id) + 1);
+  for (const auto& [token, id] : entries) {
+    std::string& slot = out[static_cast<size_t>(id)];
+    TQ_CHECK(slot.empty(), path, ": ", where, ": id ", id, " is used by both '", slot, "' and '", token, "'");
+    TQ_CHECK(!token.empty(), path, ": ", where, ": an empty token");
+    slot = token;
   }
   return out;
 }
@@ -408,7 +553,9 @@ std::string base64_decode(const std::string& path, size_t line, std::string_view
 // ------------------------------------------------------------------------------------------------ public loaders
 
 std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path) {
-  const json root = parse_json_file(path);
+  TokenizerJsonSax sax(std::vector<std::string>{"model", "vocab"}, std::vector<std::string>{"model", "merges"});
+  sax_parse_file(path, sax);
+  const json& root = sax.root;
   const JsonReader r{path};
   TQ_CHECK(root.is_object(), path, ": not a JSON object");
   const json& model = r.member(root, "model", "the file");
@@ -445,7 +592,9 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path) {
   mo.byte_fallback = r.flag(model, "byte_fallback", false, "model");
   mo.fuse_unk = r.flag(model, "fuse_unk", false, "model");
   mo.ignore_merges = r.flag(model, "ignore_merges", false, "model");
-  std::vector<std::string> vocab = vocab_by_id(r, r.member(model, "vocab", "model"), "model.vocab");
+  TQ_CHECK(sax.has_vocab, path, ": model has no \"vocab\" object");
+  std::vector<std::string> vocab = vocab_by_id(path, sax.vocab, "model.vocab");
+  sax.vocab.clear();
   if (const auto it = model.find("unk_token"); it != model.end() && it->is_string()) {
     const std::string unk = it->get<std::string>();
     for (size_t i = 0; i < vocab.size(); ++i)
@@ -453,10 +602,9 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path) {
     TQ_CHECK(mo.unk_id >= 0, path, ": model.unk_token '", unk, "' is not in the vocabulary");
   }
   spec.unk_id = mo.unk_id;
-  const auto merges = merges_from_json(r, model.contains("merges") ? model["merges"] : json::array());
   spec.model = std::make_unique<BpeModel>(std::move(vocab), mo);
   try {
-    spec.model->set_merges(merges);
+    spec.model->set_merges(sax.merges);
   } catch (const Error& e) {
     fail(path, ": model.", e.what());
   }
@@ -478,9 +626,11 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path) {
 
 std::unique_ptr<Tokenizer> load_vocab_merges(const std::string& vocab_json, const std::string& merges_txt,
                                              const std::string& tokenizer_config_json) {
-  const json vocab_root = parse_json_file(vocab_json);
-  const JsonReader r{vocab_json};
-  std::vector<std::string> vocab = vocab_by_id(r, vocab_root, "the vocabulary");
+  TokenizerJsonSax sax(std::vector<std::string>{}, std::nullopt);
+  sax_parse_file(vocab_json, sax);
+  TQ_CHECK(sax.has_vocab, vocab_json, ": not a JSON object of token -> id");
+  std::vector<std::string> vocab = vocab_by_id(vocab_json, sax.vocab, "the vocabulary");
+  sax.vocab.clear();
 
   // merges.txt: an optional "#version" line, then "left right" per line.
   const std::string text = read_file(merges_txt);
