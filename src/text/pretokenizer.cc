@@ -16,6 +16,10 @@ constexpr std::string_view kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kO200kPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // The three classes the known patterns are made of. A code point is at most one of them (letters and
 // numbers are not whitespace); "other" ([^\s\p{L}\p{N}]) is none of them.
@@ -256,8 +260,17 @@ std::string_view known_pattern_text(KnownPattern p) {
     case KnownPattern::gpt2: return kGpt2Pattern;
     case KnownPattern::llama3: return kLlama3Pattern;
     case KnownPattern::qwen2: return kQwen2Pattern;
+    case KnownPattern::o200k: return kO200kPattern;
   }
   return kGpt2Pattern;
+}
+
+std::string_view gguf_pre_tokenizer_pattern(std::string_view pre) {
+  if (pre == "default" || pre == "gpt-2" || pre == "gpt2") return kGpt2Pattern;
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "smaug-bpe") return kLlama3Pattern;
+  if (pre == "qwen2" || pre == "deepseek-r1-qwen") return kQwen2Pattern;
+  if (pre == "gpt-4o") return kO200kPattern;
+  return {};
 }
 
 void CodePointText::assign(std::string_view s) {

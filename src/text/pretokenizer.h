@@ -17,9 +17,15 @@
 namespace tq {
 
 // The pre-tokenizer regexes of the common byte-level BPE families, exactly as their tokenizer files write
-// them (one backslash, as after JSON decoding).
-enum class KnownPattern { gpt2, llama3, qwen2 };
+// them (one backslash, as after JSON decoding). gpt2, llama3 and qwen2 have hand-written matchers; o200k
+// (GPT-4o, gpt-oss) runs on the regex engine.
+enum class KnownPattern { gpt2, llama3, qwen2, o200k };
 std::string_view known_pattern_text(KnownPattern p);
+
+// The pattern a GGUF file's tokenizer.ggml.pre names, for the names llama.cpp writes for these families
+// ("default", "gpt-2", "llama-bpe", "llama3", "qwen2", "deepseek-r1-qwen", "gpt-4o", ...); empty when the
+// name is not one of them (the caller then has to refuse the file or supply the pattern).
+std::string_view gguf_pre_tokenizer_pattern(std::string_view pre);
 
 // Text decoded into code points, with the byte offset of each in the source string.
 struct CodePointText {

@@ -151,6 +151,21 @@ TEST(PreTokenizer, Llama3AndQwen2Splits) {
   EXPECT_EQ(split_known(KnownPattern::llama3, "\tdef"), (Strings{"\tdef"}));
 }
 
+TEST(PreTokenizer, O200kSplitsOnTheRegexEngine) {
+  const auto m = compile_pattern(known_pattern_text(KnownPattern::o200k));
+  EXPECT_FALSE(m->is_fast());
+  EXPECT_EQ(split("Hello World's 123456 abc/def\n\n", *m),
+            (Strings{"Hello", " World's", " ", "123", "456", " abc", "/def", "\n\n"}));
+  EXPECT_EQ(split("CamelCase HTTPServer", *m), (Strings{"Camel", "Case", " HTTPServer"}));
+}
+
+TEST(PreTokenizer, GgufPreTokenizerNames) {
+  EXPECT_EQ(gguf_pre_tokenizer_pattern("llama-bpe"), known_pattern_text(KnownPattern::llama3));
+  EXPECT_EQ(gguf_pre_tokenizer_pattern("qwen2"), known_pattern_text(KnownPattern::qwen2));
+  EXPECT_EQ(gguf_pre_tokenizer_pattern("gpt-2"), known_pattern_text(KnownPattern::gpt2));
+  EXPECT_TRUE(gguf_pre_tokenizer_pattern("some-new-model").empty());
+}
+
 // The hand-written matchers against the regex engine on random text built from the characters the patterns
 // care about: every class, the contraction letters in both cases, line breaks and other spaces.
 TEST(PreTokenizer, FastMatchersAgreeWithRegexEngine) {
