@@ -69,7 +69,13 @@ std::string decoded_piece(const std::string& token, DecoderKind decoder) {
   return out;
 }
 
-bool is_word_char(char32_t c) { return c == '_' || (unicode_category_bit(c) & (kCategoryLetter | kCategoryNumber)); }
+// \w of Rust's regex crate, which HF uses for single_word: letters, marks, decimal and letter numbers,
+// connector punctuation and the two join controls (Alphabetic approximated by L and Nl).
+bool is_word_char(char32_t c) {
+  constexpr uint32_t kWord = kCategoryLetter | kCategoryMark | category_bit(UnicodeCategory::Nd) |
+                             category_bit(UnicodeCategory::Nl) | category_bit(UnicodeCategory::Pc);
+  return c == 0x200C || c == 0x200D || (unicode_category_bit(c) & kWord) != 0;
+}
 
 // The last code point of s (s non-empty, well-formed or not).
 char32_t last_code_point(std::string_view s) {
