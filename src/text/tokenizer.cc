@@ -396,17 +396,18 @@ class BpeTokenizer final : public Tokenizer {
   std::string empty_;
 };
 
-// Added tokens for the control and user-defined entries of a typed vocabulary.
+// Added tokens for the control, unknown and user-defined entries of a typed vocabulary: the first two are
+// special (as HF's Llama tokenizer.json lists <unk>, <s>, </s>), user-defined ones are not.
 std::vector<AddedToken> added_from_types(const std::vector<std::string>& tokens, const std::vector<int32_t>& types) {
   std::vector<AddedToken> added;
   for (size_t i = 0; i < types.size(); ++i) {
     const auto t = static_cast<TokenType>(types[i]);
-    if (t != TokenType::control && t != TokenType::user_defined) continue;
+    if (t != TokenType::control && t != TokenType::unknown && t != TokenType::user_defined) continue;
     if (tokens[i].empty()) continue;
     AddedToken a;
     a.id = static_cast<int32_t>(i);
     a.content = tokens[i];
-    a.special = t == TokenType::control;
+    a.special = t != TokenType::user_defined;
     added.push_back(std::move(a));
   }
   return added;

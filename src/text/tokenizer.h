@@ -101,7 +101,9 @@ std::unique_ptr<Tokenizer> load_vocab_merges(const std::string& vocab_json, cons
 // as llama2.c does: BOS, dummy prefix, merges by score, byte fallback.
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path);
 
-// A SentencePiece model file (tokenizer.model, protobuf) of type BPE with the identity normalizer.
+// A SentencePiece model file (tokenizer.model, protobuf) of type BPE with the identity normalizer. The
+// sentencepiece library itself never matches control pieces in text; encode with parse_special = false
+// to get its ids for text that contains them.
 std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path);
 
 // A tiktoken file (lines "base64(bytes) rank"), with the given pre-tokenizer regex and special tokens
@@ -129,7 +131,7 @@ struct SpmOptions {
   bool byte_fallback = true;     // when the vocabulary has <0xXX> pieces
 };
 // SentencePiece BPE from pieces (U+2581 for spaces), scores and types (TokenType values; empty = all normal).
-// Control pieces become special added tokens, user-defined pieces plain added tokens.
+// Control and unknown pieces become special added tokens, user-defined pieces plain added tokens.
 std::unique_ptr<Tokenizer> make_spm_tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
                                               std::vector<int32_t> types, const SpmOptions& options);
 
