@@ -1,0 +1,58 @@
+// Tiny random-weight models of every supported architecture (made by tools/fixtures/
+// make_golden_models.py with Hugging Face transformers, committed with their float32 logits): our
+// float32 logits must match within 1e-4 relative (max over positions) for every prompt.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace tq {
+namespace {
+
+class Golden : public testing::TestWithParam<std::string> {};
+
+TEST_P(Golden, LogitsMatchTransformers) {
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden/" + GetParam();
+  const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
+  const auto model = LlamaModel::open(dir);
+  const int V = static_cast<int>(model->vocab_size());
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (const auto& prompt : golden["prompts"]) {
+      const auto ids = prompt["ids"].get<std::vector<int32_t>>();
+      const int n = static_cast<int>(ids.size());
+      // All positions in one pass (prompt processing)...
+      auto caches = make_prompt_cache(model->layer_specs(), KVType::f32);
+      for (auto& c : caches) c->add_sequence();
+      std::vector<float> logits(static_cast<size_t>(n) * V);
+      model->forward(ids.data(), n, 0, caches, 0, logits.data(), true, pool);
+      // ...and one token at a time (decode), against the same reference.
+      auto step_caches = make_prompt_cache(model->layer_specs(), KVType::f32);
+      for (auto& c : step_caches) c->add_sequence();
+      std::vector<float> step(static_cast<size_t>(n) * V);
+      for (int i = 0; i < n; ++i) model->forward(&ids[i], 1, i, step_caches, 0, step.data() + static_cast<size_t>(i) * V, false, pool);
+      for (int i = 0; i < n; ++i) {
+        const auto& want = prompt["logits"][i];
+        double max_abs = 0, err_batch = 0, err_step = 0;
+        for (int j = 0; j < V; ++j) {
+          const double w = want[j].get<double>();
+          max_abs = std::max(max_abs, std::fabs(w));
+          err_batch = std::max(err_batch, std::fabs(logits[static_cast<size_t>(i) * V + j] - w));
+          err_step = std::max(err_step, std::fabs(step[static_cast<size_t>(i) * V + j] - w));
+        }
+        EXPECT_LE(err_batch / max_abs, 1e-4) << GetParam() << " prompt of " << n << " position " << i;
+        EXPECT_LE(err_step / max_abs, 1e-4) << GetParam() << " (decode) prompt of " << n << " position " << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, Golden, testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3"));
+
+}  // namespace
+}  // namespace tq
