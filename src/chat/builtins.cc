@@ -39,7 +39,8 @@ class Params {
   }
 
   bool has(size_t i) const { return slots_[i] != nullptr; }
-  const Value& get(size_t i, const Value& fallback) const { return slots_[i] ? *slots_[i] : fallback; }
+  // By value: fallbacks are often temporaries.
+  Value get(size_t i, const Value& fallback) const { return slots_[i] ? *slots_[i] : fallback; }
   const Value& required(size_t i) const {
     if (!slots_[i]) in_.fail(fname_ + "() missing required argument '" + names_[i] + "'");
     return *slots_[i];
@@ -292,7 +293,6 @@ Value f_abs(Interpreter& in, const Value& v, CallArgs& args) {
     if (v.as_int() == INT64_MIN) in.fail("integer overflow");
     return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
   }
-  if (v.is_undefined()) in.fail_undefined(v);
   in.fail("bad operand type for abs(): '" + type_name(v) + "'");
 }
 
@@ -352,6 +352,7 @@ Value f_dictsort(Interpreter& in, const Value& v, CallArgs& args) {
   const std::string by = p.get_str(1).value_or("key");
   const bool reverse = p.get_bool(2, false);
   if (by != "key" && by != "value") in.fail("You can only sort by either \"key\" or \"value\"");
+  if (v.is_undefined()) in.fail_undefined(v);
   if (!v.is_object()) in.fail("'" + type_name(v) + "' object has no attribute 'items'");
   std::vector<Value> items;
   for (const auto& [k, item] : v.object().entries) items.push_back(tuple_of({Value(k), item}));
@@ -386,7 +387,8 @@ Value f_first(Interpreter& in, const Value& v, CallArgs& args) {
 
 Value f_last(Interpreter& in, const Value& v, CallArgs& args) {
   Params p(in, "last", args, {});
-  if (v.is_iterator()) in.fail("'generator' object is not reversible");
+  if (v.is_iterator() || !(v.is_array() || v.is_object() || v.is_string() || v.is_undefined()))
+    in.fail("'" + type_name(v) + "' object is not reversible");
   std::vector<Value> items = in.iterate(v);
   if (items.empty()) return Value::undefined("No last item, sequence was empty.");
   return items.back();
@@ -463,6 +465,7 @@ std::optional<int64_t> parse_py_int(std::string s, int base) {
 Value f_float(Interpreter& in, const Value& v, CallArgs& args) {
   Params p(in, "float", args, {"default"});
   const Value fallback = p.get(0, Value(0.0));
+  if (v.is_undefined()) in.fail_undefined(v);  // Undefined.__float__ raises
   if (v.is_number()) return Value(v.as_double());
   if (v.is_string()) {
     if (auto x = parse_py_float(v.as_string())) return Value(*x);
@@ -474,6 +477,7 @@ Value f_int(Interpreter& in, const Value& v, CallArgs& args) {
   Params p(in, "int", args, {"default", "base"});
   const Value fallback = p.get(0, Value(0));
   const int64_t base = p.get_int(1, 10);
+  if (v.is_undefined()) in.fail_undefined(v);  // Undefined.__int__ raises
   if (v.is_integral()) return Value(v.as_int());
   if (v.is_float()) {
     const double x = v.as_double();
@@ -502,7 +506,15 @@ Value f_indent(Interpreter& in, const Value& v, CallArgs& args) {
   else indention = std::string(static_cast<size_t>(std::max<int64_t>(0, p.get_int(0, 4))), ' ');
   const bool first = p.get_bool(1, false);
   const bool blank = p.get_bool(2, false);
-  const std::string s = soft_str(v) + "\n";  // jinja2 appends a newline so splitlines keeps a trailing empty line
+  // jinja2 appends a newline (`s += newline`) so that splitlines keeps a trailing empty line,
+  // which fails for anything but a string.
+  if (!v.is_string()) {
+    if (v.is_undefined()) in.fail_undefined(v);
+    if (v.is_list()) in.fail("'list' object has no attribute 'splitlines'");
+    if (v.is_tuple()) in.fail("can only concatenate tuple (not \"str\") to tuple");
+    in.fail("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
+  }
+  const std::string s = v.as_string() + "\n";
   std::vector<std::string> lines = py_splitlines(s, false);
   std::string rv;
   if (blank) {
@@ -597,7 +609,7 @@ Value min_or_max(Interpreter& in, const Value& v, CallArgs& args, bool want_max,
   for (size_t i = 1; i < items.size(); ++i) {
     Value k = key(items[i]);
     // Python's max/min keep the first of equal items.
-    if (want_max ? in.less(best_key, k) : in.less(k, best_key)) {
+    if (in.compare_values(want_max ? CompareOp::kGt : CompareOp::kLt, k, best_key)) {
       best = i;
       best_key = std::move(k);
     }
@@ -687,7 +699,6 @@ Value f_round(Interpreter& in, const Value& v, CallArgs& args) {
   const int64_t precision = p.get_int(0, 0);
   const std::string method = p.get_str(1).value_or("common");
   if (method != "common" && method != "ceil" && method != "floor") in.fail("method must be common, ceil or floor");
-  if (v.is_undefined()) in.fail_undefined(v);
   if (!v.is_number()) in.fail("type " + type_name(v) + " doesn't define __round__ method");
   if (method == "common") {
     if (v.is_integral()) {
@@ -832,9 +843,15 @@ Value f_truncate(Interpreter& in, const Value& v, CallArgs& args) {
   const int64_t end_len = static_cast<int64_t>(text::length(end));
   if (length < end_len) in.fail("expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
   if (leeway < 0) in.fail("expected leeway >= 0, got " + std::to_string(leeway));
-  const std::string s = soft_str(v);
+  // jinja2 measures and slices the value itself: other sized values come back unchanged when
+  // short enough and fail otherwise.
+  if (!v.is_string()) {
+    if (py_len(in, v) <= length + leeway) return v;
+    in.fail("truncate() needs a string, not " + type_name(v));
+  }
+  const std::string& s = v.as_string();
   const U32 cps = text::decode(s);
-  if (static_cast<int64_t>(cps.size()) <= length + leeway) return Value(s);
+  if (static_cast<int64_t>(cps.size()) <= length + leeway) return v;
   const std::string head = text::encode(U32(cps, 0, static_cast<size_t>(length - end_len)));
   if (killwords) return Value(head + end);
   std::vector<Value> parts = py_split(in, head, std::string(" "), 1, true);
@@ -848,6 +865,8 @@ Value f_unique(Interpreter& in, const Value& v, CallArgs& args) {
   for (const Value& item : in.iterate(v)) {
     Value key = p.has(1) && !p.get(1, Value()).is_none() ? lookup_path(in, item, p.get(1, Value()), nullptr) : item;
     if (!case_sensitive) key = ignore_case(key);
+    if (key.is_list() || key.is_object() || key.is_dict_view())  // unique() keeps a set of keys
+      in.fail("unhashable type: '" + type_name(key) + "'");
     bool dup = false;
     for (const Value& s : seen) dup = dup || equals(s, key);
     if (dup) continue;
@@ -905,7 +924,7 @@ Value modulo(Interpreter& in, const Value& a, const Value& b) {
     in.fail("unsupported operand type(s) for %: '" + type_name(a) + "' and '" + type_name(b) + "'");
   }
   if (a.is_integral() && b.is_integral()) {
-    if (b.as_int() == 0) in.fail("integer division or modulo by zero");
+    if (b.as_int() == 0) in.fail("integer modulo by zero");
     int64_t m = a.as_int() % b.as_int();
     if (m != 0 && ((m < 0) != (b.as_int() < 0))) m += b.as_int();
     return Value(m);
@@ -989,10 +1008,10 @@ bool t_in(Interpreter& in, const Value& v, CallArgs& args) {
 }
 bool t_eq(Interpreter& in, const Value& v, CallArgs& args) { return equals(v, test_arg(in, args, "eq", "other")); }
 bool t_ne(Interpreter& in, const Value& v, CallArgs& args) { return !equals(v, test_arg(in, args, "ne", "other")); }
-bool t_lt(Interpreter& in, const Value& v, CallArgs& args) { return in.less(v, test_arg(in, args, "lt", "other")); }
-bool t_gt(Interpreter& in, const Value& v, CallArgs& args) { return in.less(test_arg(in, args, "gt", "other"), v); }
-bool t_le(Interpreter& in, const Value& v, CallArgs& args) { return !in.less(test_arg(in, args, "le", "other"), v); }
-bool t_ge(Interpreter& in, const Value& v, CallArgs& args) { return !in.less(v, test_arg(in, args, "ge", "other")); }
+bool t_lt(Interpreter& in, const Value& v, CallArgs& args) { return in.compare_values(CompareOp::kLt, v, test_arg(in, args, "lt", "other")); }
+bool t_gt(Interpreter& in, const Value& v, CallArgs& args) { return in.compare_values(CompareOp::kGt, v, test_arg(in, args, "gt", "other")); }
+bool t_le(Interpreter& in, const Value& v, CallArgs& args) { return in.compare_values(CompareOp::kLe, v, test_arg(in, args, "le", "other")); }
+bool t_ge(Interpreter& in, const Value& v, CallArgs& args) { return in.compare_values(CompareOp::kGe, v, test_arg(in, args, "ge", "other")); }
 bool t_filter(Interpreter&, const Value& v, CallArgs&) { return v.is_string() && find_filter(v.as_string()) != nullptr; }
 bool t_test(Interpreter&, const Value& v, CallArgs&) { return v.is_string() && find_test(v.as_string()) != nullptr; }
 
@@ -1287,19 +1306,19 @@ Value m_dict_items(Interpreter& in, const Value& self, CallArgs& args) {
   Params p(in, "items", args, {});
   std::vector<Value> out;
   for (const auto& [k, v] : self.object().entries) out.push_back(tuple_of({Value(k), v}));
-  return Value::array(std::move(out));
+  return Value::array(std::move(out), SeqKind::kDictItems);
 }
 Value m_dict_keys(Interpreter& in, const Value& self, CallArgs& args) {
   Params p(in, "keys", args, {});
   std::vector<Value> out;
   for (const auto& kv : self.object().entries) out.emplace_back(kv.first);
-  return Value::array(std::move(out));
+  return Value::array(std::move(out), SeqKind::kDictKeys);
 }
 Value m_dict_values(Interpreter& in, const Value& self, CallArgs& args) {
   Params p(in, "values", args, {});
   std::vector<Value> out;
   for (const auto& kv : self.object().entries) out.push_back(kv.second);
-  return Value::array(std::move(out));
+  return Value::array(std::move(out), SeqKind::kDictValues);
 }
 Value m_copy(Interpreter& in, const Value& self, CallArgs& args) {
   Params p(in, "copy", args, {});
@@ -1409,6 +1428,7 @@ Value g_namespace(Interpreter& in, CallArgs& args) {
   ns->class_name = "Namespace";
   ns->module = "jinja2.utils";
   ns->attrs = build_dict(in, args, "namespace");
+  in.track(ns);
   return Value::namespace_object(std::move(ns));
 }
 
@@ -1430,6 +1450,7 @@ Value g_cycler(Interpreter& in, CallArgs& args) {
   auto ns = std::make_shared<NamespaceData>();
   ns->class_name = "Cycler";
   ns->module = "jinja2.utils";
+  in.track(ns);
   auto items = std::make_shared<std::vector<Value>>(args.positional);
   auto pos = std::make_shared<size_t>(0);
   std::weak_ptr<NamespaceData> weak = ns;  // the cycler's methods update its `current`
@@ -1488,7 +1509,7 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
-std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args) {
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args, bool escape_args) {
   std::vector<Value> items;
   if (args.is_tuple()) items = args.array().items;
   else items.push_back(args);
@@ -1505,16 +1526,33 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
       out.push_back('%');
       continue;
     }
-    if (next >= items.size()) in.fail("not enough arguments for format string");
-    const Value& v = items[next++];
-    switch (c) {
-      case 's': out += to_str(v); break;
-      case 'r': out += to_repr(v); break;
+    const Value* arg;
+    std::string key_name;
+    if (c == '(') {
+      // %(name)s takes the value from a dict argument.
+      const size_t close = fmt.find(')', i);
+      if (close == std::string::npos) in.fail("incomplete format key");
+      if (!args.is_object()) in.fail("format requires a mapping");
+      key_name = fmt.substr(i + 1, close - i - 1);
+      arg = args.object().find(key_name);
+      if (!arg) in.fail("'" + key_name + "'");
+      i = close + 1;
+      if (i >= fmt.size()) in.fail("incomplete format");
+    } else {
+      if (next >= items.size()) in.fail("not enough arguments for format string");
+      arg = &items[next++];
+    }
+    const Value& v = *arg;
+    switch (fmt[i]) {
+      case 's': out += escape_args && !v.is_markup() ? html_escape(to_str(v)) : to_str(v); break;
+      case 'r': out += escape_args ? html_escape(to_repr(v)) : to_repr(v); break;
       case 'd': case 'i':
-        if (!v.is_number()) in.fail("%" + std::string(1, c) + " format: a real number is required, not " + type_name(v));
+        if (v.is_undefined()) in.fail_undefined(v);
+        if (!v.is_number()) in.fail("%" + std::string(1, fmt[i]) + " format: a real number is required, not " + type_name(v));
         out += std::to_string(v.is_float() ? static_cast<int64_t>(v.as_double()) : v.as_int());
         break;
       case 'f': {
+        if (v.is_undefined()) in.fail_undefined(v);
         if (!v.is_number()) in.fail("must be real number, not " + type_name(v));
         char buf[64];
         std::snprintf(buf, sizeof buf, "%f", v.as_double());
@@ -1522,10 +1560,14 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
         break;
       }
       default:
-        in.fail("unsupported format character '" + std::string(1, c) + "' in a % format");
+        in.fail("unsupported format character '" + std::string(1, fmt[i]) + "' in a % format");
     }
   }
-  if (next < items.size()) in.fail("not all arguments converted during string formatting");
+  // A lone list or dict argument may go unused (Python treats anything subscriptable as a
+  // mapping here); a leftover value or tuple item may not.
+  const bool mapping_like = !args.is_tuple() && (args.is_object() || args.is_list() || args.is_undefined());
+  if (next < items.size() && !(mapping_like && next == 0))
+    in.fail("not all arguments converted during string formatting");
   return out;
 }
 

@@ -25,7 +25,8 @@ Value find_method(const Value& obj, const std::string& name, bool* found);
 // markupsafe's escape: & < > " ' as HTML entities.
 std::string html_escape(const std::string& s);
 
-// Python's printf-style "fmt % args" for %s %r %d %i %f and %%; args is one value or a tuple.
-std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args);
+// Python's printf-style "fmt % args" for %s %r %d %i %f and %%; args is one value, a tuple or a
+// dict (for %(name)s). escape_args: Markup's version, which HTML-escapes what it inserts.
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args, bool escape_args = false);
 
 }  // namespace tq::jinja

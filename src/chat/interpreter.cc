@@ -64,8 +64,21 @@ Interpreter::Interpreter(const Source& source, std::optional<std::tm> now)
 }
 
 std::string Interpreter::render(const Body& body, const ObjectData& context) {
-  auto root = std::make_shared<Scope>();
-  root->parent = globals_;
+  // Macros hold the scope they were defined in and namespaces can hold themselves: reference
+  // cycles. Nothing a template makes outlives its render (the result is a string), so emptying
+  // every scope and namespace at the end frees them all.
+  struct Teardown {
+    Interpreter& in;
+    ~Teardown() {
+      for (auto& weak : in.scopes_)
+        if (auto scope = weak.lock()) scope->vars.entries.clear();
+      for (auto& weak : in.namespaces_)
+        if (auto ns = weak.lock()) ns->attrs.entries.clear();
+      in.scopes_.clear();
+      in.namespaces_.clear();
+    }
+  } teardown{*this};
+  auto root = new_scope(globals_);
   root->vars = context;
   std::string out;
   try {
@@ -76,6 +89,26 @@ std::string Interpreter::render(const Body& body, const ObjectData& context) {
     throw TemplateError(e.kind(), e.message(), source_.line_of(offset_), source_.column_of(offset_));
   }
   return out;
+}
+
+ScopePtr Interpreter::new_scope(const ScopePtr& parent) {
+  auto scope = std::make_shared<Scope>();
+  scope->parent = parent;
+  if (scopes_.size() >= 2 * live_scope_hint_ + 64) {
+    // Forget the scopes that are already gone, so that long loops keep this list short.
+    std::erase_if(scopes_, [](const std::weak_ptr<Scope>& w) { return w.expired(); });
+    live_scope_hint_ = scopes_.size();
+  }
+  scopes_.push_back(scope);
+  return scope;
+}
+
+void Interpreter::track(const std::shared_ptr<NamespaceData>& ns) {
+  if (namespaces_.size() >= 2 * live_namespace_hint_ + 64) {
+    std::erase_if(namespaces_, [](const std::weak_ptr<NamespaceData>& w) { return w.expired(); });
+    live_namespace_hint_ = namespaces_.size();
+  }
+  namespaces_.push_back(ns);
 }
 
 void Interpreter::fail(const std::string& message) const { fail(TemplateError::Kind::kRuntime, message); }
@@ -120,14 +153,12 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, s
         if (truthy(eval(*s.conditions[i], scope))) return exec(s.bodies[i], scope, out);
       return exec(s.else_body, scope, out);
     case StmtKind::kFor:
-      exec_for(s, scope, out);
-      return Flow::kNormal;
+      return exec_for(s, scope, out);
     case StmtKind::kSet:
       assign(s.target, eval(*s.expr, scope), scope);
       return Flow::kNormal;
     case StmtKind::kSetBlock: {
-      auto inner = std::make_shared<Scope>();
-      inner->parent = scope;
+      auto inner = new_scope(scope);
       std::string text;
       exec(s.body, inner, text);
       Value value(std::move(text));
@@ -140,8 +171,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, s
       return Flow::kNormal;
     case StmtKind::kCallBlock: {
       if (!s.expr) {  // {% generation %}: the body's output, rendered as a caller would be
-        auto inner = std::make_shared<Scope>();
-        inner->parent = scope;
+        auto inner = new_scope(scope);
         exec(s.body, inner, out);
         return Flow::kNormal;
       }
@@ -155,8 +185,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, s
       return Flow::kNormal;
     }
     case StmtKind::kFilterBlock: {
-      auto inner = std::make_shared<Scope>();
-      inner->parent = scope;
+      auto inner = new_scope(scope);
       std::string text;
       exec(s.body, inner, text);
       const Value input(std::move(text));
@@ -166,8 +195,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, s
     case StmtKind::kWith: {
       std::vector<Value> values;
       for (const auto& v : s.values) values.push_back(eval(*v, scope));
-      auto inner = std::make_shared<Scope>();
-      inner->parent = scope;
+      auto inner = new_scope(scope);
       for (size_t i = 0; i < s.targets.size(); ++i) assign(s.targets[i], values[i], inner);
       return exec(s.body, inner, out);
     }
@@ -179,7 +207,7 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, s
   return Flow::kNormal;
 }
 
-void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out) {
+Interpreter::Flow Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out) {
   const Value iterable = eval(*s.expr, scope);
   at(s.expr->offset);
   std::vector<Value> items = iterate(iterable);
@@ -187,18 +215,11 @@ void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& ou
     // `for x in xs if cond`: the condition sees the loop variable but not `loop`.
     std::vector<Value> kept;
     for (Value& item : items) {
-      auto probe = std::make_shared<Scope>();
-      probe->parent = scope;
+      auto probe = new_scope(scope);
       assign(s.target, item, probe);
       if (truthy(eval(*s.filter, probe))) kept.push_back(std::move(item));
     }
     items = std::move(kept);
-  }
-  if (items.empty()) {
-    auto inner = std::make_shared<Scope>();
-    inner->parent = scope;
-    exec(s.else_body, inner, out);
-    return;
   }
   const int64_t n = static_cast<int64_t>(items.size());
   // loop.cycle(a, b, ...) picks by position; loop.changed(x) compares with its previous call.
@@ -218,14 +239,15 @@ void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& ou
     *last_changed = now;
     return Value(true);
   };
+  bool completed_an_iteration = false;
   const Value cycle_value = Value::function(cycle);
   const Value changed_value = Value::function(changed);
   for (int64_t i = 0; i < n; ++i) {
     *index0 = i;
-    auto inner = std::make_shared<Scope>();
-    inner->parent = scope;
+    auto inner = new_scope(scope);
     assign(s.target, items[static_cast<size_t>(i)], inner);
     auto loop = std::make_shared<NamespaceData>();
+    track(loop);
     loop->class_name = "LoopContext";
     loop->module = "jinja2.runtime";
     ObjectData& a = loop->attrs;
@@ -244,8 +266,15 @@ void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& ou
     a.set("cycle", cycle_value);
     a.set("changed", changed_value);
     inner->vars.set("loop", Value::namespace_object(std::move(loop)));
-    if (exec(s.body, inner, out) == Flow::kBreak) break;
+    const Flow flow = exec(s.body, inner, out);
+    if (flow == Flow::kBreak) break;
+    if (flow == Flow::kNormal) completed_an_iteration = true;
   }
+  // jinja2 clears its "no iteration" flag at the end of the loop body, which continue and break
+  // skip: the else block runs unless some iteration ran its body to the end.
+  // The else block sits outside the loop: a break or continue there is the enclosing loop's.
+  if (!completed_an_iteration) return exec(s.else_body, new_scope(scope), out);
+  return Flow::kNormal;
 }
 
 void Interpreter::assign(const Target& target, const Value& value, const ScopePtr& scope) {
@@ -299,9 +328,8 @@ Value Interpreter::make_macro(const Stmt& s, const ScopePtr& closure, const std:
 
 Value Interpreter::call_macro(const Stmt& s, const ScopePtr& closure, const std::string& name,
                               CallArgs& args) {
-  if (call_depth_ >= kMaxCallDepth) fail("maximum recursion depth exceeded in macro '" + name + "'");
-  auto scope = std::make_shared<Scope>();
-  scope->parent = closure;
+  if (call_depth_ >= kMaxCallDepth) fail("maximum recursion depth exceeded");
+  auto scope = new_scope(closure);
   const size_t n_params = s.params.size();
   const size_t first_default = n_params - s.defaults.size();
   std::vector<bool> bound(n_params, false);
@@ -442,7 +470,7 @@ Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
       for (size_t i = 0; i < e.compare_ops.size(); ++i) {
         Value right = eval(*e.args[i + 1], scope);
         at(e.offset);
-        if (!compare(e.compare_ops[i], left, right)) return Value(false);
+        if (!compare_values(e.compare_ops[i], left, right)) return Value(false);
         left = std::move(right);
       }
       return Value(true);
@@ -647,22 +675,49 @@ std::vector<Value> Interpreter::iterate(const Value& v) {
   }
 }
 
-bool Interpreter::less(const Value& a, const Value& b) {
+bool Interpreter::less(const Value& a, const Value& b) { return compare_values(CompareOp::kLt, a, b); }
+
+bool Interpreter::compare_values(CompareOp op, const Value& a, const Value& b) {
+  switch (op) {
+    case CompareOp::kEq: return equals(a, b);
+    case CompareOp::kNe: return !equals(a, b);
+    case CompareOp::kIn: return contains(b, a);
+    case CompareOp::kNotIn: return !contains(b, a);
+    default: break;
+  }
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
+  // Python orders numbers, strings (by code point, which is UTF-8 byte order) and sequences of
+  // the same type (by their first differing items, then by length).
+  int order;  // <0, 0, >0
   if (a.is_number() && b.is_number()) {
-    if (a.is_float() || b.is_float()) return a.as_double() < b.as_double();
-    return a.as_int() < b.as_int();
-  }
-  if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();  // UTF-8 bytes order as code points
-  if (a.is_array() && b.is_array() && a.array().kind == b.array().kind && !a.is_iterator()) {
+    if (a.is_float() || b.is_float()) {
+      const double x = a.as_double(), y = b.as_double();
+      if (std::isnan(x) || std::isnan(y)) return false;
+      order = x < y ? -1 : x > y ? 1 : 0;
+    } else {
+      order = a.as_int() < b.as_int() ? -1 : a.as_int() > b.as_int() ? 1 : 0;
+    }
+  } else if (a.is_string() && b.is_string()) {
+    const int c = a.as_string().compare(b.as_string());
+    order = c < 0 ? -1 : c > 0 ? 1 : 0;
+  } else if ((a.is_list() && b.is_list()) || (a.is_tuple() && b.is_tuple())) {
     const auto& x = a.array().items;
     const auto& y = b.array().items;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i)
-      if (!equals(x[i], y[i])) return less(x[i], y[i]);
-    return x.size() < y.size();
+      if (!equals(x[i], y[i])) return compare_values(op, x[i], y[i]);
+    order = x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
+  } else {
+    const char* symbol = op == CompareOp::kLt ? "<" : op == CompareOp::kLe ? "<=" : op == CompareOp::kGt ? ">" : ">=";
+    fail(std::string("'") + symbol + "' not supported between instances of '" + type_name(a) + "' and '" +
+         type_name(b) + "'");
   }
-  fail("'<' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
+  switch (op) {
+    case CompareOp::kLt: return order < 0;
+    case CompareOp::kLe: return order <= 0;
+    case CompareOp::kGt: return order > 0;
+    default: return order >= 0;
+  }
 }
 
 bool Interpreter::contains(const Value& container, const Value& item) {
@@ -686,30 +741,11 @@ bool Interpreter::contains(const Value& container, const Value& item) {
   }
 }
 
-bool Interpreter::compare(CompareOp op, const Value& a, const Value& b) {
-  switch (op) {
-    case CompareOp::kEq: return equals(a, b);
-    case CompareOp::kNe: return !equals(a, b);
-    case CompareOp::kIn: return contains(b, a);
-    case CompareOp::kNotIn: return !contains(b, a);
-    default: break;
-  }
-  const char* symbol = op == CompareOp::kLt ? "<" : op == CompareOp::kLe ? "<=" : op == CompareOp::kGt ? ">" : ">=";
-  if (a.is_undefined()) fail_undefined(a);
-  if (b.is_undefined()) fail_undefined(b);
-  const bool comparable = (a.is_number() && b.is_number()) || (a.is_string() && b.is_string()) ||
-                          (a.is_array() && b.is_array() && a.array().kind == b.array().kind && !a.is_iterator());
-  if (!comparable)
-    fail(std::string("'") + symbol + "' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
-  switch (op) {
-    case CompareOp::kLt: return less(a, b);
-    case CompareOp::kGt: return less(b, a);
-    case CompareOp::kLe: return !less(b, a);
-    default: return !less(a, b);
-  }
-}
-
 Value Interpreter::binary(BinaryOp op, const Value& a, const Value& b) {
+  // str % x is formatting, which accepts an undefined argument; every other operator on an
+  // undefined value raises its UndefinedError.
+  if (op == BinaryOp::kMod && a.is_markup()) return Value::markup(percent_format(*this, a.as_string(), b, true));
+  if (op == BinaryOp::kMod && a.is_string()) return Value(percent_format(*this, a.as_string(), b));
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   static const char* const kSymbols[] = {"+", "-", "*", "/", "//", "%", "** or pow()"};
@@ -741,7 +777,7 @@ Value Interpreter::binary(BinaryOp op, const Value& a, const Value& b) {
       case BinaryOp::kFloorDiv:
       case BinaryOp::kMod:
         if (ints) {
-          if (y == 0) fail("integer division or modulo by zero");
+          if (y == 0) fail(op == BinaryOp::kMod ? "integer modulo by zero" : "integer division or modulo by zero");
           if (x == std::numeric_limits<int64_t>::min() && y == -1) fail("integer overflow");
           int64_t q = x / y, m = x % y;
           if (m != 0 && ((m < 0) != (y < 0))) {
@@ -781,12 +817,12 @@ Value Interpreter::binary(BinaryOp op, const Value& a, const Value& b) {
         if (a.is_markup()) return Value::markup(a.as_string() + b.as_string());
         return Value(a.as_string() + b.as_string());
       }
-      if (a.is_array() && b.is_array() && a.array().kind == b.array().kind && !a.is_iterator()) {
+      if ((a.is_list() && b.is_list()) || (a.is_tuple() && b.is_tuple())) {
         std::vector<Value> items = a.array().items;
         items.insert(items.end(), b.array().items.begin(), b.array().items.end());
         return Value::array(std::move(items), a.array().kind);
       }
-      if (a.is_string() || a.is_list() || a.is_tuple())
+      if ((a.is_string() && !a.is_markup()) || a.is_list() || a.is_tuple())
         fail("can only concatenate " + type_name(a) + " (not \"" + type_name(b) + "\") to " + type_name(a));
       unsupported();
       return Value();
@@ -796,8 +832,9 @@ Value Interpreter::binary(BinaryOp op, const Value& a, const Value& b) {
       if ((a.is_string() || a.is_list() || a.is_tuple()) && b.is_integral()) seq = &a, count = &b;
       if ((b.is_string() || b.is_list() || b.is_tuple()) && a.is_integral()) seq = &b, count = &a;
       if (!seq) {
-        if (a.is_string() || a.is_list() || a.is_tuple() || b.is_string() || b.is_list() || b.is_tuple())
-          fail("can't multiply sequence by non-int of type '" + type_name(a.is_string() || a.is_array() ? b : a) + "'");
+        const bool a_seq = a.is_string() || a.is_list() || a.is_tuple();
+        if (a_seq || b.is_string() || b.is_list() || b.is_tuple())
+          fail("can't multiply sequence by non-int of type '" + type_name(a_seq ? b : a) + "'");
         unsupported();
       }
       const int64_t times = std::max<int64_t>(0, count->as_int());
@@ -815,7 +852,6 @@ Value Interpreter::binary(BinaryOp op, const Value& a, const Value& b) {
       return Value::array(std::move(items), seq->array().kind);
     }
     case BinaryOp::kMod:
-      if (a.is_string()) return Value(percent_format(*this, a.as_string(), b));
       unsupported();
       return Value();
     default:

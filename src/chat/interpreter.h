@@ -45,33 +45,42 @@ class Interpreter {
   std::vector<Value> iterate(const Value& v);
   // a < b as Python orders values; fails on values Python cannot order.
   bool less(const Value& a, const Value& b);
+  // a op b for any comparison operator, with Python's semantics and error messages.
+  bool compare_values(CompareOp op, const Value& a, const Value& b);
   bool contains(const Value& container, const Value& item);  // item in container
   std::tm now() const;
+  // Registers a namespace-like object so that the end of the render can break its cycles.
+  void track(const std::shared_ptr<NamespaceData>& ns);
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
 
   Flow exec(const Body& body, const ScopePtr& scope, std::string& out);
   Flow exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out);
-  void exec_for(const Stmt& s, const ScopePtr& scope, std::string& out);
+  Flow exec_for(const Stmt& s, const ScopePtr& scope, std::string& out);
   Value eval(const Expr& e, const ScopePtr& scope);
   Value eval_filter(const Expr& e, const ScopePtr& scope, const Value* block_input);
   Value eval_call(const Expr& e, const ScopePtr& scope);
   Value eval_slice(const Value& obj, const Expr& slice, const ScopePtr& scope);
   void collect_args(const Expr& e, size_t first_positional, const ScopePtr& scope, CallArgs& args);
   Value binary(BinaryOp op, const Value& a, const Value& b);
-  bool compare(CompareOp op, const Value& a, const Value& b);
   void assign(const Target& target, const Value& value, const ScopePtr& scope);
   Value lookup(const ScopePtr& scope, const std::string& name) const;
   Value make_macro(const Stmt& s, const ScopePtr& closure, const std::string& name);
   Value call_macro(const Stmt& s, const ScopePtr& closure, const std::string& name, CallArgs& args);
   void at(size_t offset) { offset_ = offset; }
+  ScopePtr new_scope(const ScopePtr& parent);
 
   const Source& source_;
   std::optional<std::tm> now_;
   size_t offset_ = 0;  // the source position errors are reported at
   int call_depth_ = 0;
   ScopePtr globals_;
+  // Everything a render made that can be part of a reference cycle (see render()).
+  std::vector<std::weak_ptr<Scope>> scopes_;
+  std::vector<std::weak_ptr<NamespaceData>> namespaces_;
+  size_t live_scope_hint_ = 0;
+  size_t live_namespace_hint_ = 0;
 };
 
 }  // namespace tq::jinja

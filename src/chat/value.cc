@@ -86,6 +86,9 @@ std::string type_name(const Value& v) {
         case SeqKind::kList: return "list";
         case SeqKind::kTuple: return "tuple";
         case SeqKind::kIterator: return "generator";
+        case SeqKind::kDictKeys: return "dict_keys";
+        case SeqKind::kDictValues: return "dict_values";
+        case SeqKind::kDictItems: return "dict_items";
       }
       return "list";
     case Value::Kind::kObject: return "dict";
@@ -156,6 +159,7 @@ void append_repr(std::string& out, const Value& v) {
         out += "<generator object>";
         return;
       }
+      if (v.is_dict_view()) out += type_name(v) + "(";
       const bool tuple = arr.kind == SeqKind::kTuple;
       out.push_back(tuple ? '(' : '[');
       for (size_t i = 0; i < arr.items.size(); ++i) {
@@ -164,6 +168,7 @@ void append_repr(std::string& out, const Value& v) {
       }
       if (tuple && arr.items.size() == 1) out.push_back(',');
       out.push_back(tuple ? ')' : ']');
+      if (v.is_dict_view()) out.push_back(')');
       return;
     }
     case Value::Kind::kObject:
@@ -231,6 +236,16 @@ bool equals(const Value& a, const Value& b) {
       const ArrayData& y = b.array();
       if (x.kind == SeqKind::kIterator || y.kind == SeqKind::kIterator) return &x == &y;
       if (x.kind != y.kind || x.items.size() != y.items.size()) return false;
+      if (x.kind == SeqKind::kDictValues) return &x == &y;  // values views compare by identity
+      if (x.kind == SeqKind::kDictKeys || x.kind == SeqKind::kDictItems) {
+        // Keys and items views compare as sets.
+        for (const Value& item : x.items) {
+          bool found = false;
+          for (const Value& other : y.items) found = found || equals(item, other);
+          if (!found) return false;
+        }
+        return true;
+      }
       for (size_t i = 0; i < x.items.size(); ++i)
         if (!equals(x.items[i], y.items[i])) return false;
       return true;
@@ -283,7 +298,7 @@ void append_json(std::string& out, const Value& v, const JsonOptions& opt, int d
       out += text::json_quote(v.as_string(), opt.ensure_ascii);
       return;
     case Value::Kind::kArray: {
-      if (v.is_iterator()) break;
+      if (!v.is_list() && !v.is_tuple()) break;
       const auto& items = v.array().items;
       if (items.empty()) {
         out += "[]";

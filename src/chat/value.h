@@ -33,9 +33,10 @@ struct Function {
   std::function<Value(Interpreter&, CallArgs&)> call;
 };
 
-// A list, a tuple, or the one-shot iterator that jinja2's select/map/items/reverse return (which
-// is always true, has no len() and prints as a generator object).
-enum class SeqKind : uint8_t { kList, kTuple, kIterator };
+// A list, a tuple, the one-shot iterator that jinja2's select/map/items/reverse return (which
+// is always true, has no len() and prints as a generator object), or a view of a dict's keys,
+// values or items (sized and iterable, but not subscriptable).
+enum class SeqKind : uint8_t { kList, kTuple, kIterator, kDictKeys, kDictValues, kDictItems };
 
 struct ArrayData {
   std::vector<Value> items;
@@ -98,6 +99,7 @@ class Value {
   bool is_list() const { return is_array() && array().kind == SeqKind::kList; }
   bool is_tuple() const { return is_array() && array().kind == SeqKind::kTuple; }
   bool is_iterator() const { return is_array() && array().kind == SeqKind::kIterator; }
+  bool is_dict_view() const { return is_array() && array().kind >= SeqKind::kDictKeys; }
   bool is_object() const { return kind_ == Kind::kObject; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_function() const { return kind_ == Kind::kFunction; }
