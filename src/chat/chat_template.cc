@@ -16,8 +16,8 @@ struct Program {
 
 namespace {
 
-template <typename Json>
-std::string render_json(const jinja::Program& program, const Json& context, const RenderOptions& options) {
+std::string render_json(const jinja::Program& program, const nlohmann::ordered_json& context,
+                        const RenderOptions& options) {
   if (!context.is_object())
     throw TemplateError(TemplateError::Kind::kRuntime, "the render context must be a JSON object");
   jinja::ObjectData vars;
@@ -34,10 +34,6 @@ ChatTemplate::ChatTemplate(const ChatTemplate&) = default;
 ChatTemplate& ChatTemplate::operator=(const ChatTemplate&) = default;
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context, const RenderOptions& options) const {
-  return render_json(*program_, context, options);
-}
-
-std::string ChatTemplate::render(const nlohmann::json& context, const RenderOptions& options) const {
   return render_json(*program_, context, options);
 }
 

@@ -41,12 +41,12 @@ class ChatTemplate {
   ChatTemplate(const ChatTemplate&);
   ChatTemplate& operator=(const ChatTemplate&);
 
-  // Renders with the context's keys as template variables. Use ordered_json to keep the key order
-  // of the messages and tools (tojson and items() show it); nlohmann::json sorts keys. Throws
-  // TemplateError: kRaised for raise_exception(), kUndefined and kRuntime for what jinja2
-  // raises as UndefinedError, TypeError and the like.
+  // Renders with the context's keys as template variables. The context is an ordered_json so that
+  // the messages and tools keep their key order (tojson and items() show it); a nlohmann::json
+  // converts implicitly, with its keys sorted. Throws TemplateError: kRaised for
+  // raise_exception(), kUndefined and kRuntime for what jinja2 raises as UndefinedError,
+  // TypeError and the like.
   std::string render(const nlohmann::ordered_json& context, const RenderOptions& options = {}) const;
-  std::string render(const nlohmann::json& context, const RenderOptions& options = {}) const;
 
  private:
   std::shared_ptr<const jinja::Program> program_;

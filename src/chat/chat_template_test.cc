@@ -452,6 +452,7 @@ TEST(ChatTemplate, ReusableAndStateless) {
   // The unordered nlohmann::json works too (its keys come sorted).
   EXPECT_EQ(ChatTemplate("{{ d|tojson }}").render(nlohmann::json::parse(R"({"d": {"z": 1, "a": 2}})")),
             R"({"a": 2, "z": 1})");
+  EXPECT_EQ(ChatTemplate("{{ messages|length }}{{ x }}").render({{"messages", Json::array({1, 2})}, {"x", "!"}}), "2!");
   EXPECT_THROW(tpl.render(Json::array()), TemplateError);
 }
 
