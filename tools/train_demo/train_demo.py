@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Trains the embedded demo model: a small Llama on Jane Austen's novels (public domain).
+"""Trains the embedded demo model: a small Llama on public-domain English from Debian packages.
 
-The text comes from Debian's r-cran-janeaustenr package as laid out in ../shared/data/janeausten/
-(see its README). Run on a machine with PyTorch, transformers and tokenizers (the project's GPU machine):
+tools/train_demo/prepare_text.sh gathers the text (Jane Austen's novels from r-cran-janeaustenr as laid
+out in ../shared/data/janeausten, the Jargon File, The Devil's Dictionary, the fortune cookie files).
+Run on a machine with PyTorch, transformers and tokenizers (the project's GPU machine):
 
-    python3 tools/train_demo/train_demo.py --data <dir with the .txt novels> --out models/demo
+    python3 tools/train_demo/train_demo.py --data <dir from prepare_text.sh> --out models/demo
 
-Persuasion is held out of training (the evaluation text of docs/BENCHMARKS.md). Everything is seeded;
+Persuasion is held out of training (the evaluation text of docs/BENCHMARKS.md); the last 3% of every
+training text is a validation split that picks the saved step (early stopping). Everything is seeded;
 the script prints the loss curve and held-out perplexity, and writes an HF folder (config.json,
 generation_config.json, model.safetensors in float16, tokenizer.json, tokenizer_config.json) and
 train_log.json.
@@ -21,13 +23,20 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-TRAIN_BOOKS = ["emma", "mansfieldpark", "northangerabbey", "prideprejudice", "sensesensibility"]
+TRAIN_BOOKS = ["emma", "mansfieldpark", "northangerabbey", "prideprejudice", "sensesensibility", "jargon", "devil",
+               "fortunes"]
 HELD_OUT = "persuasion"
 
 
 def read(data, name):
     with open(os.path.join(data, name + ".txt"), encoding="utf-8") as f:
         return f.read()
+
+
+def next_token_loss(model, batch):
+    """Mean cross-entropy of predicting batch[:, t + 1] from batch[:, :t + 1] (the shift done here)."""
+    logits = model(batch[:, :-1]).logits.float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
 def build_tokenizer(texts, vocab_size):
@@ -57,11 +66,16 @@ def main():
     held = read(args.data, HELD_OUT)
     tok = build_tokenizer(texts, args.vocab)
     eot = tok.token_to_id("<|endoftext|>")
-    ids = []
+    ids, val_ids = [], []
     for t in texts:
+        enc = tok.encode(t).ids
+        cut = int(len(enc) * 0.97)
         ids.append(eot)
-        ids.extend(tok.encode(t).ids)
+        ids.extend(enc[:cut])
+        val_ids.append(eot)
+        val_ids.extend(enc[cut:])
     data = torch.tensor(ids, dtype=torch.long)
+    val = torch.tensor(val_ids, dtype=torch.long)
     held_ids = torch.tensor(tok.encode(held).ids, dtype=torch.long)
     print(f"train tokens {len(data)}, held-out tokens {len(held_ids)}, bytes/token {sum(map(len, texts)) / len(data):.2f}")
 
@@ -69,7 +83,17 @@ def main():
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
                          rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=eot,
                          eos_token_id=eot, pad_token_id=eot)
+    config.attention_dropout = 0.1
     model = LlamaForCausalLM(config).to(dev)
+    # Dropout 0.1 on the embeddings and on every attention and MLP output, during training only.
+    def drop(_module, _inputs, output):
+        if isinstance(output, tuple):
+            return (torch.nn.functional.dropout(output[0], 0.1, model.training),) + tuple(output[1:])
+        return torch.nn.functional.dropout(output, 0.1, model.training)
+    model.model.embed_tokens.register_forward_hook(drop)
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(drop)
+        layer.mlp.register_forward_hook(drop)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"parameters {n_params}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -95,29 +119,35 @@ def main():
                 chunk = tokens[w * args.seq:(w + 1) * args.seq + 1].to(dev)
                 if len(chunk) < args.seq + 1:
                     break
-                out = model(chunk[None, :-1], labels=chunk[None, 1:].clone())
-                losses.append(out.loss.float().item())
+                losses.append(next_token_loss(model, chunk[None]).float().item())
         model.train()
         return sum(losses) / len(losses)
 
     log = []
+    best = (float("inf"), -1, None)
     start = time.time()
     model.train()
     for step in range(args.steps):
         starts = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
         batch = torch.stack([data[s:s + args.seq + 1] for s in starts.tolist()]).to(dev)
         with torch.autocast(dev, dtype=torch.bfloat16):
-            out = model(batch[:, :-1], labels=batch[:, 1:].clone())
-        out.loss.backward()
+            loss = next_token_loss(model, batch)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if step % 100 == 0 or step == args.steps - 1:
+        if step % 50 == 0 or step == args.steps - 1:
+            val_loss = evaluate(val, windows=32)
             held_loss = evaluate(held_ids)
-            log.append(dict(step=step, train=out.loss.item(), held_out=held_loss, seconds=time.time() - start))
-            print(f"step {step} train {out.loss.item():.3f} held-out {held_loss:.3f} ({time.time() - start:.0f}s)", flush=True)
+            log.append(dict(step=step, train=loss.item(), val=val_loss, held_out=held_loss, seconds=time.time() - start))
+            print(f"step {step} train {loss.item():.3f} val {val_loss:.3f} held-out {held_loss:.3f} ({time.time() - start:.0f}s)",
+                  flush=True)
+            if val_loss < best[0]:
+                best = (val_loss, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
 
+    print(f"keeping step {best[1]} (validation loss {best[0]:.4f})")
+    model.load_state_dict(best[2])
     final = evaluate(held_ids, windows=64)
     print(f"held-out Persuasion: loss {final:.4f} ppl {math.exp(final):.2f}")
     model.eval()
@@ -138,7 +168,7 @@ def main():
         json.dump(dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                        add_bos_token=True, model_max_length=2048, tokenizer_class="PreTrainedTokenizerFast"), f, indent=1)
     with open(os.path.join(args.out, "train_log.json"), "w") as f:
-        json.dump(dict(args=vars(args), parameters=n_params, train_books=TRAIN_BOOKS, held_out=HELD_OUT,
+        json.dump(dict(args=vars(args), parameters=n_params, kept_step=best[1], val_loss=best[0], train_books=TRAIN_BOOKS, held_out=HELD_OUT,
                        held_out_loss=final, held_out_ppl=math.exp(final), greedy_sample=text, log=log,
                        torch=torch.__version__, transformers=__import__("transformers").__version__), f, indent=1)
 

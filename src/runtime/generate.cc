@@ -1,0 +1,182 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "core/error.h"
+#include "text/pretokenizer.h"
+
+namespace tq {
+
+std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFiles& files) {
+  if (!files.gguf) {
+    const std::filesystem::path p(files.path);
+    return load_tokenizer_dir(std::filesystem::is_directory(p) ? p.string() : p.parent_path().string());
+  }
+  const GgufFile& g = *files.gguf;
+  const std::string source = files.path + " (embedded vocabulary)";
+  TQ_CHECK(g.has("tokenizer.ggml.model"), files.path, ": the GGUF file has no tokenizer (tokenizer.ggml.model missing)");
+  const std::string kind = g.get_string("tokenizer.ggml.model");
+  auto tokens = g.get_array<std::string>("tokenizer.ggml.tokens");
+  std::vector<int32_t> types;
+  if (g.has("tokenizer.ggml.token_type")) types = g.get_array<int32_t>("tokenizer.ggml.token_type");
+  auto id = [&](const char* key) { return g.has(key) ? static_cast<int32_t>(g.get_u32(key)) : -1; };
+  if (kind == "llama") {
+    SpmOptions o;
+    o.source = source;
+    o.bos_id = id("tokenizer.ggml.bos_token_id");
+    o.eos_id = id("tokenizer.ggml.eos_token_id");
+    o.unk_id = id("tokenizer.ggml.unknown_token_id");
+    o.pad_id = id("tokenizer.ggml.padding_token_id");
+    if (g.has("tokenizer.ggml.add_bos_token")) o.add_bos = g.get_bool("tokenizer.ggml.add_bos_token");
+    if (g.has("tokenizer.ggml.add_space_prefix")) o.add_dummy_prefix = g.get_bool("tokenizer.ggml.add_space_prefix");
+    std::vector<float> scores;
+    if (g.has("tokenizer.ggml.scores")) scores = g.get_array<float>("tokenizer.ggml.scores");
+    return make_spm_tokenizer(std::move(tokens), std::move(scores), std::move(types), o);
+  }
+  if (kind == "gpt2") {
+    ByteLevelBpeOptions o;
+    o.source = source;
+    o.bos_id = id("tokenizer.ggml.bos_token_id");
+    o.eos_id = id("tokenizer.ggml.eos_token_id");
+    o.unk_id = id("tokenizer.ggml.unknown_token_id");
+    o.pad_id = id("tokenizer.ggml.padding_token_id");
+    if (g.has("tokenizer.ggml.add_bos_token")) o.add_bos = g.get_bool("tokenizer.ggml.add_bos_token");
+    if (g.has("tokenizer.ggml.pre")) {
+      const std::string pre = g.get_string("tokenizer.ggml.pre");
+      o.pattern = std::string(gguf_pre_tokenizer_pattern(pre));
+      TQ_CHECK(!o.pattern.empty(), files.path, ": unknown pre-tokenizer '", pre, "' (tokenizer.ggml.pre)");
+      o.ignore_merges = pre == "llama-bpe" || pre == "llama3";
+    }
+    std::vector<std::string> merges;
+    if (g.has("tokenizer.ggml.merges")) merges = g.get_array<std::string>("tokenizer.ggml.merges");
+    return make_bpe_tokenizer_from_vocab(std::move(tokens), std::move(types), merges, o);
+  }
+  fail(files.path, ": tokenizer model '", kind, "' is not supported (expected llama or gpt2)");
+}
+
+std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer) {
+  std::vector<int32_t> ids;
+  for (int64_t e : files.config.eos_token_ids) ids.push_back(static_cast<int32_t>(e));
+  for (int64_t e : files.generation.eos_token_ids) ids.push_back(static_cast<int32_t>(e));
+  if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+namespace {
+
+// Holds back the end of the text that could still become a stop string.
+class StopFilter {
+ public:
+  explicit StopFilter(const std::vector<std::string>& stops) : stops_(stops) {}
+  // Adds text; returns true when a stop string completed (the text before it is then final).
+  bool add(std::string_view piece) {
+    pending_ += piece;
+    for (const auto& s : stops_) {
+      const size_t at = pending_.find(s);
+      if (!s.empty() && at != std::string::npos) {
+        pending_.resize(at);
+        final_ += pending_;
+        pending_.clear();
+        return true;
+      }
+    }
+    // Keep the longest suffix that is a prefix of some stop string.
+    size_t keep = 0;
+    for (const auto& s : stops_)
+      for (size_t n = std::min(s.size() - 1, pending_.size()); n > keep; --n)
+        if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+          keep = n;
+          break;
+        }
+    final_ += pending_.substr(0, pending_.size() - keep);
+    pending_.erase(0, pending_.size() - keep);
+    return false;
+  }
+  std::string take() {
+    std::string out;
+    out.swap(final_);
+    return out;
+  }
+  std::string flush() {
+    std::string out = take() + pending_;
+    pending_.clear();
+    return out;
+  }
+
+ private:
+  const std::vector<std::string>& stops_;
+  std::string pending_, final_;
+};
+
+}  // namespace
+
+GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, PromptCache& caches,
+                        std::span<const int32_t> prompt, const GenerateOptions& options, ThreadPool& pool,
+                        const std::function<void(std::string_view)>& on_text) {
+  using clock = std::chrono::steady_clock;
+  const ModelConfig& c = model.config();
+  const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(c.max_position_embeddings);
+  TQ_CHECK(!prompt.empty(), "the prompt is empty (no tokens)");
+  TQ_CHECK(static_cast<int>(prompt.size()) < ctx, "the prompt has ", prompt.size(), " tokens, more than the context of ", ctx,
+           " can hold with room to generate");
+  TQ_CHECK(options.max_tokens >= 0, "--max-tokens must not be negative");
+  for (auto& layer : caches) TQ_CHECK(layer->add_sequence() == 0, "generate needs empty caches");
+
+  GenerateResult result;
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
+  std::vector<float> logits(model.vocab_size());
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+
+  const auto t0 = clock::now();
+  for (size_t done = 0; done < prompt.size();) {
+    const int n = static_cast<int>(std::min<size_t>(options.prefill_chunk, prompt.size() - done));
+    model.forward(prompt.data() + done, n, static_cast<int>(done), caches, 0, logits.data(), false, pool, &result.layers);
+    done += n;
+  }
+  const auto t1 = clock::now();
+  result.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  Sampler sampler(options.sampling);
+  StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true, /*at_text_start=*/false);
+  StopFilter stops(options.stop);
+  int pos = static_cast<int>(prompt.size());
+  result.stop_reason = "max tokens";
+  for (int step = 0; step < options.max_tokens; ++step) {
+    const int32_t next = sampler.sample(logits, history);
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      result.stop_reason = "eos";
+      break;
+    }
+    result.tokens.push_back(next);
+    history.push_back(next);
+    const bool stopped = stops.add(stream.push(next));
+    const std::string out = stops.take();
+    result.text += out;
+    if (!out.empty()) on_text(out);
+    if (stopped) {
+      result.stop_reason = "stop string";
+      break;
+    }
+    if (step + 1 == options.max_tokens) break;
+    if (pos + 1 >= ctx) {
+      result.stop_reason = "context full";
+      break;
+    }
+    model.forward(&next, 1, pos++, caches, 0, logits.data(), false, pool, &result.layers);
+  }
+  if (result.stop_reason != "stop string") {
+    stops.add(stream.flush());
+    const std::string rest = stops.flush();
+    result.text += rest;
+    if (!rest.empty()) on_text(rest);
+  }
+  result.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  return result;
+}
+
+}  // namespace tq

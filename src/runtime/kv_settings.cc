@@ -1,0 +1,116 @@
+#include "runtime/kv_settings.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tq {
+namespace {
+
+bool valid_type(const std::string& t) {
+  for (const char* ok : {"f16", "bf16", "f32", "turboquant", "q8_0", "q4_0", "q8_0_rot", "q4_0_rot"})
+    if (t == ok) return true;
+  return false;
+}
+
+VectorFormatSpec spec_for(const std::string& type, int bits, const KVSettings& s, uint64_t seed) {
+  VectorFormatSpec v;
+  if (type == "turboquant") {
+    v.type = KVType::turboquant;
+    v.quantizer = QuantizerOptions::defaults(bits);
+    v.quantizer.group_size = s.group_size;
+    v.quantizer.scale_fit = parse_scale_fit(s.fit);
+    v.quantizer.rotation_block = parse_rotation_block(s.rotation);
+    v.quantizer.codebook = parse_distribution(s.codebook);
+    v.quantizer.seed = seed;
+  } else if (type == "q8_0_rot" || type == "q4_0_rot") {
+    v.type = type == "q8_0_rot" ? KVType::q8_0 : KVType::q4_0;
+    v.rotate = true;
+    v.seed = seed;
+  } else {
+    v.type = parse_kv_type(type);
+  }
+  return v;
+}
+
+}  // namespace
+
+void KVSettings::resolve() {
+  TQ_CHECK(!(bits && (k_bits || v_bits)), "--kv-bits cannot be combined with --kv-k-bits/--kv-v-bits");
+  TQ_CHECK((k_bits == 0) == (v_bits == 0), "--kv-k-bits and --kv-v-bits must be given together");
+  if (bits) k_bits = v_bits = bits;
+  for (int b : {k_bits, v_bits}) TQ_CHECK(b == 0 || (b >= 2 && b <= 8), "KV bits must be in 2..8, got ", b);
+  TQ_CHECK(group_size == 32 || group_size == 64 || group_size == 128, "--kv-group-size must be 32, 64 or 128, got ", group_size);
+  TQ_CHECK(min_tokens >= 0, "--kv-min-tokens must not be negative");
+  TQ_CHECK(block_tokens >= 16 && block_tokens % 16 == 0, "KV block size must be a multiple of 16");
+  for (std::string* t : {&k_type, &v_type}) {
+    if (t->empty()) *t = k_bits ? "turboquant" : "f16";
+    TQ_CHECK(valid_type(*t), "unknown KV cache type '", *t,
+             "' (expected f16, bf16, f32, turboquant, q8_0, q4_0, q8_0_rot or q4_0_rot)");
+  }
+  if (k_type == "turboquant" || v_type == "turboquant") {
+    TQ_CHECK(k_bits, "a turboquant KV type needs --kv-bits or --kv-k-bits/--kv-v-bits");
+  }
+  parse_scale_fit(fit);
+  parse_rotation_block(rotation);
+  parse_distribution(codebook);
+  TQ_CHECK(!fused || compressed(), "--kv-fused needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
+}
+
+std::string KVSettings::resolved_k_type() const { return k_type.empty() ? "f16" : k_type; }
+std::string KVSettings::resolved_v_type() const { return v_type.empty() ? "f16" : v_type; }
+
+bool KVSettings::compressed() const {
+  auto dense = [](const std::string& t) { return t.empty() || t == "f16" || t == "bf16" || t == "f32"; };
+  return !dense(k_type) || !dense(v_type);
+}
+
+static int type_bits(const std::string& t, int tq_bits) {
+  if (t == "turboquant") return tq_bits;
+  if (t == "q8_0" || t == "q8_0_rot") return 8;
+  if (t == "q4_0" || t == "q4_0_rot") return 4;
+  if (t == "f32") return 32;
+  return 16;
+}
+int KVSettings::effective_k_bits() const { return type_bits(resolved_k_type(), k_bits); }
+int KVSettings::effective_v_bits() const { return type_bits(resolved_v_type(), v_bits); }
+
+std::string KVSettings::describe() const {
+  std::ostringstream os;
+  const std::string k = resolved_k_type(), v = resolved_v_type();
+  auto one = [&](const std::string& t, int b) { return t == "turboquant" ? "turboquant" + std::to_string(b) : t; };
+  os << "K " << one(k, k_bits) << ", V " << one(v, v_bits);
+  if (k == "turboquant" || v == "turboquant") os << ", group " << group_size << ", fit " << fit << ", rotation " << rotation;
+  if (min_tokens) os << ", first " << min_tokens << " positions FP16";
+  if (compressed()) os << (fused ? ", fused attention" : ", standard attention (expand, then attend)");
+  return os.str();
+}
+
+KVCacheOptions KVSettings::cache_options() const {
+  KVCacheOptions o;
+  o.k = spec_for(resolved_k_type(), k_bits, *this, 0x4b4b4b4b);
+  o.v = spec_for(resolved_v_type(), v_bits, *this, 0x56565656);
+  o.min_tokens = compressed() ? min_tokens : 0;
+  o.block_tokens = block_tokens;
+  return o;
+}
+
+PromptCache build_prompt_cache(const LlamaModel& model, const KVSettings& kv) {
+  const auto specs = model.layer_specs();
+  PromptCache caches;
+  const KVCacheOptions full = kv.cache_options();
+  for (const LayerSpec& l : specs) {
+    KVCacheOptions o = full;
+    if (l.kind == LayerKind::sliding_attention) {
+      o = KVCacheOptions{};
+      o.window = l.window;
+      o.block_tokens = kv.block_tokens;
+    }
+    auto cache = std::make_unique<KVCache>(l.n_kv_heads, l.head_dim, o);
+    cache->set_fused(kv.fused);
+    caches.push_back(std::move(cache));
+  }
+  return caches;
+}
+
+}  // namespace tq

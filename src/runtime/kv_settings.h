@@ -1,0 +1,46 @@
+// The --kv-* options every tool takes, validated, and the prompt cache they describe.
+//
+//   --kv-bits N                 TurboQuant K and V at N bits
+//   --kv-k-bits K --kv-v-bits V TurboQuant with independent widths (given together)
+//   --kv-k-type / --kv-v-type   f16 (default), bf16, f32, turboquant, q8_0, q4_0, q8_0_rot, q4_0_rot
+//   --kv-min-tokens N           the first N positions stay FP16 (the sink tier)
+//   --kv-group-size G           values per scale: 32, 64 or 128
+//   --kv-fused                  attention reads the compressed cache directly (else: expand, then attend)
+//   --kv-fit / --kv-rotation    TurboQuant recipe knobs (scale fit; rotation over the head or per group)
+#pragma once
+
+#include <string>
+
+#include "kv/cache.h"
+#include "model/llama.h"
+
+namespace tq {
+
+struct KVSettings {
+  int bits = 0;                 // --kv-bits (0: not given)
+  int k_bits = 0, v_bits = 0;   // --kv-k-bits / --kv-v-bits (0: not given)
+  std::string k_type, v_type;   // --kv-k-type / --kv-v-type ("" : from the bits flags, else f16)
+  int min_tokens = 0;
+  int group_size = 64;
+  bool fused = false;
+  std::string fit = "norm_correction";  // plain, norm_correction, least_squares
+  std::string rotation = "dim";         // dim (the head), group
+  std::string codebook = "gaussian";    // gaussian, sphere
+  int block_tokens = 64;
+
+  // Resolves the flags into K and V cache types; throws tq::Error for contradictory or bad flags.
+  void resolve();
+  std::string resolved_k_type() const;
+  std::string resolved_v_type() const;
+  bool compressed() const;  // anything but a dense cache
+  int effective_k_bits() const;  // for reports: 16 for f16, 8 for q8_0, ...
+  int effective_v_bits() const;
+  std::string describe() const;
+  // Cache options for one full-attention layer.
+  KVCacheOptions cache_options() const;
+};
+
+// One cache per layer of `model`, as the settings ask. Sliding-window layers keep rotating dense caches.
+PromptCache build_prompt_cache(const LlamaModel& model, const KVSettings& kv);
+
+}  // namespace tq

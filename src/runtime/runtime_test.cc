@@ -1,0 +1,187 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/generate.h"
+#include "runtime/kv_settings.h"
+#include "runtime/sampler.h"
+
+namespace tq {
+namespace {
+
+TEST(Sampler, GreedyAndTopKOnePickTheArgmax) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f};
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler greedy(p);
+  EXPECT_EQ(greedy.sample(logits, {}), 1);
+  p.temperature = 1.5f;
+  p.top_k = 1;
+  Sampler top1(p);
+  for (int i = 0; i < 20; ++i) {
+    auto l = logits;
+    EXPECT_EQ(top1.sample(l, {}), 1);
+  }
+}
+
+TEST(Sampler, SamplesTheSoftmaxDistributionAndIsSeeded) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, -10.0f};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 7;
+  Sampler a(p), b(p);
+  std::map<int, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    auto la = logits, lb = logits;
+    const int x = a.sample(la, {});
+    EXPECT_EQ(x, b.sample(lb, {}));  // same seed, same draws
+    ++counts[x];
+  }
+  double z = std::exp(0.0) + std::exp(1.0) + std::exp(2.0) + std::exp(-10.0);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(counts[i] / double(n), std::exp(logits[i]) / z, 0.015) << i;
+}
+
+TEST(Sampler, TopPMinPAndRepetitionPenalty) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.5f;  // token 2 alone has p = 0.66 > 0.5
+  Sampler nucleus(p);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l = {0.0f, 1.0f, 2.0f};
+    EXPECT_EQ(nucleus.sample(l, {}), 2);
+  }
+  p.top_p = 1.0f;
+  p.min_p = 0.5f;  // keeps tokens with p >= 0.5 * p_max: token 1 (0.24 vs 0.33) is out
+  Sampler minp(p);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l = {0.0f, 1.0f, 2.0f};
+    EXPECT_EQ(minp.sample(l, {}), 2);
+  }
+  SamplingParams r;
+  r.temperature = 0;
+  r.repetition_penalty = 2.0f;
+  Sampler rep(r);
+  std::vector<float> l = {1.0f, 1.5f, -1.0f};
+  const std::vector<int32_t> history = {1, 2};
+  EXPECT_EQ(rep.sample(l, history), 0);  // 1.5 / 2 < 1.0
+  EXPECT_FLOAT_EQ(l[2], -2.0f);          // negative logits are multiplied
+  SamplingParams bad;
+  bad.top_p = 0;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
+TEST(KVSettings, FlagsResolveAndContradictionsAreErrors) {
+  KVSettings a;
+  a.k_bits = 8;
+  a.v_bits = 3;
+  a.fused = true;
+  a.resolve();
+  EXPECT_EQ(a.resolved_k_type(), "turboquant");
+  EXPECT_EQ(a.cache_options().k.quantizer.bits, 8);
+  EXPECT_EQ(a.cache_options().v.quantizer.bits, 3);
+  KVSettings b;
+  b.bits = 4;
+  b.k_bits = 8;
+  EXPECT_THROW(b.resolve(), Error);
+  KVSettings c;
+  c.k_bits = 8;
+  EXPECT_THROW(c.resolve(), Error);  // --kv-v-bits missing
+  KVSettings d;
+  d.fused = true;
+  EXPECT_THROW(d.resolve(), Error);  // nothing to fuse
+  KVSettings e;
+  e.k_type = "q8_0_rot";
+  e.v_type = "q4_0";
+  e.resolve();
+  EXPECT_TRUE(e.cache_options().k.rotate);
+  EXPECT_EQ(e.cache_options().v.type, KVType::q4_0);
+  KVSettings f;
+  f.k_type = "q5_k";
+  EXPECT_THROW(f.resolve(), Error);
+  KVSettings g;
+  g.bits = 4;
+  g.group_size = 48;
+  EXPECT_THROW(g.resolve(), Error);
+}
+
+std::string shared(const std::string& rel) { return std::string(TQ_SHARED_DIR) + "/" + rel; }
+
+TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {
+  const std::string path = shared("models/stories260K/stories260K.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent (shared test data)";
+  const auto model = LlamaModel::open(path);
+  const auto tok = load_model_tokenizer(model->files());
+  const auto ids = tok->encode("Once upon a time", true);
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  ThreadPool pool(1);
+  for (const char* kv_type : {"", "turboquant"}) {
+    KVSettings kv;
+    if (*kv_type) {
+      kv.k_bits = 8;
+      kv.v_bits = 8;
+      kv.group_size = 32;  // head_dim of this model is 8: turboquant needs a group that divides it
+    }
+    if (*kv_type) {
+      kv.resolve();
+      // head_dim 8 is smaller than every supported group: the settings must refuse it clearly.
+      EXPECT_THROW(build_prompt_cache(*model, kv), Error);
+      continue;
+    }
+    kv.resolve();
+    auto caches = build_prompt_cache(*model, kv);
+    GenerateOptions o;
+    o.max_tokens = 60;
+    o.sampling.temperature = 0;
+    std::string streamed;
+    const auto r = generate(*model, *tok, caches, ids, o, pool, [&](std::string_view t) { streamed += t; });
+    EXPECT_EQ(streamed, r.text);
+    EXPECT_NE(r.text.find("there was a little girl named Lily. She loved to play outside in the park."), std::string::npos)
+        << r.text;
+  }
+}
+
+TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/models/demo";
+  const auto model = LlamaModel::open(dir);
+  const auto tok = load_model_tokenizer(model->files());
+  ThreadPool pool(2);
+  KVSettings kv;
+  kv.k_bits = 8;
+  kv.v_bits = 3;
+  kv.fused = true;
+  kv.resolve();
+  const auto ids = tok->encode("It is a truth universally acknowledged", true);
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.sampling.temperature = 0;
+  auto caches = build_prompt_cache(*model, kv);
+  const auto full = generate(*model, *tok, caches, ids, o, pool, [](std::string_view) {});
+  ASSERT_GT(full.text.size(), 20u);
+  // Stop at a string the unrestricted run produced: the text ends right before it.
+  const std::string stop = full.text.substr(10, 4);
+  o.stop = {stop};
+  auto caches2 = build_prompt_cache(*model, kv);
+  std::string streamed;
+  const auto cut = generate(*model, *tok, caches2, ids, o, pool, [&](std::string_view t) { streamed += t; });
+  EXPECT_EQ(cut.stop_reason, "stop string");
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(streamed, cut.text);
+  // A prompt longer than the context is an error that says so.
+  o.ctx_size = 4;
+  auto caches3 = build_prompt_cache(*model, kv);
+  try {
+    generate(*model, *tok, caches3, ids, o, pool, [](std::string_view) {});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tq
