@@ -1,0 +1,166 @@
+#include "runtime/perplexity.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tq {
+namespace {
+
+// log-softmax of a row, in double: out[v] = x[v] - max - log(sum exp(x - max)).
+void log_softmax(const float* x, int n, std::vector<double>& out) {
+  out.resize(n);
+  const double mx = *std::max_element(x, x + n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int i = 0; i < n; ++i) out[i] = x[i] - lse;
+}
+
+// Logits of every position of one window: [n][vocab].
+void window_logits(const LlamaModel& model, std::span<const int32_t> window, const KVSettings& kv, int chunk,
+                   ThreadPool& pool, std::vector<float>& logits) {
+  const int n = static_cast<int>(window.size());
+  const size_t V = static_cast<size_t>(model.vocab_size());
+  logits.resize(static_cast<size_t>(n) * V);
+  PromptCache caches = build_prompt_cache(model, kv);
+  for (auto& c : caches) c->add_sequence();
+  for (int done = 0; done < n;) {
+    const int m = std::min(chunk, n - done);
+    model.forward(window.data() + done, m, done, caches, 0, logits.data() + static_cast<size_t>(done) * V, true, pool);
+    done += m;
+  }
+}
+
+double bits_per_value(const KVSettings& kv, int head_dim) {
+  const KVCacheOptions o = kv.cache_options();
+  const VectorFormat k(head_dim, o.k), v(head_dim, o.v);
+  return 8.0 * static_cast<double>(k.record_bytes() + v.record_bytes()) / (2.0 * head_dim);
+}
+
+}  // namespace
+
+KVSettings parse_kv_spec(const std::string& spec) {
+  KVSettings kv;
+  std::stringstream ss(spec);
+  std::string part;
+  bool first = true;
+  while (std::getline(ss, part, '+')) {
+    if (first) {
+      first = false;
+      int kb = 0, vb = 0;
+      if (part == "f16" || part == "bf16" || part == "f32") {
+        kv.k_type = kv.v_type = part;
+      } else if (std::sscanf(part.c_str(), "k%dv%d", &kb, &vb) == 2) {
+        kv.k_bits = kb;
+        kv.v_bits = vb;
+      } else if (const auto slash = part.find('/'); slash != std::string::npos) {
+        kv.k_type = part.substr(0, slash);
+        kv.v_type = part.substr(slash + 1);
+      } else {
+        fail("cannot read the KV configuration '", spec, "' (examples: k8v3, k8v3+mt128, q8_0/q4_0_rot, f16)");
+      }
+      continue;
+    }
+    const auto eq = part.find('=');
+    const std::string key = part.substr(0, eq), value = eq == std::string::npos ? "" : part.substr(eq + 1);
+    if (key.rfind("mt", 0) == 0 && eq == std::string::npos) {
+      kv.min_tokens = std::stoi(key.substr(2));
+    } else if (key == "mt") {
+      kv.min_tokens = std::stoi(value);
+    } else if (key == "g") {
+      kv.group_size = std::stoi(value);
+    } else if (key == "fit") {
+      kv.fit = value;
+    } else if (key == "rot") {
+      kv.rotation = value;
+    } else if (key == "cb") {
+      kv.codebook = value;
+    } else if (key == "fused") {
+      kv.fused = true;
+    } else {
+      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., fused)");
+    }
+  }
+  kv.resolve();
+  return kv;
+}
+
+std::vector<QualityReport> measure_quality(const LlamaModel& model, std::span<const int32_t> tokens,
+                                           const std::vector<std::pair<std::string, KVSettings>>& configs,
+                                           const PerplexityOptions& options, ThreadPool& pool,
+                                           const std::function<void(int, int)>& progress) {
+  TQ_CHECK(options.ctx >= 2, "--ctx must be at least 2");
+  TQ_CHECK(options.ctx <= model.config().max_position_embeddings, "--ctx ", options.ctx, " exceeds the model's context of ",
+           model.config().max_position_embeddings);
+  TQ_CHECK(options.chunk >= 1, "the chunk size must be positive");
+  const int available = static_cast<int>(tokens.size()) / options.ctx;
+  TQ_CHECK(available >= 1, "the text has ", tokens.size(), " tokens, fewer than one window of ", options.ctx);
+  const int windows = options.chunks > 0 ? std::min(options.chunks, available) : available;
+  TQ_CHECK(options.chunks <= available, "--chunks ", options.chunks, " asks for more windows than the text has (", available, ")");
+  const int V = static_cast<int>(model.vocab_size());
+
+  std::vector<QualityReport> reports(configs.size());
+  std::vector<double> nll(configs.size(), 0.0), nll_base_sum(1, 0.0);
+  std::vector<std::vector<double>> klds(configs.size());
+  std::vector<int64_t> same(configs.size(), 0);
+  int64_t scored = 0;
+  KVSettings base_kv;
+  base_kv.resolve();
+  std::vector<float> base_logits, logits;
+  std::vector<double> lp_base, lp;
+
+  for (int w = 0; w < windows; ++w) {
+    const auto window = tokens.subspan(static_cast<size_t>(w) * options.ctx, options.ctx);
+    if (options.kl_divergence) {
+      window_logits(model, window, base_kv, options.chunk, pool, base_logits);
+      for (int i = 0; i + 1 < options.ctx; ++i) {
+        log_softmax(base_logits.data() + static_cast<size_t>(i) * V, V, lp_base);
+        nll_base_sum[0] -= lp_base[window[i + 1]];
+      }
+    }
+    for (size_t c = 0; c < configs.size(); ++c) {
+      window_logits(model, window, configs[c].second, options.chunk, pool, logits);
+      for (int i = 0; i + 1 < options.ctx; ++i) {
+        const float* row = logits.data() + static_cast<size_t>(i) * V;
+        log_softmax(row, V, lp);
+        nll[c] -= lp[window[i + 1]];
+        if (options.kl_divergence) {
+          const float* brow = base_logits.data() + static_cast<size_t>(i) * V;
+          log_softmax(brow, V, lp_base);
+          double kl = 0;
+          for (int v = 0; v < V; ++v) kl += std::exp(lp_base[v]) * (lp_base[v] - lp[v]);
+          klds[c].push_back(std::max(kl, 0.0));
+          same[c] += std::max_element(row, row + V) - row == std::max_element(brow, brow + V) - brow;
+        }
+      }
+    }
+    scored += options.ctx - 1;
+    if (progress) progress(w + 1, windows);
+  }
+  for (size_t c = 0; c < configs.size(); ++c) {
+    QualityReport& r = reports[c];
+    r.name = configs[c].first;
+    r.kv = configs[c].second;
+    r.windows = windows;
+    r.scored = scored;
+    r.ppl = std::exp(nll[c] / static_cast<double>(scored));
+    r.bits_per_value = bits_per_value(r.kv, static_cast<int>(model.config().head_dim));
+    if (options.kl_divergence) {
+      r.ppl_base = std::exp(nll_base_sum[0] / static_cast<double>(scored));
+      auto& k = klds[c];
+      double sum = 0;
+      for (double x : k) sum += x;
+      r.kld_mean = sum / static_cast<double>(k.size());
+      std::sort(k.begin(), k.end());
+      r.kld_p99 = k[std::min(k.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(k.size())))];
+      r.kld_max = k.back();
+      r.top1_same = static_cast<double>(same[c]) / static_cast<double>(k.size());
+    }
+  }
+  return reports;
+}
+
+}  // namespace tq
