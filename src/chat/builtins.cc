@@ -762,7 +762,6 @@ Value f_string(Interpreter& in, const Value& v, CallArgs& args) {
 Value f_sum(Interpreter& in, const Value& v, CallArgs& args) {
   Params p(in, "sum", args, {"attribute", "start"});
   Value total = p.get(1, Value(0));
-  CallArgs none;
   for (const Value& item : in.iterate(v)) {
     const Value x = p.has(0) && !p.get(0, Value()).is_none() ? lookup_path(in, item, p.get(0, Value()), nullptr) : item;
     if (total.is_string()) in.fail("sum() can't sum strings [use ''.join(seq) instead]");
@@ -1038,11 +1037,9 @@ const std::unordered_map<std::string_view, TestFn>& test_table() {
 
 using Method = Value (*)(Interpreter&, const Value& self, CallArgs& args);
 
-std::optional<std::string> str_arg(Interpreter& in, const Params& p, size_t i) { return p.get_str(i); }
-
 Value m_strip_impl(Interpreter& in, const Value& self, CallArgs& args, const char* name, bool l, bool r) {
   Params p(in, name, args, {"chars"});
-  return Value(py_strip(self.as_string(), str_arg(in, p, 0), l, r));
+  return Value(py_strip(self.as_string(), p.get_str(0), l, r));
 }
 Value m_strip(Interpreter& in, const Value& s, CallArgs& a) { return m_strip_impl(in, s, a, "strip", true, true); }
 Value m_lstrip(Interpreter& in, const Value& s, CallArgs& a) { return m_strip_impl(in, s, a, "lstrip", true, false); }
@@ -1050,7 +1047,7 @@ Value m_rstrip(Interpreter& in, const Value& s, CallArgs& a) { return m_strip_im
 
 Value m_split_impl(Interpreter& in, const Value& self, CallArgs& args, bool right) {
   Params p(in, right ? "rsplit" : "split", args, {"sep", "maxsplit"});
-  return Value::array(py_split(in, self.as_string(), str_arg(in, p, 0), p.get_int(1, -1), right));
+  return Value::array(py_split(in, self.as_string(), p.get_str(0), p.get_int(1, -1), right));
 }
 Value m_split(Interpreter& in, const Value& s, CallArgs& a) { return m_split_impl(in, s, a, false); }
 Value m_rsplit(Interpreter& in, const Value& s, CallArgs& a) { return m_split_impl(in, s, a, true); }

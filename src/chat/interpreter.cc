@@ -33,7 +33,8 @@ SliceRange adjust_slice(int64_t n, const std::optional<int64_t>& a, const std::o
   return {clamp(a, true), clamp(b, false), step};
 }
 
-// Python's float floor division and modulo (Objects/floatobject.c float_divmod).
+// Floor division and modulo of floats with the results Python gives (sign of the divisor,
+// floor rounding corrected for the inexact quotient).
 void float_divmod(double vx, double wx, double* floordiv, double* mod) {
   double m = std::fmod(vx, wx);
   double div = (vx - m) / wx;

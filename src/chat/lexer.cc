@@ -71,6 +71,17 @@ class Lexer {
   explicit Lexer(const Source& source) : src_(source), s_(source.text()) {}
 
   std::vector<Token> run() {
+    try {
+      lex_all();
+    } catch (const LexError& e) {
+      tokens_.push_back(Token{TokenType::kError, e.message, 0, 0, e.offset});
+    }
+    tokens_.push_back(Token{TokenType::kEof, "", 0, 0, s_.size()});
+    return std::move(tokens_);
+  }
+
+ private:
+  void lex_all() {
     bool line_starting = true;  // did the previous match end with a newline?
     while (pos_ < s_.size()) {
       const size_t tag = find_tag_start(pos_);
@@ -106,15 +117,15 @@ class Lexer {
         line_starting = lex_tag(tag, after, kind == '%');
       }
     }
-    tokens_.push_back(Token{TokenType::kEof, "", 0, 0, s_.size()});
-    return std::move(tokens_);
   }
 
- private:
-  [[noreturn]] void fail(const std::string& message, size_t offset) const {
-    throw TemplateError(TemplateError::Kind::kSyntax, message, src_.line_of(offset),
-                        src_.column_of(offset));
-  }
+  // jinja2 lexes lazily, so a parse error before a bad token wins over it: a lexing error
+  // becomes an error token that the parser raises when it reaches it.
+  struct LexError {
+    std::string message;
+    size_t offset;
+  };
+  [[noreturn]] void fail(const std::string& message, size_t offset) const { throw LexError{message, offset}; }
 
   size_t find_tag_start(size_t from) const {
     for (size_t p = s_.find('{', from); p != std::string::npos; p = s_.find('{', p + 1)) {

@@ -33,6 +33,7 @@ enum class TokenType : uint8_t {
   kInteger,  // int_value
   kFloat,    // float_value
   kOperator, // text holds the operator: "+", "//", "(", ...
+  kError,    // text the lexing error the parser raises when it gets here
   kEof,
 };
 
@@ -44,7 +45,7 @@ struct Token {
   size_t offset = 0;  // where the token starts in Source::text()
 };
 
-// Throws a kSyntax TemplateError (with line and column) on text no jinja2 lexer accepts.
+// Text no jinja2 lexer accepts ends the tokens with a kError token (then kEof).
 std::vector<Token> tokenize(const Source& source);
 
 }  // namespace tq::jinja

@@ -1,6 +1,7 @@
 #include "chat/parser.h"
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -19,17 +20,25 @@ class Parser {
 
   Body parse_template() {
     Body body = subparse({});
+    // jinja2 reports unknown filters and tests when it compiles, after the whole template parsed.
+    if (unknown_name_) throw *unknown_name_;
     return body;
   }
 
  private:
   // ---------------------------------------------------------------- token stream
 
-  const Token& current() const { return tokens_[pos_]; }
-  const Token& look() const { return tokens_[pos_ + 1 < tokens_.size() ? pos_ + 1 : pos_]; }
+  const Token& checked(const Token& t) const {
+    if (t.type == TokenType::kError) fail(t.text, t.offset);
+    return t;
+  }
+  const Token& current() const { return checked(tokens_[pos_]); }
+  const Token& look() const { return checked(tokens_[pos_ + 1 < tokens_.size() ? pos_ + 1 : pos_]); }
+  // Advancing onto a lexing error raises it, as jinja2's lazy token stream does.
   const Token& next() {
     const Token& t = tokens_[pos_];
     if (pos_ + 1 < tokens_.size()) ++pos_;
+    checked(tokens_[pos_]);
     return t;
   }
   bool is_name(const Token& t, std::string_view name) const {
@@ -54,6 +63,11 @@ class Parser {
                         src_.column_of(offset));
   }
 
+  void defer_unknown(const std::string& message, size_t offset) {
+    if (!unknown_name_)
+      unknown_name_.emplace(TemplateError::Kind::kSyntax, message, src_.line_of(offset), src_.column_of(offset));
+  }
+
   static std::string describe(const Token& t) {
     switch (t.type) {
       case TokenType::kData: return "template data / text";
@@ -66,6 +80,7 @@ class Parser {
       case TokenType::kInteger: return "integer";
       case TokenType::kFloat: return "float";
       case TokenType::kOperator: return t.text;
+      case TokenType::kError: return "error";
       case TokenType::kEof: return "end of template";
     }
     return "token";
@@ -737,15 +752,14 @@ class Parser {
     const Token& t = next();
     if (t.text == ".") {
       const Token& attr = current();
+      next();  // jinja2 moves past the token before looking at it
       if (attr.type == TokenType::kName) {
-        next();
         auto e = make(ExprKind::kGetAttr, node->offset);
         e->name = attr.text;
         e->args.push_back(std::move(node));
         return e;
       }
       if (attr.type != TokenType::kInteger) fail("expected name or number", attr.offset);
-      next();
       auto e = make(ExprKind::kGetItem, node->offset);
       auto key = make(ExprKind::kConst, attr.offset);
       key->value = Value(attr.int_value);
@@ -844,7 +858,10 @@ class Parser {
 
   std::string parse_dotted_name() {
     std::string name = expect_any_name();
-    while (skip_op(".")) name += "." + expect_any_name();
+    while (skip_op(".")) {
+      name.push_back('.');
+      name += expect_any_name();
+    }
     return name;
   }
 
@@ -858,7 +875,7 @@ class Parser {
       auto e = make(ExprKind::kFilter, node ? node->offset : at);
       e->name = parse_dotted_name();
       e->filter = find_filter(e->name);
-      if (!e->filter && soft_ == 0) fail("No filter named '" + e->name + "'.", at);
+      if (!e->filter && soft_ == 0) defer_unknown("No filter named '" + e->name + "'.", at);
       e->args.push_back(std::move(node));
       if (is_op(current(), "(")) parse_call_args(*e);
       node = std::move(e);
@@ -873,7 +890,7 @@ class Parser {
     auto e = make(ExprKind::kTest, node->offset);
     e->name = parse_dotted_name();
     e->test = find_test(e->name);
-    if (!e->test && soft_ == 0) fail("No test named '" + e->name + "'.", at);
+    if (!e->test && soft_ == 0) defer_unknown("No test named '" + e->name + "'.", at);
     e->args.push_back(std::move(node));
     const Token& t = current();
     if (is_op(t, "(")) {
@@ -905,6 +922,7 @@ class Parser {
   std::vector<std::vector<std::string>> end_stack_;
   std::vector<std::string> tag_stack_;
   std::vector<MacroUses> macro_uses_;
+  std::optional<TemplateError> unknown_name_;  // the first unknown filter or test outside ifs
 };
 
 }  // namespace
