@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace tq {
 namespace {
@@ -177,6 +178,88 @@ const Codebook& lloyd_max_codebook(int bits, Distribution distribution, int dim)
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = computed[key];
   if (!slot) slot = std::make_unique<Codebook>(compute_lloyd_max(bits, distribution, dim));
+  return *slot;
+}
+
+namespace {
+
+Codebook compute_absmax_codebook(int bits, int group) {
+  TQ_CHECK(bits >= 1 && bits <= 8, "codebook bits must be in 1..8, got ", bits);
+  TQ_CHECK(group >= 2, "absmax codebook needs a group of at least 2, got ", group);
+  const size_t total = size_t{1} << 20;
+  const size_t groups = total / static_cast<size_t>(group);
+  SplitMix64 rng(0x7a6b5c4d3e2f1a0bull + static_cast<uint64_t>(group));
+  std::vector<double> u;
+  u.reserve(groups * group);
+  std::vector<double> x(group);
+  double x_sq = 0;  // sum of x^2 / max^2 ... kept to express the MSE relative to ||x||^2
+  for (size_t g = 0; g < groups; ++g) {
+    double mx = 0;
+    for (auto& v : x) {
+      v = rng.normal();
+      mx = std::max(mx, std::fabs(v));
+    }
+    for (double v : x) {
+      u.push_back(v / mx);
+      x_sq += (v / mx) * (v / mx);
+    }
+  }
+  std::sort(u.begin(), u.end());
+  std::vector<double> prefix(u.size() + 1, 0.0), prefix_sq(u.size() + 1, 0.0);
+  for (size_t i = 0; i < u.size(); ++i) {
+    prefix[i + 1] = prefix[i] + u[i];
+    prefix_sq[i + 1] = prefix_sq[i] + u[i] * u[i];
+  }
+  const int n = 1 << bits;
+  std::vector<double> c(n), b(n - 1);
+  for (int i = 0; i < n; ++i) c[i] = u[static_cast<size_t>((i + 0.5) / n * static_cast<double>(u.size()))];
+  auto cell = [&](int i) {  // [lo, hi) sample range of cell i
+    const size_t lo = i == 0 ? 0 : static_cast<size_t>(std::lower_bound(u.begin(), u.end(), b[i - 1]) - u.begin());
+    const size_t hi = i + 1 == n ? u.size() : static_cast<size_t>(std::lower_bound(u.begin(), u.end(), b[i]) - u.begin());
+    return std::make_pair(lo, hi);
+  };
+  int iter = 0;
+  for (; iter < 300; ++iter) {
+    for (int i = 0; i + 1 < n; ++i) b[i] = 0.5 * (c[i] + c[i + 1]);
+    double max_move = 0;
+    for (int i = 0; i < n; ++i) {
+      const auto [lo, hi] = cell(i);
+      if (hi <= lo) continue;
+      const double centroid = (prefix[hi] - prefix[lo]) / static_cast<double>(hi - lo);
+      max_move = std::max(max_move, std::fabs(centroid - c[i]));
+      c[i] = centroid;
+    }
+    for (int i = 0; i < n / 2; ++i) {
+      const double s = 0.5 * (c[n - 1 - i] - c[i]);
+      c[i] = -s;
+      c[n - 1 - i] = s;
+    }
+    if (max_move < 1e-6) break;  // the sample is discrete: cells stop moving, not converge
+  }
+  for (int i = 0; i + 1 < n; ++i) b[i] = 0.5 * (c[i] + c[i + 1]);
+  double err = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto [lo, hi] = cell(i);
+    err += (prefix_sq[hi] - prefix_sq[lo]) - 2 * c[i] * (prefix[hi] - prefix[lo]) + c[i] * c[i] * static_cast<double>(hi - lo);
+  }
+  Codebook cb;
+  cb.bits = bits;
+  cb.dim = group;
+  cb.iterations = iter + 1;
+  cb.mse = err / x_sq;  // relative to ||x||^2: the same ratio as for u
+  cb.centroids.assign(c.begin(), c.end());
+  cb.boundaries.assign(b.begin(), b.end());
+  return cb;
+}
+
+}  // namespace
+
+const Codebook& absmax_codebook(int bits, int group) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, std::unique_ptr<Codebook>> computed;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = computed[{bits, group}];
+  if (!slot) slot = std::make_unique<Codebook>(compute_absmax_codebook(bits, group));
   return *slot;
 }
 

@@ -40,6 +40,13 @@ const Codebook& lloyd_max_codebook(int bits, Distribution distribution = Distrib
 // `distribution` (for measuring a Gaussian codebook on sphere data, and the reverse).
 double codebook_mse(const Codebook& codebook, Distribution distribution, int dim = 0);
 
+// The codebook for coordinates divided by their group's largest magnitude (|u| <= 1): Lloyd's
+// algorithm on u = x / max_j |x_j| over groups of `group` i.i.d. N(0, 1) values (a fixed, seeded
+// sample of 2^20 values; docs/FORMATS.md). One value of every group sits at +-1, so the outer levels
+// move out to where a Gaussian codebook would waste them. mse is the sample's relative error
+// sum (u - Q(u))^2 / sum u^2, which is also E||x - x_hat||^2 / E||x||^2.
+const Codebook& absmax_codebook(int bits, int group);
+
 std::string to_string(Distribution d);
 Distribution parse_distribution(const std::string& name);
 

@@ -186,7 +186,7 @@ void QuantizeRotated(const GroupQuantizer::Plan& plan, const float* HWY_RESTRICT
     const float* xg = y + g * G;
     uint8_t* cg = codes + g * G;
     const float sumsq = Dot16(xg, xg, G);
-    const float absmax = plan.grid == Grid::uniform ? AbsMax(xg, G) : 0.0f;
+    const float absmax = plan.grid != Grid::lloyd_max ? AbsMax(xg, G) : 0.0f;
     const float s = scalar::scale_from_stat(plan, sumsq, absmax);
     const auto inv = hn::Set(d, s > 0 ? 1.0f / s : 0.0f);
     for (int j = 0; j < G; j += static_cast<int>(N)) {

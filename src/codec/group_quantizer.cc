@@ -15,8 +15,10 @@ QuantizerOptions QuantizerOptions::defaults(int bits) {
   o.bits = bits;
   // At 8 bits a uniform grid scaled by the group's absmax has lower MSE than the Gaussian
   // Lloyd-Max codebook (which spends levels on tails a group of 64 never reaches) and gives
-  // integer codes for int8 dot products. Measured in docs/BENCHMARKS.md ("codec").
-  o.grid = bits == 8 ? Grid::uniform : Grid::lloyd_max;
+  // integer codes for int8 dot products. Below 8 bits, Lloyd levels for x / absmax with norm
+  // correction: lower MSE than the RMS-scaled Gaussian codebook (17% at 4 bits) and lower KL
+  // divergence on a real model. Measured in docs/BENCHMARKS.md ("codec", "KV cache quality").
+  o.grid = bits == 8 ? Grid::uniform : bits >= 2 ? Grid::lloyd_absmax : Grid::lloyd_max;
   o.scale_fit = ScaleFit::norm_correction;
   return o;
 }
@@ -24,7 +26,7 @@ QuantizerOptions QuantizerOptions::defaults(int bits) {
 std::string describe(const QuantizerOptions& o) {
   std::ostringstream os;
   os << "bits=" << o.bits << " group=" << o.group_size
-     << " grid=" << (o.grid == Grid::uniform ? "uniform" : "lloyd_max")
+     << " grid=" << (o.grid == Grid::uniform ? "uniform" : o.grid == Grid::lloyd_absmax ? "lloyd_absmax" : "lloyd_max")
      << " scale=" << (o.scale_kind == ScaleKind::rms ? "rms" : "l2") << " fit="
      << (o.scale_fit == ScaleFit::plain ? "plain"
                                         : o.scale_fit == ScaleFit::norm_correction ? "norm_correction" : "least_squares")
@@ -37,7 +39,8 @@ std::string describe(const QuantizerOptions& o) {
 Grid parse_grid(const std::string& s) {
   if (s == "lloyd_max" || s == "lloyd-max") return Grid::lloyd_max;
   if (s == "uniform") return Grid::uniform;
-  fail("unknown grid '", s, "' (expected lloyd_max or uniform)");
+  if (s == "lloyd_absmax" || s == "absmax") return Grid::lloyd_absmax;
+  fail("unknown grid '", s, "' (expected lloyd_max, lloyd_absmax or uniform)");
 }
 ScaleFit parse_scale_fit(const std::string& s) {
   if (s == "plain") return ScaleFit::plain;
@@ -73,6 +76,10 @@ GroupQuantizer::GroupQuantizer(int dim, const QuantizerOptions& options) : dim_(
     const int top = (1 << (options.bits - 1)) - 1;
     for (int q = -top; q <= top; ++q) levels_.push_back(static_cast<float>(q));
     for (int q = -top; q < top; ++q) thresholds_.push_back(static_cast<float>(q) + 0.5f);
+  } else if (options.grid == Grid::lloyd_absmax) {
+    const Codebook& cb = absmax_codebook(options.bits, options.group_size);
+    for (int i = 0; i < n; ++i) levels_.push_back(cb.centroids[i]);
+    for (int i = 0; i + 1 < n; ++i) thresholds_.push_back(cb.boundaries[i]);
   } else {
     const Codebook& cb = lloyd_max_codebook(options.bits, options.codebook, options.group_size);
     const float unit = options.scale_kind == ScaleKind::l2
@@ -165,6 +172,8 @@ float scale_from_stat(const GroupQuantizer::Plan& plan, float sumsq, float absma
   float s;
   if (plan.grid == Grid::uniform) {
     s = absmax / plan.uniform_max;
+  } else if (plan.grid == Grid::lloyd_absmax) {
+    s = absmax;
   } else if (plan.scale_kind == ScaleKind::rms) {
     s = std::sqrt(sumsq / static_cast<float>(plan.group_size));
   } else {
@@ -192,7 +201,7 @@ void quantize_rotated(const GroupQuantizer::Plan& plan, const float* y, uint8_t*
     const float sumsq = canonical_dot(xg, xg, G);
     float absmax = 0;
     for (int j = 0; j < G; ++j) absmax = std::max(absmax, std::fabs(xg[j]));
-    const float s = scale_from_stat(plan, sumsq, plan.grid == Grid::uniform ? absmax : 0.0f);
+    const float s = scale_from_stat(plan, sumsq, plan.grid != Grid::lloyd_max ? absmax : 0.0f);
     const float inv = s > 0 ? 1.0f / s : 0.0f;
     for (int j = 0; j < G; ++j) {
       const float u = xg[j] * inv;

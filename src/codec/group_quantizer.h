@@ -22,8 +22,9 @@
 namespace tq {
 
 enum class Grid {
-  lloyd_max,  // levels = Lloyd-Max centroids (unit variance); scale = group RMS or L2 norm
-  uniform,    // levels = integers -(2^(b-1)-1) .. 2^(b-1)-1; scale = group absmax / (2^(b-1)-1)
+  lloyd_max,     // levels = Lloyd-Max centroids (unit variance); scale = group RMS or L2 norm
+  uniform,       // levels = integers -(2^(b-1)-1) .. 2^(b-1)-1; scale = group absmax / (2^(b-1)-1)
+  lloyd_absmax,  // levels = Lloyd centroids of x / max|x| for Gaussian groups (absmax_codebook); scale = absmax
 };
 enum class ScaleKind {
   rms,  // stored scale is the group's RMS; levels are unit-variance centroids

@@ -269,7 +269,7 @@ nlohmann::json spec_json(const VectorFormatSpec& s) {
           {"seed", s.seed},
           {"bits", q.bits},
           {"group_size", q.group_size},
-          {"grid", q.grid == Grid::uniform ? "uniform" : "lloyd_max"},
+          {"grid", q.grid == Grid::uniform ? "uniform" : q.grid == Grid::lloyd_absmax ? "lloyd_absmax" : "lloyd_max"},
           {"scale_kind", q.scale_kind == ScaleKind::rms ? "rms" : "l2"},
           {"scale_fit", q.scale_fit == ScaleFit::plain ? "plain" : q.scale_fit == ScaleFit::norm_correction ? "norm_correction" : "least_squares"},
           {"rotation_block", q.rotation_block == RotationBlock::dim ? "dim" : q.rotation_block == RotationBlock::group ? "group" : "none"},

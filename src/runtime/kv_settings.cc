@@ -22,6 +22,7 @@ VectorFormatSpec spec_for(const std::string& type, int bits, const KVSettings& s
     v.quantizer.scale_fit = parse_scale_fit(s.fit);
     v.quantizer.rotation_block = parse_rotation_block(s.rotation);
     v.quantizer.codebook = parse_distribution(s.codebook);
+    if (!s.grid.empty()) v.quantizer.grid = parse_grid(s.grid);
     v.quantizer.seed = seed;
   } else if (type == "q8_0_rot" || type == "q4_0_rot") {
     v.type = type == "q8_0_rot" ? KVType::q8_0 : KVType::q4_0;
@@ -54,6 +55,7 @@ void KVSettings::resolve() {
   parse_scale_fit(fit);
   parse_rotation_block(rotation);
   parse_distribution(codebook);
+  if (!grid.empty()) parse_grid(grid);
   TQ_CHECK(!fused || compressed(), "--kv-fused needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
 }
 
@@ -80,7 +82,11 @@ std::string KVSettings::describe() const {
   const std::string k = resolved_k_type(), v = resolved_v_type();
   auto one = [&](const std::string& t, int b) { return t == "turboquant" ? "turboquant" + std::to_string(b) : t; };
   os << "K " << one(k, k_bits) << ", V " << one(v, v_bits);
-  if (k == "turboquant" || v == "turboquant") os << ", group " << group_size << ", fit " << fit << ", rotation " << rotation;
+  if (k == "turboquant" || v == "turboquant") {
+    os << ", group " << group_size << ", fit " << fit << ", rotation " << rotation;
+    if (!grid.empty()) os << ", grid " << grid;
+    if (codebook != "gaussian") os << ", codebook " << codebook;
+  }
   if (min_tokens) os << ", first " << min_tokens << " positions FP16";
   if (compressed()) os << (fused ? ", fused attention" : ", standard attention (expand, then attend)");
   return os.str();

@@ -26,6 +26,7 @@ struct KVSettings {
   std::string fit = "norm_correction";  // plain, norm_correction, least_squares
   std::string rotation = "dim";         // dim (the head), group
   std::string codebook = "gaussian";    // gaussian, sphere
+  std::string grid;                     // lloyd_max (RMS scale), lloyd_absmax, uniform; "" = per-width default
   int block_tokens = 64;
 
   // Resolves the flags into K and V cache types; throws tq::Error for contradictory or bad flags.

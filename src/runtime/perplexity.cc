@@ -78,6 +78,8 @@ KVSettings parse_kv_spec(const std::string& spec) {
       kv.rotation = value;
     } else if (key == "cb") {
       kv.codebook = value;
+    } else if (key == "grid") {
+      kv.grid = value;
     } else if (key == "fused") {
       kv.fused = true;
     } else {

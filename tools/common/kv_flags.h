@@ -19,6 +19,7 @@ inline void add_kv_flags(CLI::App& app, KVSettings& kv) {
   app.add_option("--kv-fit", kv.fit, "TurboQuant scale: plain, norm_correction, least_squares");
   app.add_option("--kv-rotation", kv.rotation, "TurboQuant rotation block: dim (the head) or group");
   app.add_option("--kv-codebook", kv.codebook, "TurboQuant codebook: gaussian or sphere");
+  app.add_option("--kv-grid", kv.grid, "TurboQuant levels below 8 bits: lloyd_max (RMS scale) or lloyd_absmax");
 }
 
 }  // namespace tq::cli
