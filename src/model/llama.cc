@@ -109,8 +109,8 @@ void LlamaModel::forward(const int32_t* tokens, int n, int pos0, PromptCache& ca
   const float eps = static_cast<float>(c.rms_norm_eps);
   TQ_CHECK(n >= 1, "forward needs at least one token");
   TQ_CHECK(caches.size() == layers_.size(), "the prompt cache has ", caches.size(), " layers, the model ", layers_.size());
-  TQ_CHECK(pos0 + n <= c.max_position_embeddings || c.max_position_embeddings <= 0, "positions up to ", pos0 + n,
-           " exceed the model's context of ", c.max_position_embeddings, " tokens");
+  const int64_t limit = position_limit_ > 0 ? position_limit_ : c.max_position_embeddings;
+  TQ_CHECK(pos0 + n <= limit || limit <= 0, "positions up to ", pos0 + n, " exceed the model's context of ", limit, " tokens");
   for (int i = 0; i < n; ++i) {
     TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i], " is outside the vocabulary (", c.vocab_size, ")");
   }

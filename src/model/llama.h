@@ -40,6 +40,11 @@ class LlamaModel {
   std::string weights_dtype() const;
   size_t weight_bytes() const;
 
+  // Positions beyond the model's max_position_embeddings are refused unless the limit is raised
+  // (benchmarks at depth; RoPE itself has no limit, the model's quality does).
+  void set_position_limit(int64_t limit) { position_limit_ = limit; }
+  int64_t position_limit() const { return position_limit_; }
+
   // One cache per layer, as make_prompt_cache builds them (sliding-window layers get rotating caches).
   std::vector<LayerSpec> layer_specs() const;
 
@@ -62,6 +67,7 @@ class LlamaModel {
   ops::WeightView embed_, lm_head_;
   std::vector<float> final_norm_;
   std::unique_ptr<ops::RopeTable> rope_;
+  int64_t position_limit_ = 0;  // 0: the config's max_position_embeddings
 };
 
 }  // namespace tq

@@ -33,4 +33,16 @@ struct AttentionArgs {
 };
 int run_attention(const AttentionArgs& args);
 
+struct ModelBenchArgs {
+  std::string model;
+  int prompt = 512, gen = 128;
+  std::vector<int> depths = {0};
+  std::vector<std::string> kv = {"f16", "k8v3", "k4v4", "q8_0/q8_0", "q4_0/q4_0"};
+  bool standard = true;
+  int reps = 3;
+  int threads = 2;
+  std::string format = "md";
+};
+int run_model(const ModelBenchArgs& args);
+
 }  // namespace tq::bench

@@ -44,6 +44,19 @@ int main(int argc, char** argv) {
   at->add_option("--min-seconds", attn.min_seconds, "time per measurement round");
   at->add_flag("--json", attn.json, "print a JSON array instead of a Markdown table");
 
+  ModelBenchArgs mb;
+  bool mb_no_standard = false;
+  auto* mo = app.add_subcommand("model", "llama-bench style: prompt processing and generation at depth, per KV configuration");
+  mo->add_option("-m,--model", mb.model, "model folder or .gguf")->required();
+  mo->add_option("-p,--prompt", mb.prompt, "prompt tokens per pp test (0: none)")->check(CLI::NonNegativeNumber);
+  mo->add_option("-n,--gen", mb.gen, "generated tokens per tg test (0: none)")->check(CLI::NonNegativeNumber);
+  mo->add_option("-d,--depth", mb.depths, "context depths")->delimiter(',')->check(CLI::NonNegativeNumber);
+  mo->add_option("--kv", mb.kv, "KV configurations: f16, k8v3, k4v4, q8_0/q4_0, k8v3+mt128, ...")->delimiter(',');
+  mo->add_flag("--no-standard", mb_no_standard, "skip the standard (expand, then attend) path");
+  mo->add_option("-r,--repetitions", mb.reps, "repetitions")->check(CLI::PositiveNumber);
+  mo->add_option("-t,--threads", mb.threads, "threads")->check(CLI::PositiveNumber);
+  mo->add_option("-o,--output", mb.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c->parsed()) {
@@ -62,6 +75,10 @@ int main(int argc, char** argv) {
       }
       attn.standard = !no_standard;
       return run_attention(attn);
+    }
+    if (mo->parsed()) {
+      mb.standard = !mb_no_standard;
+      return run_model(mb);
     }
   } catch (const tq::Error& e) {
     std::fprintf(stderr, "turboquant-bench: %s\n", e.what());

@@ -1,0 +1,137 @@
+// turboquant-bench model: llama-bench-style prompt processing (pp) and generation (tg) at chosen
+// depths of context, for a list of KV cache configurations, side by side in one process.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench.h"
+#include "core/rng.h"
+#include "runtime/kv_settings.h"
+#include "runtime/perplexity.h"
+#include "table.h"
+
+namespace tq::bench {
+namespace {
+
+struct Result {
+  std::string kv, path, test;
+  int depth, threads;
+  double mean, sd;  // tokens per second
+  double kv_bytes, fp16_bytes, peak_rss;
+};
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
+}  // namespace
+
+int run_model(const ModelBenchArgs& a) {
+  using clock = std::chrono::steady_clock;
+  const auto model = LlamaModel::open(a.model);
+  const int max_depth = *std::max_element(a.depths.begin(), a.depths.end());
+  model->set_position_limit(std::max<int64_t>(model->config().max_position_embeddings, max_depth + std::max(a.prompt, a.gen) + 1));
+  ThreadPool pool(a.threads);
+  SplitMix64 rng(1);
+  const int V = static_cast<int>(model->vocab_size());
+  std::vector<int32_t> tokens(static_cast<size_t>(max_depth + a.prompt + a.gen + 1));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(V));
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<Result> results;
+
+  for (const std::string& spec : a.kv) {
+    for (const bool fused : {true, false}) {
+      KVSettings kv = parse_kv_spec(spec);
+      if (!kv.compressed() && !fused) continue;  // dense caches have one path
+      if (kv.compressed() && !fused && !a.standard) continue;
+      kv.fused = fused && kv.compressed();
+      const std::string path = kv.compressed() ? (fused ? "fused" : "standard") : "fused";
+      for (int depth : a.depths) {
+        std::vector<double> pp, tg;
+        double kv_bytes = 0, fp16_bytes = 0;
+        for (int rep = 0; rep < a.reps; ++rep) {
+          PromptCache caches = build_prompt_cache(*model, kv);
+          for (auto& c : caches) c->add_sequence();
+          // Fill the context to `depth` (not timed), in chunks as a prompt would be.
+          for (int done = 0; done < depth;) {
+            const int n = std::min(512, depth - done);
+            model->forward(tokens.data() + done, n, done, caches, 0, logits.data(), false, pool);
+            done += n;
+          }
+          if (a.prompt > 0) {
+            const auto t0 = clock::now();
+            model->forward(tokens.data() + depth, a.prompt, depth, caches, 0, logits.data(), false, pool);
+            pp.push_back(a.prompt / std::chrono::duration<double>(clock::now() - t0).count());
+            // Generation starts from the same depth: rebuild without the timed prompt.
+            caches = build_prompt_cache(*model, kv);
+            for (auto& c : caches) c->add_sequence();
+            for (int done = 0; done < depth;) {
+              const int n = std::min(512, depth - done);
+              model->forward(tokens.data() + done, n, done, caches, 0, logits.data(), false, pool);
+              done += n;
+            }
+          }
+          if (a.gen > 0) {
+            const auto t0 = clock::now();
+            for (int i = 0; i < a.gen; ++i) model->forward(&tokens[depth + i], 1, depth + i, caches, 0, logits.data(), false, pool);
+            tg.push_back(a.gen / std::chrono::duration<double>(clock::now() - t0).count());
+          }
+          kv_bytes = fp16_bytes = 0;
+          for (const auto& c : caches) {
+            kv_bytes += static_cast<double>(c->memory().bytes_in_use());
+            fp16_bytes += static_cast<double>(c->memory().fp16_bytes);
+          }
+        }
+        auto stats = [](const std::vector<double>& v) {
+          double m = 0, s = 0;
+          for (double x : v) m += x;
+          m /= static_cast<double>(v.size());
+          for (double x : v) s += (x - m) * (x - m);
+          return std::make_pair(m, v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0);
+        };
+        if (!pp.empty()) {
+          const auto [m, s] = stats(pp);
+          results.push_back({spec, path, "pp" + std::to_string(a.prompt), depth, a.threads, m, s, kv_bytes, fp16_bytes, peak_rss_bytes()});
+        }
+        if (!tg.empty()) {
+          const auto [m, s] = stats(tg);
+          results.push_back({spec, path, "tg" + std::to_string(a.gen), depth, a.threads, m, s, kv_bytes, fp16_bytes, peak_rss_bytes()});
+        }
+        std::fprintf(stderr, "  %s %s depth %d done\n", spec.c_str(), path.c_str(), depth);
+      }
+    }
+  }
+
+  if (a.format == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results)
+      out.push_back({{"model", a.model}, {"kv", r.kv}, {"path", r.path}, {"test", r.test}, {"depth", r.depth}, {"threads", r.threads},
+                     {"tokens_per_second", r.mean}, {"sd", r.sd}, {"kv_bytes", r.kv_bytes}, {"kv_fp16_bytes", r.fp16_bytes},
+                     {"peak_rss_bytes", r.peak_rss}});
+    std::cout << out.dump(1) << "\n";
+  } else if (a.format == "csv") {
+    std::cout << "model,kv,path,test,depth,threads,tokens_per_second,sd,kv_bytes,kv_fp16_bytes,peak_rss_bytes\n";
+    for (const auto& r : results)
+      std::cout << a.model << "," << r.kv << "," << r.path << "," << r.test << "," << r.depth << "," << r.threads << "," << r.mean
+                << "," << r.sd << "," << r.kv_bytes << "," << r.fp16_bytes << "," << r.peak_rss << "\n";
+  } else {
+    std::printf("model %s, %d threads, %d repetitions (mean ± sd); kv MiB = cache bytes in use after the test\n\n", a.model.c_str(),
+                a.threads, a.reps);
+    MarkdownTable t({"kv", "path", "test", "depth", "t/s", "kv MiB", "fp16 MiB", "peak RSS MiB"});
+    for (const auto& r : results)
+      t.add({r.kv, r.path, r.test, std::to_string(r.depth), fixed(r.mean, 2) + " ± " + fixed(r.sd, 2), fixed(r.kv_bytes / 1048576.0, 1),
+             fixed(r.fp16_bytes / 1048576.0, 1), fixed(r.peak_rss / 1048576.0, 0)});
+    std::cout << t.str();
+  }
+  return 0;
+}
+
+}  // namespace tq::bench
