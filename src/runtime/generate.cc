@@ -22,14 +22,18 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFiles& files) {
   std::vector<int32_t> types;
   if (g.has("tokenizer.ggml.token_type")) types = g.get_array<int32_t>("tokenizer.ggml.token_type");
   auto id = [&](const char* key) { return g.has(key) ? static_cast<int32_t>(g.get_u32(key)) : -1; };
-  if (kind == "llama") {
-    SpmOptions o;
+  // The fields both vocabulary kinds read from the same GGUF keys.
+  auto common_options = [&](auto& o) {
     o.source = source;
     o.bos_id = id("tokenizer.ggml.bos_token_id");
     o.eos_id = id("tokenizer.ggml.eos_token_id");
     o.unk_id = id("tokenizer.ggml.unknown_token_id");
     o.pad_id = id("tokenizer.ggml.padding_token_id");
     if (g.has("tokenizer.ggml.add_bos_token")) o.add_bos = g.get_bool("tokenizer.ggml.add_bos_token");
+  };
+  if (kind == "llama") {
+    SpmOptions o;
+    common_options(o);
     if (g.has("tokenizer.ggml.add_space_prefix")) o.add_dummy_prefix = g.get_bool("tokenizer.ggml.add_space_prefix");
     std::vector<float> scores;
     if (g.has("tokenizer.ggml.scores")) scores = g.get_array<float>("tokenizer.ggml.scores");
@@ -37,12 +41,7 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFiles& files) {
   }
   if (kind == "gpt2") {
     ByteLevelBpeOptions o;
-    o.source = source;
-    o.bos_id = id("tokenizer.ggml.bos_token_id");
-    o.eos_id = id("tokenizer.ggml.eos_token_id");
-    o.unk_id = id("tokenizer.ggml.unknown_token_id");
-    o.pad_id = id("tokenizer.ggml.padding_token_id");
-    if (g.has("tokenizer.ggml.add_bos_token")) o.add_bos = g.get_bool("tokenizer.ggml.add_bos_token");
+    common_options(o);
     if (g.has("tokenizer.ggml.pre")) {
       const std::string pre = g.get_string("tokenizer.ggml.pre");
       o.pattern = std::string(gguf_pre_tokenizer_pattern(pre));
