@@ -296,45 +296,58 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Runs the main-tier tiles of this warp (every kAttnWarps-th tile of the item) through a ring of kStages
-// tile buffers: copies run kStages - 1 tiles ahead of the computation.
-template <int D, int kStages, typename TileFn>
-__device__ __forceinline__ void main_tier_pipeline(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq,
-                                                   const MainPages& pg, uint8_t* ring, TileFn&& fn) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const TierParams& tp = p.main;
-  const int first = it.tile_begin + warp;
-  const int n = first < it.tile_end ? (it.tile_end - first + kAttnWarps - 1) / kAttnWarps : 0;
-  const int bytes = tp.tile_bytes;
+// The main-tier tiles of this warp (every kAttnWarps-th tile of the item) go through a ring of kStages
+// tile buffers in shared memory: copies run kStages - 1 tiles ahead of the computation. start() issues the
+// first copies (before the queries are prepared, so that the fetch latency overlaps that work); run() does
+// the rest.
+template <int kStages>
+struct TilePipeline {
+  const TierParams& tp;
+  const MainPages& pg;
+  uint8_t* ring;
+  int slot, head, n_kv, first, n, lane;
+
+  __device__ __forceinline__ TilePipeline(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq, const MainPages& pages,
+                                          uint8_t* ring_)
+      : tp(p.main), pg(pages), ring(ring_), slot(rq.slot), head(it.kv_head), n_kv(p.n_kv) {
+    lane = threadIdx.x & 31;
+    first = it.tile_begin + (threadIdx.x >> 5);
+    n = first < it.tile_end ? (it.tile_end - first + kAttnWarps - 1) / kAttnWarps : 0;
+  }
+  __device__ __forceinline__ void fetch(int k) const {
+    copy_tile_async(ring + (k % kStages) * tp.tile_bytes, main_tile(tp, pg, slot, head, n_kv, first + k * kAttnWarps), tp.tile_bytes,
+                    lane);
+  }
+  __device__ __forceinline__ void start() const {
 #pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
-    if (k < n) copy_tile_async(ring + k * bytes, main_tile(tp, pg, rq.slot, it.kv_head, p.n_kv, first + k * kAttnWarps), bytes, lane);
-    cp_async_commit();
+    for (int k = 0; k < kStages - 1; ++k) {
+      if (k < n) fetch(k);
+      cp_async_commit();
+    }
   }
-  for (int k = 0; k < n; ++k) {
-    const int ahead = k + kStages - 1;
-    if (ahead < n)
-      copy_tile_async(ring + (ahead % kStages) * bytes, main_tile(tp, pg, rq.slot, it.kv_head, p.n_kv, first + ahead * kAttnWarps),
-                      bytes, lane);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
-    fn(ring + (k % kStages) * bytes, first + k * kAttnWarps);
-    __syncwarp();  // the buffer is refilled next iteration
+  template <typename TileFn>
+  __device__ __forceinline__ void run(TileFn&& fn) const {
+    for (int k = 0; k < n; ++k) {
+      if (k + kStages - 1 < n) fetch(k + kStages - 1);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      fn(ring + (k % kStages) * tp.tile_bytes, first + k * kAttnWarps);
+      __syncwarp();  // the buffer is refilled next iteration
+    }
+    cp_async_wait<0>();
   }
-  cp_async_wait<0>();
-}
+};
 
 inline constexpr int kStagesTq = 4;
 inline constexpr int kStagesDense = 2;
 
 template <int D, int G>
-__device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq,
-                                             const MainPages& pg, uint8_t* ring, const uint16_t* k_table, const uint16_t* v_table,
-                                             const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
+__device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, const TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
+                                             const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const int g = (threadIdx.x & 31) >> 2;
   const TierParams& tp = p.main;
-  main_tier_pipeline<D, kStagesTq>(p, it, rq, pg, ring, [&](const uint8_t* tile, int index) {
+  pipe.run([&](const uint8_t* tile, int index) {
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     qk_tq<D, G>(tile, tp, k_table, qf, s);
     const int p0 = tp.first_pos + index * kTileTokens;
@@ -346,12 +359,11 @@ __device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, con
 }
 
 template <int D, bool kBf16>
-__device__ __forceinline__ void warp_main_dense(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq,
-                                                const MainPages& pg, uint8_t* ring, const uint32_t (*qf)[2], const MaskInfo& mk,
-                                                WarpAcc<D>& w) {
+__device__ __forceinline__ void warp_main_dense(const AttentionKernelParams& p, const TilePipeline<kStagesDense>& pipe,
+                                                const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const TierParams& tp = p.main;
-  main_tier_pipeline<D, kStagesDense>(p, it, rq, pg, ring, [&](const uint8_t* tile, int index) {
+  pipe.run([&](const uint8_t* tile, int index) {
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int st = 0; st < D / 16; ++st) {
@@ -455,10 +467,11 @@ __device__ void write_output(const AttentionKernelParams& p, const RequestParams
 // ------------------------------------------------------------------ the kernel
 
 // Dynamic shared memory of the attention kernel: the warps' tile rings, later reused for the merge.
-TQ_HD int attention_ring_stages(MainKind kind) { return kind == MainKind::tq ? 4 : 2; }
+TQ_HD int attention_ring_stages(MainKind kind) { return kind == MainKind::tq ? kStagesTq : kStagesDense; }
 TQ_HD int attention_dynamic_smem(int dim, MainKind kind, int tile_bytes) {
   const int ring = 4 * attention_ring_stages(kind) * tile_bytes;  // kAttnWarps rings
-  const int merge = 4 * kRowsPerItem * dim * 4;                    // kAttnWarps x rows x dim floats
+  // kAttnWarps x rows x dim floats, then the parts' weights
+  const int merge = 4 * kRowsPerItem * dim * 4 + kMaxPartsPerGroup * kRowsPerItem * 4;
   return ring > merge ? ring : merge;
 }
 
@@ -481,6 +494,12 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   const bool tq_main = MK == MainKind::tq && main_tier;
   const int rows_total = rq.n_q * p.group;
 
+  // Main tier: start fetching this warp's first tiles (page ids from the global table for now).
+  constexpr int kStages = MK == MainKind::tq ? kStagesTq : kStagesDense;
+  MainPages pg{sm_pages, 0, 0};
+  const TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * p.main.tile_bytes);
+  if (main_tier) pipe.start();
+
   // Queries, scaled into base 2 (and multiplied by the K signs before the transform for TurboQuant keys).
   for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {
     const int r = idx / D, d = idx % D, grow = it.row0 + r;
@@ -492,16 +511,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     }
     sm_q[idx] = x;
   }
-  MainPages pg{sm_pages, 0, 0};
   if (main_tier) {
     const TierParams& tp = p.main;
-    pg.first = it.tile_begin / tp.tiles_per_page;
-    pg.count = min(kMaxCachedPages, (it.tile_end - 1) / tp.tiles_per_page - pg.first + 1);
-    for (int i = tid; i < pg.count; i += kAttnThreads) sm_pages[i] = tp.page_table[rq.slot * tp.page_stride + pg.first + i];
+    const int first = it.tile_begin / tp.tiles_per_page;
+    const int count = min(kMaxCachedPages, (it.tile_end - 1) / tp.tiles_per_page - first + 1);
+    for (int i = tid; i < count; i += kAttnThreads) sm_pages[i] = tp.page_table[rq.slot * tp.page_stride + first + i];
     if (tq_main && tp.k_kind == CodeKind::byte_lut)
       for (int i = tid; i < 256; i += kAttnThreads) sm_k_table[i] = tp.k_table[i];
     if (tq_main && tp.v_kind == CodeKind::byte_lut)
       for (int i = tid; i < 256; i += kAttnThreads) sm_v_table[i] = tp.v_table[i];
+    pg.first = first;
+    pg.count = count;  // later fetches look pages up in shared memory (after the barrier below)
   }
   __syncthreads();
   if (tq_main) fwht_rows<D>(sm_q);
@@ -536,11 +556,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   w.l[0] = w.l[1] = 0.0f;
 
   if (main_tier) {
-    uint8_t* ring = dyn_smem + warp * attention_ring_stages(MK) * p.main.tile_bytes;
     if constexpr (MK == MainKind::tq) {
-      warp_main_tq<D, G>(p, it, rq, pg, ring, sm_k_table, sm_v_table, qf, mk, w);
+      warp_main_tq<D, G>(p, pipe, sm_k_table, sm_v_table, qf, mk, w);
     } else {
-      warp_main_dense<D, MK == MainKind::dense_bf16>(p, it, rq, pg, ring, qf, mk, w);
+      warp_main_dense<D, MK == MainKind::dense_bf16>(p, pipe, qf, mk, w);
     }
   } else if (p.sink.k_kind == CodeKind::dense_bf16) {
     warp_sink<D, true>(p, it, rq, qf, mk, w);
@@ -601,14 +620,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     return;
   }
 
-  // Several items share this group: publish the partial state; the last one to finish merges.
+  // Several items share this group: publish the partial state (valid rows only); the last one to finish
+  // merges all of them.
+  const int valid_rows = min(kRowsPerItem, rows_total - it.row0);
   const int stride = 2 * kRowsPerItem + kRowsPerItem * D;
   float* part = p.partials + static_cast<int64_t>(it.part) * stride;
   if (tid < kRowsPerItem) {
     part[tid] = sm_row_max[tid];
     part[kRowsPerItem + tid] = sm_row_sum[tid];
   }
-  for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) part[2 * kRowsPerItem + idx] = sm_o[0][idx];
+  for (int idx = tid; idx < valid_rows * D / 4; idx += kAttnThreads)
+    reinterpret_cast<float4*>(part + 2 * kRowsPerItem)[idx] = reinterpret_cast<const float4*>(sm_o[0])[idx];
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -621,36 +643,61 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
 
   const OutputGroup og = p.groups[it.group];
   const float* parts = p.partials + static_cast<int64_t>(og.first_part) * stride;
-  if (tid < kRowsPerItem) {
+  // Row maxima and sums over the parts (one warp per two rows), then each part's weight per row.
+  float* weights = sm_o[kAttnWarps - 1] + kRowsPerItem * D;  // [kMaxPartsPerGroup][rows], past the merge buffers
+  for (int r = warp; r < kRowsPerItem; r += kAttnWarps) {
     float m = -INFINITY;
-    for (int k = 0; k < og.n_parts; ++k) m = fmaxf(m, __ldcg(parts + k * stride + tid));
+    for (int k = lane; k < og.n_parts; k += 32) m = fmaxf(m, __ldcg(parts + k * stride + r));
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     float l = 0.0f;
-    for (int k = 0; k < og.n_parts; ++k) {
-      const float mk_ = __ldcg(parts + k * stride + tid);
-      if (mk_ != -INFINITY) l += fast_exp2(mk_ - m) * __ldcg(parts + k * stride + kRowsPerItem + tid);
+    for (int k = lane; k < og.n_parts; k += 32) {
+      const float mk_ = __ldcg(parts + k * stride + r);
+      const float wk = mk_ == -INFINITY ? 0.0f : fast_exp2(mk_ - m);
+      weights[k * kRowsPerItem + r] = wk;
+      l += wk * __ldcg(parts + k * stride + kRowsPerItem + r);
     }
-    sm_row_max[tid] = m;
-    sm_row_sum[tid] = l;
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) {
+      sm_row_max[r] = m;
+      sm_row_sum[r] = l;
+    }
   }
   __syncthreads();
+  // Weighted sums, four dims per thread and several parts in flight (the partials sit in L2).
   float* rot = sm_q;      // main-tier sum
   float* orig = sm_o[1];  // sink-tier sum
-  for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {
-    const int r = idx / D;
-    const float m = sm_row_max[r];
-    float a_rot = 0.0f, a_orig = 0.0f;
-    for (int k = 0; k < og.n_parts; ++k) {
-      const float mk_ = __ldcg(parts + k * stride + r);
-      if (mk_ == -INFINITY) continue;
-      const float v = fast_exp2(mk_ - m) * __ldcg(parts + k * stride + 2 * kRowsPerItem + idx);
-      if (k < og.n_sink_parts) {
-        a_orig += v;
-      } else {
-        a_rot += v;
+  for (int idx = tid; idx < valid_rows * D / 4; idx += kAttnThreads) {
+    const int r = idx * 4 / D;
+    float4 a_rot = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a_orig = a_rot;
+    const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem) + idx;
+    constexpr int kUnroll = 8;
+    for (int k0 = 0; k0 < og.n_parts; k0 += kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (k0 + u < og.n_parts) v[u] = __ldcg(src + static_cast<int64_t>(k0 + u) * (stride / 4));
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = k0 + u;
+        if (k >= og.n_parts) break;
+        const float wk = weights[k * kRowsPerItem + r];
+        if (k < og.n_sink_parts) {
+          a_orig.x = fmaf(wk, v[u].x, a_orig.x);
+          a_orig.y = fmaf(wk, v[u].y, a_orig.y);
+          a_orig.z = fmaf(wk, v[u].z, a_orig.z);
+          a_orig.w = fmaf(wk, v[u].w, a_orig.w);
+        } else {
+          a_rot.x = fmaf(wk, v[u].x, a_rot.x);
+          a_rot.y = fmaf(wk, v[u].y, a_rot.y);
+          a_rot.z = fmaf(wk, v[u].z, a_rot.z);
+          a_rot.w = fmaf(wk, v[u].w, a_rot.w);
+        }
       }
     }
-    rot[idx] = a_rot;
-    orig[idx] = a_orig;
+    reinterpret_cast<float4*>(rot)[idx] = a_rot;
+    reinterpret_cast<float4*>(orig)[idx] = a_orig;
   }
   if (tid == 0) p.counters[it.group] = 0;  // ready for the next launch (graph replays)
   __syncthreads();

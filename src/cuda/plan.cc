@@ -69,7 +69,8 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
 
   for (Pending& p : pending) {
     const int sink_tiles = p.sink_end - p.sink_begin, main_tiles = p.main_end - p.main_begin;
-    const int n_sink_parts = parts_for(sink_tiles), n_main_parts = parts_for(main_tiles);
+    const int n_sink_parts = std::min(parts_for(sink_tiles), kMaxPartsPerGroup / 2);
+    const int n_main_parts = std::min(parts_for(main_tiles), kMaxPartsPerGroup - n_sink_parts);
     const int n_parts = n_sink_parts + n_main_parts;
     TQ_CHECK(n_parts > 0, "internal error: an attention row group sees no positions");
     const int group_index = static_cast<int>(plan.groups.size());

@@ -14,6 +14,7 @@
 namespace tq::cuda {
 
 inline constexpr int kRowsPerItem = 8;  // the N dimension of the MMA
+inline constexpr int kMaxPartsPerGroup = 256;  // the merging block keeps one weight per part and row
 
 // Plain structs copied to the device as they are.
 struct WorkItem {
