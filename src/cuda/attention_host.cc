@@ -1,22 +1,14 @@
 // DeviceAttention: plans an attention call over a DeviceKVCache (work items, output groups, partial-state
 // slots), uploads the plan once and enqueues the kernels on run().
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "cuda/check.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/kernels.h"
-
-#define TQ_CUDA_CHECK(expr)                                                                                   \
-  do {                                                                                                        \
-    const cudaError_t tq_cuda_status_ = (expr);                                                               \
-    if (tq_cuda_status_ != cudaSuccess)                                                                       \
-      ::tq::fail("CUDA error in ", #expr, " (", __FILE__, ":", __LINE__, "): ", cudaGetErrorString(tq_cuda_status_)); \
-  } while (0)
 
 namespace tq::cuda {
 

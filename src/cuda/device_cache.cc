@@ -1,6 +1,4 @@
 // DeviceKVCache: host-side bookkeeping (sequences, pages, formats) of the device KV cache.
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,15 +7,9 @@
 #include "codec/rotation.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "cuda/check.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/kernels.h"
-
-#define TQ_CUDA_CHECK(expr)                                                                                   \
-  do {                                                                                                        \
-    const cudaError_t tq_cuda_status_ = (expr);                                                               \
-    if (tq_cuda_status_ != cudaSuccess)                                                                       \
-      ::tq::fail("CUDA error in ", #expr, " (", __FILE__, ":", __LINE__, "): ", cudaGetErrorString(tq_cuda_status_)); \
-  } while (0)
 
 namespace tq::cuda {
 

@@ -1,4 +1,4 @@
-// Small device helpers of the CUDA backend: error checks, tensor-core MMA, register transposes, loads.
+// Small device helpers of the CUDA backend: tensor-core MMA, register transposes, loads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -6,16 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-
-#include "core/error.h"
-
-#define TQ_CUDA_CHECK(expr)                                                                        \
-  do {                                                                                             \
-    const cudaError_t tq_cuda_status_ = (expr);                                                    \
-    if (tq_cuda_status_ != cudaSuccess)                                                            \
-      ::tq::fail("CUDA error in ", #expr, " (", __FILE__, ":", __LINE__, "): ",                   \
-                 cudaGetErrorString(tq_cuda_status_));                                             \
-  } while (0)
 
 namespace tq::cuda {
 
