@@ -4,7 +4,8 @@
 // Per block: up to 8 query rows of one KV head (the heads of a GQA group, times the queries of a causal
 // block) are scaled by softmax_scale * log2(e), rotated with the K rotation when the tier holds
 // TurboQuant codes, and kept in registers as the B operand of mma.m16n8k16. Each warp takes every 4th
-// tile of the item's range, loads the next tile while it computes the current one, and per tile
+// tile of the item's range; tile records stream into the warp's ring of shared-memory buffers with
+// cp.async, 3 tiles ahead of the computation (1 for FP16/BF16 tiles, which are larger); per tile it
 //   1. decodes K (codes -> binary16 levels, in registers) and computes S^T = K . Q^T with one MMA per
 //      16 dims; per scale group the MMA sums are multiplied by the tokens' K scales;
 //   2. masks (causal, window, length) only on tiles that need it; online softmax in base 2;
