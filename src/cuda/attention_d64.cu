@@ -1,0 +1,26 @@
+// Attention kernels for head_dim 64.
+#include "cuda/attention_launch.cuh"
+
+namespace tq::cuda::kernels {
+
+bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream) {
+  if (kind == MainKind::dense_f16) return launch_attention_instance<64, 64, MainKind::dense_f16>(p, n_items, stream);
+  if (kind == MainKind::dense_bf16) return launch_attention_instance<64, 64, MainKind::dense_bf16>(p, n_items, stream);
+  switch (group_size) {
+    case 32: return launch_attention_instance<64, 32, MainKind::tq>(p, n_items, stream);
+    case 64: return launch_attention_instance<64, 64, MainKind::tq>(p, n_items, stream);
+    default: return false;
+  }
+}
+
+int attention_blocks_per_sm_d64(int group_size, MainKind kind, int tile_bytes) {
+  if (kind == MainKind::dense_f16) return attention_instance_blocks_per_sm<64, 64, MainKind::dense_f16>(tile_bytes);
+  if (kind == MainKind::dense_bf16) return attention_instance_blocks_per_sm<64, 64, MainKind::dense_bf16>(tile_bytes);
+  switch (group_size) {
+    case 32: return attention_instance_blocks_per_sm<64, 32, MainKind::tq>(tile_bytes);
+    case 64: return attention_instance_blocks_per_sm<64, 64, MainKind::tq>(tile_bytes);
+    default: return 0;
+  }
+}
+
+}  // namespace tq::cuda::kernels

@@ -1,0 +1,245 @@
+// DeviceAttention: plans an attention call over a DeviceKVCache (work items, output groups, partial-state
+// slots), uploads the plan once and enqueues the kernels on run().
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/device_cache_impl.h"
+#include "cuda/kernels.h"
+
+namespace tq::cuda {
+
+namespace kernels {
+bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream);
+bool launch_attention_d128(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream);
+bool launch_attention_d256(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream);
+int attention_blocks_per_sm_d64(int group_size, MainKind kind, int tile_bytes);
+int attention_blocks_per_sm_d128(int group_size, MainKind kind, int tile_bytes);
+int attention_blocks_per_sm_d256(int group_size, MainKind kind, int tile_bytes);
+
+bool launch_attention(int dim, int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream) {
+  if (n_items == 0) return true;
+  switch (dim) {
+    case 64: return launch_attention_d64(group_size, kind, p, n_items, stream);
+    case 128: return launch_attention_d128(group_size, kind, p, n_items, stream);
+    case 256: return launch_attention_d256(group_size, kind, p, n_items, stream);
+    default: return false;
+  }
+}
+
+int attention_blocks_per_sm(int dim, int group_size, MainKind kind, int tile_bytes) {
+  switch (dim) {
+    case 64: return attention_blocks_per_sm_d64(group_size, kind, tile_bytes);
+    case 128: return attention_blocks_per_sm_d128(group_size, kind, tile_bytes);
+    case 256: return attention_blocks_per_sm_d256(group_size, kind, tile_bytes);
+    default: return 0;
+  }
+}
+}  // namespace kernels
+
+struct DeviceAttention::Impl {
+  AttentionPath path = AttentionPath::fused;
+  int dim = 0, group_size = 0;
+  MainKind kind = MainKind::tq;
+  AttentionKernelParams params;
+  ExpandParams expand;
+  bool run_expand = false;
+  WorkPlan plan;
+  int64_t bytes = 0;
+  std::string cache_description;
+  DeviceBuffer items, groups, requests, partials, counters, sinks, expand_tiles, scratch;
+};
+
+DeviceAttention::DeviceAttention() : impl_(std::make_unique<Impl>()) {}
+DeviceAttention::~DeviceAttention() = default;
+
+void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAttentionRequest> requests, const AttentionParams& params,
+                           AttentionPath path, void* stream) {
+  Impl& a = *impl_;
+  const DeviceKVCache::Impl& c = cache.impl();
+  TQ_CHECK(path != AttentionPath::reference, "the CUDA backend runs the fused and standard attention paths (reference is CPU only)");
+  TQ_CHECK(params.n_heads >= 1 && params.n_heads % c.n_kv == 0, "attention needs a number of query heads that is a multiple of the ",
+           c.n_kv, " KV heads, got ", params.n_heads);
+  TQ_CHECK(params.window >= 0, "sliding window must not be negative");
+  a.path = path;
+  a.dim = c.dim;
+  a.group_size = c.group_size;
+  a.cache_description = cache.describe();
+  const bool expand = path == AttentionPath::standard && c.main_kind == MainKind::tq;
+  a.run_expand = expand;
+  a.kind = expand ? MainKind::dense_bf16 : c.main_kind;
+  const int group = params.n_heads / c.n_kv;
+  const float scale = params.scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(c.dim)) : params.scale;
+
+  // Requests.
+  std::vector<RequestParams> rq;
+  std::vector<PlanRequest> pr;
+  std::set<int> seqs;
+  for (const auto& r : requests) {
+    const auto& s = c.seq(r.seq);
+    TQ_CHECK(r.q && r.out, "device attention request needs device pointers for queries and output");
+    RequestParams p;
+    p.q = r.q;
+    p.out = r.out;
+    p.n_q = r.n_q;
+    p.pos0 = r.pos0;
+    p.slot = s.slot;
+    p.length = s.length;
+    p.n_sink = std::min(s.length, c.options.min_tokens);
+    rq.push_back(p);
+    pr.push_back({s.length, r.n_q, r.pos0});
+    seqs.insert(r.seq);
+  }
+
+  // Main tier as the kernel reads it: the cache's tiles, or the BF16 tiles the expand kernel writes.
+  TierParams main = c.main_params();
+  if (expand) {
+    const SectionFormat dense = section_format(CodeKind::dense_bf16, c.dim, c.dim);
+    const TileFormat tf = tile_format(c.dim, dense, dense);
+    a.expand = ExpandParams{};
+    a.expand.src = main;
+    a.expand.dst_tile_bytes = tf.bytes;
+    a.expand.n_kv = c.n_kv;
+    a.expand.k_signs = c.main_k.signs.as<float>();
+    a.expand.v_signs = c.main_v.signs.as<float>();
+    a.expand.inv_sqrt_dim = c.main_k.quantizer->rotation()->plan().inv_sqrt_block;
+    a.scratch.reserve(static_cast<size_t>(c.n_pages) * c.n_kv * c.tiles_per_page * tf.bytes);
+    a.expand.dst_base = a.scratch.as<uint8_t>();
+    std::vector<int32_t> tiles;
+    for (int id : seqs) {
+      const auto& s = c.seq(id);
+      const int main_len = std::max(0, s.length - c.options.min_tokens);
+      for (int t = 0; t < (main_len + kTileTokens - 1) / kTileTokens; ++t) {
+        const int page = c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + t / c.tiles_per_page];
+        tiles.push_back(page * c.tiles_per_page + t % c.tiles_per_page);
+      }
+    }
+    a.expand_tiles.reserve(std::max<size_t>(1, tiles.size()) * sizeof(int32_t));
+    a.expand_tiles.upload(tiles.data(), tiles.size() * sizeof(int32_t), stream);
+    a.expand.tiles = a.expand_tiles.as<int32_t>();
+    a.expand.n_tiles = static_cast<int>(tiles.size());
+    main.base = a.scratch.as<uint8_t>();
+    main.tile_bytes = tf.bytes;
+    main.k_kind = main.v_kind = CodeKind::dense_bf16;
+    main.k_words = main.v_words = dense.words;
+    main.k_scales = 0;
+    main.v_codes = tf.v_codes;
+    main.v_scales = tf.v_scales;
+  }
+
+  // Work split: enough items to fill every multiprocessor once.
+  PlanShape shape;
+  shape.n_heads = params.n_heads;
+  shape.n_kv = c.n_kv;
+  shape.min_tokens = c.options.min_tokens;
+  shape.window = params.window;
+  const int per_sm = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes);
+  TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " on this device");
+  static const int sm_count = device_properties().sm_count;  // one device per process
+  shape.target_blocks = sm_count * per_sm;
+  a.plan = plan_attention(shape, pr);
+
+  a.items.reserve(std::max<size_t>(1, a.plan.items.size()) * sizeof(WorkItem));
+  a.items.upload(a.plan.items.data(), a.plan.items.size() * sizeof(WorkItem), stream);
+  a.groups.reserve(std::max<size_t>(1, a.plan.groups.size()) * sizeof(OutputGroup));
+  a.groups.upload(a.plan.groups.data(), a.plan.groups.size() * sizeof(OutputGroup), stream);
+  a.requests.reserve(std::max<size_t>(1, rq.size()) * sizeof(RequestParams));
+  a.requests.upload(rq.data(), rq.size() * sizeof(RequestParams), stream);
+  a.partials.reserve(std::max<size_t>(1, a.plan.n_parts) * (2 * kRowsPerItem + kRowsPerItem * static_cast<size_t>(c.dim)) * sizeof(float));
+  a.counters.reserve(std::max<size_t>(1, a.plan.groups.size()) * sizeof(uint32_t));
+  TQ_CUDA_CHECK(cudaMemsetAsync(a.counters.get(), 0, a.counters.bytes(), static_cast<cudaStream_t>(stream)));
+  if (params.sinks) {
+    a.sinks.reserve(params.n_heads * sizeof(float));
+    a.sinks.upload(params.sinks, params.n_heads * sizeof(float), stream);
+  }
+
+  AttentionKernelParams& k = a.params;
+  k = AttentionKernelParams{};
+  k.main = main;
+  k.sink = c.sink_params();
+  k.items = a.items.as<WorkItem>();
+  k.groups = a.groups.as<OutputGroup>();
+  k.requests = a.requests.as<RequestParams>();
+  k.partials = a.partials.as<float>();
+  k.counters = a.counters.as<uint32_t>();
+  k.sinks = params.sinks ? a.sinks.as<float>() : nullptr;
+  k.k_signs = c.main_kind == MainKind::tq ? c.main_k.signs.as<float>() : nullptr;
+  k.v_signs = c.main_kind == MainKind::tq ? c.main_v.signs.as<float>() : nullptr;
+  k.n_heads = params.n_heads;
+  k.n_kv = c.n_kv;
+  k.group = group;
+  k.window = params.window;
+  k.q_scale = scale * 1.4426950408889634f;
+  k.inv_sqrt_dim = c.main_kind == MainKind::tq ? c.main_k.quantizer->rotation()->plan().inv_sqrt_block : 1.0f;
+
+  // Bytes the call reads from the cache (and, on the standard path, writes and reads again).
+  int64_t bytes = 0;
+  for (const WorkItem& w : a.plan.items)
+    bytes += static_cast<int64_t>(w.tile_end - w.tile_begin) * (w.tier == 0 ? main.tile_bytes : c.sink_tile.bytes);
+  if (expand) bytes += static_cast<int64_t>(a.expand.n_tiles) * c.n_kv * (c.main_tile.bytes + main.tile_bytes);  // read, written
+  a.bytes = bytes;
+  TQ_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+void DeviceAttention::run(void* stream) {
+  Impl& a = *impl_;
+  if (a.run_expand) {
+    TQ_CHECK(kernels::launch_expand(a.dim, a.group_size, a.expand, stream), "internal error: no expand kernel for head_dim ", a.dim,
+             ", group ", a.group_size);
+    TQ_CUDA_CHECK(cudaGetLastError());
+  }
+  TQ_CHECK(kernels::launch_attention(a.dim, a.group_size, a.kind, a.params, static_cast<int>(a.plan.items.size()), stream),
+           "internal error: no attention kernel for head_dim ", a.dim, ", group ", a.group_size);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+int DeviceAttention::items() const { return static_cast<int>(impl_->plan.items.size()); }
+int DeviceAttention::parts() const { return impl_->plan.n_parts; }
+int DeviceAttention::tiles_per_item() const { return impl_->plan.tiles_per_item; }
+int64_t DeviceAttention::bytes_read() const { return impl_->bytes; }
+std::string DeviceAttention::describe() const {
+  std::ostringstream os;
+  os << to_string(impl_->path) << " over " << impl_->cache_description << ": " << impl_->plan.items.size() << " blocks, "
+     << impl_->plan.groups.size() << " output groups, " << impl_->plan.tiles_per_item << " tiles per block";
+  return os.str();
+}
+
+void attend(const DeviceKVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& params, AttentionPath path,
+            AttentionStats* stats) {
+  const int dim = cache.head_dim();
+  std::vector<size_t> offsets;
+  size_t floats = 0;
+  for (const auto& r : requests) {
+    TQ_CHECK(r.q && r.out && r.n_q >= 1, "attention request needs queries and an output");
+    offsets.push_back(floats);
+    floats += static_cast<size_t>(r.n_q) * params.n_heads * dim;
+  }
+  DeviceBuffer q(std::max<size_t>(1, floats) * sizeof(float)), out(std::max<size_t>(1, floats) * sizeof(float));
+  std::vector<DeviceAttentionRequest> dreq;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
+    const size_t n = static_cast<size_t>(r.n_q) * params.n_heads * dim;
+    q.upload(r.q, n * sizeof(float), nullptr, offsets[i] * sizeof(float));
+    dreq.push_back({r.seq, q.as<float>() + offsets[i], r.n_q, r.pos0, out.as<float>() + offsets[i]});
+  }
+  DeviceAttention a;
+  a.plan(cache, dreq, params, path, nullptr);
+  a.run(nullptr);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
+    const size_t n = static_cast<size_t>(r.n_q) * params.n_heads * dim;
+    TQ_CUDA_CHECK(cudaMemcpy(r.out, out.as<float>() + offsets[i], n * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  if (stats) {
+    if (path == AttentionPath::standard) {
+      ++stats->standard;
+    } else {
+      ++stats->fused;
+    }
+  }
+}
+
+}  // namespace tq::cuda

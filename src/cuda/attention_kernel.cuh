@@ -1,0 +1,709 @@
+// The attention kernel: flash-decoding over the tiles of cuda/layout.h, one work item (cuda/plan.h)
+// per thread block of 4 warps.
+//
+// Per block: up to 8 query rows of one KV head (the heads of a GQA group, times the queries of a causal
+// block) are scaled by softmax_scale * log2(e), rotated with the K rotation when the tier holds
+// TurboQuant codes, and kept in registers as the B operand of mma.m16n8k16. Each warp takes every 4th
+// tile of the item's range; tile records stream into the warp's ring of shared-memory buffers with
+// cp.async, 3 tiles ahead of the computation (1 for FP16/BF16 tiles, which are larger); per tile it
+//   1. decodes K (codes -> binary16 levels, in registers) and computes S^T = K . Q^T with one MMA per
+//      16 dims; per scale group the MMA sums are multiplied by the tokens' K scales;
+//   2. masks (causal, window, length) only on tiles that need it; online softmax in base 2;
+//   3. converts P to 16 bits and transposes it in registers (movmatrix) into the B operand of
+//      O^T += V^T . P^T; V's group scales are folded into P (a per-token factor), V's levels are decoded
+//      like K's.
+// The warps' states are merged in shared memory. An item that covers its group alone writes the output;
+// otherwise it writes a partial state and the last item of the group to finish (a counter) merges all
+// of them: maxima, sums, the rotated-domain sum (main tier) and the original-domain sum (sink tier),
+// applies the learned sink, inverse-rotates once per row and writes the output.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/device_util.cuh"
+#include "cuda/kernel_params.h"
+
+namespace tq::cuda {
+
+inline constexpr int kAttnWarps = 4;
+inline constexpr int kAttnThreads = 32 * kAttnWarps;
+inline constexpr int kMaxCachedPages = 512;
+
+template <int D>
+struct WarpAcc {
+  float o[D / 16][4];  // O^T: block m, (dim 16m+g, rows 2t, 2t+1), (dim 16m+g+8, rows 2t, 2t+1)
+  float m[2], l[2];    // rows 2t, 2t+1: running maximum (base 2) and this lane's share of the sum
+};
+
+// ------------------------------------------------------------------ softmax and masking
+
+struct MaskInfo {
+  int q_min, q_max;  // query positions of the item's first and last valid rows
+  int q0, q1;        // this lane's rows 2t, 2t+1
+  int window;
+  int limit;         // the tier's positions end here (exclusive)
+};
+
+__device__ __forceinline__ bool tile_needs_mask(const MaskInfo& mk, int p0) {
+  const int p_last = p0 + kTileTokens - 1;
+  return !(p_last < mk.limit && p_last <= mk.q_min && (mk.window == 0 || p0 > mk.q_max - mk.window));
+}
+
+__device__ __forceinline__ bool visible(int p, int q, const MaskInfo& mk) {
+  return p < mk.limit && p <= q && (mk.window == 0 || p > q - mk.window);
+}
+
+// s: S^T entries (token g, rows 2t, 2t+1), (token g+8, rows 2t, 2t+1) of the tile starting at p0.
+__device__ __forceinline__ void apply_mask(float* s, int p0, int g, const MaskInfo& mk) {
+  const int pa = p0 + g, pb = pa + 8;
+  if (!visible(pa, mk.q0, mk)) s[0] = -INFINITY;
+  if (!visible(pa, mk.q1, mk)) s[1] = -INFINITY;
+  if (!visible(pb, mk.q0, mk)) s[2] = -INFINITY;
+  if (!visible(pb, mk.q1, mk)) s[3] = -INFINITY;
+}
+
+// Online softmax over one tile's scores; returns P^T as the B operand (tokens 2t,2t+1 / 2t+8,2t+9; row g).
+template <int D, bool kBf16>
+__device__ __forceinline__ void online_softmax(const float* s, WarpAcc<D>& w, uint32_t& p01, uint32_t& p23) {
+  float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+  }
+  const float m0 = fmaxf(w.m[0], mx0), m1 = fmaxf(w.m[1], mx1);
+  // A row that has seen nothing yet keeps m = -inf; shifting by 0 then gives exp2(-inf) = 0 everywhere.
+  const float u0 = m0 == -INFINITY ? 0.0f : m0, u1 = m1 == -INFINITY ? 0.0f : m1;
+  const float a0 = fast_exp2(w.m[0] - u0), a1 = fast_exp2(w.m[1] - u1);
+  w.m[0] = m0;
+  w.m[1] = m1;
+  const float e0 = fast_exp2(s[0] - u0), e1 = fast_exp2(s[1] - u1);
+  const float e2 = fast_exp2(s[2] - u0), e3 = fast_exp2(s[3] - u1);
+  w.l[0] = fmaf(w.l[0], a0, e0 + e2);
+  w.l[1] = fmaf(w.l[1], a1, e1 + e3);
+  if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      w.o[mt][0] *= a0;
+      w.o[mt][1] *= a1;
+      w.o[mt][2] *= a0;
+      w.o[mt][3] *= a1;
+    }
+  }
+  // (token g, rows 2t, 2t+1) is row g of an 8x8 matrix [token][row]; its transpose gives this lane
+  // (row g, tokens 2t, 2t+1): exactly the B fragment of P^T.
+  p01 = transpose8x8(pack2<kBf16>(e0, e1));
+  p23 = transpose8x8(pack2<kBf16>(e2, e3));
+}
+
+// ------------------------------------------------------------------ TurboQuant tiles
+//
+// A tile arrives in the warp's shared-memory ring (a copy of the tile record, same layout); each lane then
+// loads its lane words of one section at a time into registers, with 16-byte shared loads.
+
+template <int W>
+__device__ __forceinline__ void load_lane_words_shared(const uint8_t* section, int lane, uint32_t* w) {
+  constexpr int kFull = W / 4, kRest = W % 4;
+#pragma unroll
+  for (int p = 0; p < kFull; ++p) {
+    const uint4 v = *reinterpret_cast<const uint4*>(section + p * 512 + lane * 16);
+    w[4 * p] = v.x;
+    w[4 * p + 1] = v.y;
+    w[4 * p + 2] = v.z;
+    w[4 * p + 3] = v.w;
+  }
+  const uint8_t* rest = section + kFull * 512;
+  if constexpr (kRest >= 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(rest + lane * 8);
+    w[4 * kFull] = v.x;
+    w[4 * kFull + 1] = v.y;
+    rest += 256;
+  }
+  if constexpr (kRest % 2 == 1) w[W - 1] = *reinterpret_cast<const uint32_t*>(rest + lane * 4);
+}
+
+// s += scales (per token row of S^T) * acc; acc = 0.
+__device__ __forceinline__ void fold_group(float* s, float* acc, uint32_t scales) {
+  const float lo = unpack_lo<false>(scales), hi = unpack_hi<false>(scales);
+  s[0] = fmaf(lo, acc[0], s[0]);
+  s[1] = fmaf(lo, acc[1], s[1]);
+  s[2] = fmaf(hi, acc[2], s[2]);
+  s[3] = fmaf(hi, acc[3], s[3]);
+  acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+}
+
+// S^T of one tile from b-bit nibble codes: per 16-dim block, decode 8 levels and one MMA; per scale group,
+// multiply the group's sums by the tokens' K scales.
+template <int D, int G, int B>
+__device__ __forceinline__ void qk_nibble(const uint8_t* tile, const uint32_t* ks, const Lut16& lut, const uint32_t (*qf)[2],
+                                          float* s) {
+  constexpr int kSteps = D / 16, kPerGroup = G / 16;
+  uint32_t kc[B * D / 64];
+  load_lane_words_shared<B * D / 64>(tile, threadIdx.x & 31, kc);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int q = 0; q < kSteps / 4; ++q) {
+    uint32_t sel[4];
+    unpack_selectors<B>(kc + q * B, sel);
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int st = 4 * q + a;
+      uint32_t A[4];
+      if constexpr (B == 4) {
+        decode_lut16(sel[a], lut, A);
+      } else {
+        decode_lut8(sel[a], lut, A);
+      }
+      mma16816<false>(acc, A, qf[st][0], qf[st][1]);
+      if ((st + 1) % kPerGroup == 0) fold_group(s, acc, ks[st / kPerGroup]);
+    }
+  }
+}
+
+template <int D, int G, bool kUniform>
+__device__ __forceinline__ void qk_byte(const uint8_t* tile, const uint32_t* ks, uint32_t bias, const uint16_t* table,
+                                        const uint32_t (*qf)[2], float* s) {
+  constexpr int kSteps = D / 16, kPerGroup = G / 16;
+  uint32_t kc[D / 8];
+  load_lane_words_shared<D / 8>(tile, threadIdx.x & 31, kc);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    uint32_t A[4];
+    if constexpr (kUniform) {
+      decode_byte_uniform(kc[2 * st], kc[2 * st + 1], bias, A);
+    } else {
+      decode_byte_lut(kc[2 * st], kc[2 * st + 1], table, A);
+    }
+    mma16816<false>(acc, A, qf[st][0], qf[st][1]);
+    if ((st + 1) % kPerGroup == 0) fold_group(s, acc, ks[st / kPerGroup]);
+  }
+}
+
+template <int D, int G>
+__device__ __forceinline__ void qk_tq(const uint8_t* tile, const TierParams& tp, const uint16_t* table, const uint32_t (*qf)[2],
+                                      float* s) {
+  const int g = (threadIdx.x & 31) >> 2;
+  uint32_t ks[D / G];
+#pragma unroll
+  for (int j = 0; j < D / G; ++j) ks[j] = *reinterpret_cast<const uint32_t*>(tile + tp.k_scales + (j * 8 + g) * 4);
+  switch (tp.k_kind) {
+    case CodeKind::nib2: qk_nibble<D, G, 2>(tile, ks, tp.k_lut, qf, s); break;
+    case CodeKind::nib3: qk_nibble<D, G, 3>(tile, ks, tp.k_lut, qf, s); break;
+    case CodeKind::nib4: qk_nibble<D, G, 4>(tile, ks, tp.k_lut, qf, s); break;
+    case CodeKind::byte_uniform: qk_byte<D, G, true>(tile, ks, tp.k_bias, nullptr, qf, s); break;
+    default: qk_byte<D, G, false>(tile, ks, 0, table, qf, s); break;
+  }
+}
+
+// O^T += V^T . (P^T scaled per token by V's group scale), from the V section of the tile.
+template <int D, int G, int B>
+__device__ __forceinline__ void pv_nibble(const uint8_t* section, const uint32_t* vs, const Lut16& lut, uint32_t p01, uint32_t p23,
+                                          WarpAcc<D>& w) {
+  constexpr int kBlocks = D / 16, kPerGroup = G / 16;
+  uint32_t vc[B * D / 64];
+  load_lane_words_shared<B * D / 64>(section, threadIdx.x & 31, vc);
+  uint32_t b0 = 0, b1 = 0;
+#pragma unroll
+  for (int q = 0; q < kBlocks / 4; ++q) {
+    uint32_t sel[4];
+    unpack_selectors<B>(vc + q * B, sel);
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int mt = 4 * q + a;
+      if (mt % kPerGroup == 0) {
+        b0 = hmul2_bits(p01, vs[2 * (mt / kPerGroup)]);
+        b1 = hmul2_bits(p23, vs[2 * (mt / kPerGroup) + 1]);
+      }
+      uint32_t A[4];
+      if constexpr (B == 4) {
+        decode_lut16(sel[a], lut, A);
+      } else {
+        decode_lut8(sel[a], lut, A);
+      }
+      mma16816<false>(w.o[mt], A, b0, b1);
+    }
+  }
+}
+
+template <int D, int G, bool kUniform>
+__device__ __forceinline__ void pv_byte(const uint8_t* section, const uint32_t* vs, uint32_t bias, const uint16_t* table,
+                                        uint32_t p01, uint32_t p23, WarpAcc<D>& w) {
+  constexpr int kBlocks = D / 16, kPerGroup = G / 16;
+  uint32_t vc[D / 8];
+  load_lane_words_shared<D / 8>(section, threadIdx.x & 31, vc);
+  uint32_t b0 = 0, b1 = 0;
+#pragma unroll
+  for (int mt = 0; mt < kBlocks; ++mt) {
+    if (mt % kPerGroup == 0) {
+      b0 = hmul2_bits(p01, vs[2 * (mt / kPerGroup)]);
+      b1 = hmul2_bits(p23, vs[2 * (mt / kPerGroup) + 1]);
+    }
+    uint32_t A[4];
+    if constexpr (kUniform) {
+      decode_byte_uniform(vc[2 * mt], vc[2 * mt + 1], bias, A);
+    } else {
+      decode_byte_lut(vc[2 * mt], vc[2 * mt + 1], table, A);
+    }
+    mma16816<false>(w.o[mt], A, b0, b1);
+  }
+}
+
+template <int D, int G>
+__device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp, const uint16_t* table, uint32_t p01, uint32_t p23,
+                                      WarpAcc<D>& w) {
+  const int t = threadIdx.x & 3;
+  uint32_t vs[2 * (D / G)];
+#pragma unroll
+  for (int j = 0; j < D / G; ++j) {
+    const uint2 x = *reinterpret_cast<const uint2*>(tile + tp.v_scales + (j * 4 + t) * 8);
+    vs[2 * j] = x.x;
+    vs[2 * j + 1] = x.y;
+  }
+  const uint8_t* section = tile + tp.v_codes;
+  switch (tp.v_kind) {
+    case CodeKind::nib2: pv_nibble<D, G, 2>(section, vs, tp.v_lut, p01, p23, w); break;
+    case CodeKind::nib3: pv_nibble<D, G, 3>(section, vs, tp.v_lut, p01, p23, w); break;
+    case CodeKind::nib4: pv_nibble<D, G, 4>(section, vs, tp.v_lut, p01, p23, w); break;
+    case CodeKind::byte_uniform: pv_byte<D, G, true>(section, vs, tp.v_bias, nullptr, p01, p23, w); break;
+    default: pv_byte<D, G, false>(section, vs, 0, table, p01, p23, w); break;
+  }
+}
+
+// ------------------------------------------------------------------ the per-warp tile loops
+
+struct MainPages {
+  const int* cached;  // shared memory: page ids of pages [first, first + count)
+  int first, count;
+};
+
+__device__ __forceinline__ const uint8_t* main_tile(const TierParams& tp, const MainPages& pg, int slot, int head, int n_kv,
+                                                    int tile) {
+  const int page_i = tile / tp.tiles_per_page, in_page = tile - page_i * tp.tiles_per_page;
+  const int k = page_i - pg.first;
+  const int page = (k >= 0 && k < pg.count) ? pg.cached[k] : tp.page_table[slot * tp.page_stride + page_i];
+  return tp.base + ((static_cast<int64_t>(page) * n_kv + head) * tp.tiles_per_page + in_page) * static_cast<int64_t>(tp.tile_bytes);
+}
+
+// Asynchronous copy of a tile record (global -> this warp's ring), 16 bytes per lane per step.
+__device__ __forceinline__ void copy_tile_async(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  for (int off = lane * 16; off < bytes; off += 32 * 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + off), "l"(src + off) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The main-tier tiles of this warp (every kAttnWarps-th tile of the item) go through a ring of kStages
+// tile buffers in shared memory: copies run kStages - 1 tiles ahead of the computation. start() issues the
+// first copies (before the queries are prepared, so that the fetch latency overlaps that work); run() does
+// the rest.
+template <int kStages>
+struct TilePipeline {
+  const TierParams& tp;
+  const MainPages& pg;
+  uint8_t* ring;
+  int slot, head, n_kv, first, n, lane;
+
+  __device__ __forceinline__ TilePipeline(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq, const MainPages& pages,
+                                          uint8_t* ring_)
+      : tp(p.main), pg(pages), ring(ring_), slot(rq.slot), head(it.kv_head), n_kv(p.n_kv) {
+    lane = threadIdx.x & 31;
+    first = it.tile_begin + (threadIdx.x >> 5);
+    n = first < it.tile_end ? (it.tile_end - first + kAttnWarps - 1) / kAttnWarps : 0;
+  }
+  __device__ __forceinline__ void fetch(int k) const {
+    copy_tile_async(ring + (k % kStages) * tp.tile_bytes, main_tile(tp, pg, slot, head, n_kv, first + k * kAttnWarps), tp.tile_bytes,
+                    lane);
+  }
+  __device__ __forceinline__ void start() const {
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k) {
+      if (k < n) fetch(k);
+      cp_async_commit();
+    }
+  }
+  template <typename TileFn>
+  __device__ __forceinline__ void run(TileFn&& fn) const {
+    for (int k = 0; k < n; ++k) {
+      if (k + kStages - 1 < n) fetch(k + kStages - 1);
+      cp_async_commit();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      fn(ring + (k % kStages) * tp.tile_bytes, first + k * kAttnWarps);
+      __syncwarp();  // the buffer is refilled next iteration
+    }
+    cp_async_wait<0>();
+  }
+};
+
+inline constexpr int kStagesTq = 4;
+inline constexpr int kStagesDense = 2;
+
+template <int D, int G>
+__device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, const TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
+                                             const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
+  const int g = (threadIdx.x & 31) >> 2;
+  const TierParams& tp = p.main;
+  pipe.run([&](const uint8_t* tile, int index) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    qk_tq<D, G>(tile, tp, k_table, qf, s);
+    const int p0 = tp.first_pos + index * kTileTokens;
+    if (tile_needs_mask(mk, p0)) apply_mask(s, p0, g, mk);
+    uint32_t p01, p23;
+    online_softmax<D, false>(s, w, p01, p23);
+    pv_tq<D, G>(tile, tp, v_table, p01, p23, w);
+  });
+}
+
+template <int D, bool kBf16>
+__device__ __forceinline__ void warp_main_dense(const AttentionKernelParams& p, const TilePipeline<kStagesDense>& pipe,
+                                                const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  const TierParams& tp = p.main;
+  pipe.run([&](const uint8_t* tile, int index) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int st = 0; st < D / 16; ++st) {
+      const uint4 x = *reinterpret_cast<const uint4*>(tile + st * 512 + lane * 16);
+      const uint32_t A[4] = {x.x, x.y, x.z, x.w};
+      mma16816<kBf16>(s, A, qf[st][0], qf[st][1]);
+    }
+    const int p0 = tp.first_pos + index * kTileTokens;
+    if (tile_needs_mask(mk, p0)) apply_mask(s, p0, g, mk);
+    uint32_t p01, p23;
+    online_softmax<D, kBf16>(s, w, p01, p23);
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      const uint4 x = *reinterpret_cast<const uint4*>(tile + tp.v_codes + mt * 512 + lane * 16);
+      const uint32_t A[4] = {x.x, x.y, x.z, x.w};
+      mma16816<kBf16>(w.o[mt], A, p01, p23);
+    }
+  });
+}
+
+// The sink tier: a few FP16/BF16 tiles per sequence, read without prefetching (few registers).
+template <int D, bool kBf16>
+__device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq, const uint32_t (*qf)[2],
+                          const MaskInfo& mk, WarpAcc<D>& w) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const TierParams& tp = p.sink;
+  for (int tile = it.tile_begin + warp; tile < it.tile_end; tile += kAttnWarps) {
+    const uint8_t* base = tile_address(tp, rq.slot, it.kv_head, p.n_kv, tile);
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int st = 0; st < D / 16; ++st) {
+      const uint4 x = load_stream16(base + st * 512 + lane * 16);
+      const uint32_t A[4] = {x.x, x.y, x.z, x.w};
+      mma16816<kBf16>(s, A, qf[st][0], qf[st][1]);
+    }
+    const int p0 = tile * kTileTokens;
+    if (tile_needs_mask(mk, p0)) apply_mask(s, p0, g, mk);
+    uint32_t p01, p23;
+    online_softmax<D, kBf16>(s, w, p01, p23);
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      const uint4 x = load_stream16(base + tp.v_codes + mt * 512 + lane * 16);
+      const uint32_t A[4] = {x.x, x.y, x.z, x.w};
+      mma16816<kBf16>(w.o[mt], A, p01, p23);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ block-level helpers
+
+// Unnormalised Walsh-Hadamard transform of 8 rows of D floats in shared memory (all threads).
+template <int D>
+__device__ void fwht_rows(float* x) {
+  for (int h = 1; h < D; h *= 2) {
+    for (int idx = threadIdx.x; idx < 8 * (D / 2); idx += kAttnThreads) {
+      const int r = idx / (D / 2), b = idx % (D / 2);
+      const int i = (b / h) * 2 * h + (b % h);
+      float* row = x + r * D;
+      const float a = row[i], c = row[i + h];
+      row[i] = a + c;
+      row[i + h] = a - c;
+    }
+    __syncthreads();
+  }
+}
+
+// Writes the output rows: rot (main tier, rotated domain when `rotated`) and orig (sink tier) hold sums
+// weighted relative to row_max; row_sum is the matching softmax denominator without the learned sink.
+template <int D>
+__device__ void write_output(const AttentionKernelParams& p, const RequestParams& rq, int kv_head, int row0, float* rot, bool has_rot,
+                             bool rotated, const float* orig, bool has_orig, const float* row_max, const float* row_sum,
+                             float* row_scale) {
+  const int rows_total = rq.n_q * p.group;
+  if (threadIdx.x < kRowsPerItem) {
+    const int r = threadIdx.x, grow = row0 + r;
+    float scale = 0.0f;
+    if (grow < rows_total) {
+      const int hq = kv_head * p.group + grow % p.group;
+      const float sink = p.sinks ? p.sinks[hq] * kLog2e : -INFINITY;
+      const float m = row_max[r];
+      const float mx = fmaxf(m, sink);
+      const float f = m == -INFINITY ? 0.0f : fast_exp2(m - mx);
+      const float l = row_sum[r] * f + (sink == -INFINITY ? 0.0f : fast_exp2(sink - mx));
+      scale = l > 0.0f ? f / l : 0.0f;
+    }
+    row_scale[r] = scale;
+  }
+  if (has_rot && rotated) fwht_rows<D>(rot);  // ends with a barrier
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kRowsPerItem * D; idx += kAttnThreads) {
+    const int r = idx / D, d = idx % D, grow = row0 + r;
+    if (grow >= rows_total) continue;
+    float v = 0.0f;
+    if (has_rot) v = rotated ? rot[idx] * p.inv_sqrt_dim * p.v_signs[d] : rot[idx];
+    if (has_orig) v += orig[idx];
+    const int i = grow / p.group, hq = kv_head * p.group + grow % p.group;
+    rq.out[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d] = v * row_scale[r];
+  }
+}
+
+// ------------------------------------------------------------------ the kernel
+
+// Dynamic shared memory of the attention kernel: the warps' tile rings, later reused for the merge.
+TQ_HD int attention_ring_stages(MainKind kind) { return kind == MainKind::tq ? kStagesTq : kStagesDense; }
+TQ_HD int attention_dynamic_smem(int dim, MainKind kind, int tile_bytes) {
+  const int ring = 4 * attention_ring_stages(kind) * tile_bytes;  // kAttnWarps rings
+  // kAttnWarps x rows x dim floats, then the parts' weights
+  const int merge = 4 * kRowsPerItem * dim * 4 + kMaxPartsPerGroup * kRowsPerItem * 4;
+  return ring > merge ? ring : merge;
+}
+
+template <int D, int G, MainKind MK>
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttentionKernelParams p) {
+  extern __shared__ __align__(16) uint8_t dyn_smem[];
+  __shared__ float sm_q[kRowsPerItem * D];  // queries; later the rotated-domain sum
+  __shared__ float sm_m[kAttnWarps][kRowsPerItem], sm_l[kAttnWarps][kRowsPerItem];
+  __shared__ float sm_row_max[kRowsPerItem], sm_row_sum[kRowsPerItem], sm_row_scale[kRowsPerItem];
+  __shared__ int sm_pages[kMaxCachedPages];
+  __shared__ uint16_t sm_k_table[256], sm_v_table[256];
+  __shared__ int sm_last;
+  // After the tile loops: per-warp accumulators [kAttnWarps][rows * D], then merged sums.
+  float (*sm_o)[kRowsPerItem * D] = reinterpret_cast<float (*)[kRowsPerItem * D]>(dyn_smem);
+
+  const WorkItem it = p.items[blockIdx.x];
+  const RequestParams rq = p.requests[it.request];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const bool main_tier = it.tier == 0;
+  const bool tq_main = MK == MainKind::tq && main_tier;
+  const int rows_total = rq.n_q * p.group;
+
+  // Main tier: start fetching this warp's first tiles (page ids from the global table for now).
+  constexpr int kStages = MK == MainKind::tq ? kStagesTq : kStagesDense;
+  MainPages pg{sm_pages, 0, 0};
+  const TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * p.main.tile_bytes);
+  if (main_tier) pipe.start();
+
+  // Queries, scaled into base 2 (and multiplied by the K signs before the transform for TurboQuant keys).
+  for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {
+    const int r = idx / D, d = idx % D, grow = it.row0 + r;
+    float x = 0.0f;
+    if (grow < rows_total) {
+      const int i = grow / p.group, hq = it.kv_head * p.group + grow % p.group;
+      x = rq.q[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d] * p.q_scale;
+      if (tq_main) x *= p.k_signs[d];
+    }
+    sm_q[idx] = x;
+  }
+  if (main_tier) {
+    const TierParams& tp = p.main;
+    const int first = it.tile_begin / tp.tiles_per_page;
+    const int count = min(kMaxCachedPages, (it.tile_end - 1) / tp.tiles_per_page - first + 1);
+    for (int i = tid; i < count; i += kAttnThreads) sm_pages[i] = tp.page_table[rq.slot * tp.page_stride + first + i];
+    if (tq_main && tp.k_kind == CodeKind::byte_lut)
+      for (int i = tid; i < 256; i += kAttnThreads) sm_k_table[i] = tp.k_table[i];
+    if (tq_main && tp.v_kind == CodeKind::byte_lut)
+      for (int i = tid; i < 256; i += kAttnThreads) sm_v_table[i] = tp.v_table[i];
+    pg.first = first;
+    pg.count = count;  // later fetches look pages up in shared memory (after the barrier below)
+  }
+  __syncthreads();
+  if (tq_main) fwht_rows<D>(sm_q);
+
+  // B operand of S^T = K . Q^T: (dims 16st + 2t, +1) and (16st + 2t + 8, +9) of row g.
+  const bool q_bf16 = main_tier ? MK == MainKind::dense_bf16 : p.sink.k_kind == CodeKind::dense_bf16;
+  const float q_norm = tq_main ? p.inv_sqrt_dim : 1.0f;
+  uint32_t qf[D / 16][2];
+#pragma unroll
+  for (int st = 0; st < D / 16; ++st) {
+    const float* row = sm_q + g * D + 16 * st + 2 * t;
+    const float a = row[0] * q_norm, b = row[1] * q_norm, c = row[8] * q_norm, d = row[9] * q_norm;
+    qf[st][0] = q_bf16 ? pack2<true>(a, b) : pack2<false>(a, b);
+    qf[st][1] = q_bf16 ? pack2<true>(c, d) : pack2<false>(c, d);
+  }
+
+  MaskInfo mk;
+  {
+    const int last_row = min(it.row0 + kRowsPerItem, rows_total) - 1;
+    mk.q_min = rq.pos0 + it.row0 / p.group;
+    mk.q_max = rq.pos0 + last_row / p.group;
+    mk.q0 = rq.pos0 + min(it.row0 + 2 * t, last_row) / p.group;
+    mk.q1 = rq.pos0 + min(it.row0 + 2 * t + 1, last_row) / p.group;
+    mk.window = p.window;
+    mk.limit = main_tier ? rq.length : rq.n_sink;
+  }
+
+  WarpAcc<D> w;
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) w.o[mt][0] = w.o[mt][1] = w.o[mt][2] = w.o[mt][3] = 0.0f;
+  w.m[0] = w.m[1] = -INFINITY;
+  w.l[0] = w.l[1] = 0.0f;
+
+  if (main_tier) {
+    if constexpr (MK == MainKind::tq) {
+      warp_main_tq<D, G>(p, pipe, sm_k_table, sm_v_table, qf, mk, w);
+    } else {
+      warp_main_dense<D, MK == MainKind::dense_bf16>(p, pipe, qf, mk, w);
+    }
+  } else if (p.sink.k_kind == CodeKind::dense_bf16) {
+    warp_sink<D, true>(p, it, rq, qf, mk, w);
+  } else {
+    warp_sink<D, false>(p, it, rq, qf, mk, w);
+  }
+  __syncthreads();  // every warp is done with its ring before sm_o overwrites it
+
+  // Row sums over the 8 lanes that share t; then the warps' states into shared memory.
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2) {
+    w.l[0] += __shfl_xor_sync(0xffffffffu, w.l[0], off);
+    w.l[1] += __shfl_xor_sync(0xffffffffu, w.l[1], off);
+  }
+  if (g == 0) {
+    sm_m[warp][2 * t] = w.m[0];
+    sm_m[warp][2 * t + 1] = w.m[1];
+    sm_l[warp][2 * t] = w.l[0];
+    sm_l[warp][2 * t + 1] = w.l[1];
+  }
+  float* wo = sm_o[warp];
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    wo[(2 * t) * D + 16 * mt + g] = w.o[mt][0];
+    wo[(2 * t + 1) * D + 16 * mt + g] = w.o[mt][1];
+    wo[(2 * t) * D + 16 * mt + g + 8] = w.o[mt][2];
+    wo[(2 * t + 1) * D + 16 * mt + g + 8] = w.o[mt][3];
+  }
+  __syncthreads();
+
+  // Merge the warps into sm_o[0] (relative to the block's row maxima).
+  if (tid < kRowsPerItem) {
+    float m = -INFINITY;
+    for (int k = 0; k < kAttnWarps; ++k) m = fmaxf(m, sm_m[k][tid]);
+    float l = 0.0f;
+    for (int k = 0; k < kAttnWarps; ++k)
+      if (sm_m[k][tid] != -INFINITY) l += fast_exp2(sm_m[k][tid] - m) * sm_l[k][tid];
+    sm_row_max[tid] = m;
+    sm_row_sum[tid] = l;
+  }
+  for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {
+    const int r = idx / D;
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kAttnWarps; ++k) m = fmaxf(m, sm_m[k][r]);
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kAttnWarps; ++k)
+      if (sm_m[k][r] != -INFINITY) acc += fast_exp2(sm_m[k][r] - m) * sm_o[k][idx];
+    sm_o[0][idx] = acc;
+  }
+  __syncthreads();
+
+  const bool rotated_v = MK == MainKind::tq && p.v_signs != nullptr;
+  if (it.part < 0) {
+    write_output<D>(p, rq, it.kv_head, it.row0, sm_o[0], main_tier, rotated_v, sm_o[0], !main_tier, sm_row_max, sm_row_sum,
+                    sm_row_scale);
+    return;
+  }
+
+  // Several items share this group: publish the partial state (valid rows only); the last one to finish
+  // merges all of them.
+  const int valid_rows = min(kRowsPerItem, rows_total - it.row0);
+  const int stride = 2 * kRowsPerItem + kRowsPerItem * D;
+  float* part = p.partials + static_cast<int64_t>(it.part) * stride;
+  if (tid < kRowsPerItem) {
+    part[tid] = sm_row_max[tid];
+    part[kRowsPerItem + tid] = sm_row_sum[tid];
+  }
+  for (int idx = tid; idx < valid_rows * D / 4; idx += kAttnThreads)
+    reinterpret_cast<float4*>(part + 2 * kRowsPerItem)[idx] = reinterpret_cast<const float4*>(sm_o[0])[idx];
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned done = atomicAdd(p.counters + it.group, 1u);
+    sm_last = done == static_cast<unsigned>(p.groups[it.group].n_parts - 1);
+  }
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+
+  const OutputGroup og = p.groups[it.group];
+  const float* parts = p.partials + static_cast<int64_t>(og.first_part) * stride;
+  // Row maxima and sums over the parts (one warp per two rows), then each part's weight per row.
+  float* weights = sm_o[kAttnWarps - 1] + kRowsPerItem * D;  // [kMaxPartsPerGroup][rows], past the merge buffers
+  for (int r = warp; r < kRowsPerItem; r += kAttnWarps) {
+    float m = -INFINITY;
+    for (int k = lane; k < og.n_parts; k += 32) m = fmaxf(m, __ldcg(parts + k * stride + r));
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float l = 0.0f;
+    for (int k = lane; k < og.n_parts; k += 32) {
+      const float mk_ = __ldcg(parts + k * stride + r);
+      const float wk = mk_ == -INFINITY ? 0.0f : fast_exp2(mk_ - m);
+      weights[k * kRowsPerItem + r] = wk;
+      l += wk * __ldcg(parts + k * stride + kRowsPerItem + r);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) {
+      sm_row_max[r] = m;
+      sm_row_sum[r] = l;
+    }
+  }
+  __syncthreads();
+  // Weighted sums, four dims per thread and several parts in flight (the partials sit in L2).
+  float* rot = sm_q;      // main-tier sum
+  float* orig = sm_o[1];  // sink-tier sum
+  for (int idx = tid; idx < valid_rows * D / 4; idx += kAttnThreads) {
+    const int r = idx * 4 / D;
+    float4 a_rot = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a_orig = a_rot;
+    const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem) + idx;
+    constexpr int kUnroll = 8;
+    for (int k0 = 0; k0 < og.n_parts; k0 += kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (k0 + u < og.n_parts) v[u] = __ldcg(src + static_cast<int64_t>(k0 + u) * (stride / 4));
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = k0 + u;
+        if (k >= og.n_parts) break;
+        const float wk = weights[k * kRowsPerItem + r];
+        if (k < og.n_sink_parts) {
+          a_orig.x = fmaf(wk, v[u].x, a_orig.x);
+          a_orig.y = fmaf(wk, v[u].y, a_orig.y);
+          a_orig.z = fmaf(wk, v[u].z, a_orig.z);
+          a_orig.w = fmaf(wk, v[u].w, a_orig.w);
+        } else {
+          a_rot.x = fmaf(wk, v[u].x, a_rot.x);
+          a_rot.y = fmaf(wk, v[u].y, a_rot.y);
+          a_rot.z = fmaf(wk, v[u].z, a_rot.z);
+          a_rot.w = fmaf(wk, v[u].w, a_rot.w);
+        }
+      }
+    }
+    reinterpret_cast<float4*>(rot)[idx] = a_rot;
+    reinterpret_cast<float4*>(orig)[idx] = a_orig;
+  }
+  if (tid == 0) p.counters[it.group] = 0;  // ready for the next launch (graph replays)
+  __syncthreads();
+  write_output<D>(p, rq, og.kv_head, og.row0, rot, og.n_parts > og.n_sink_parts, rotated_v, orig, og.n_sink_parts > 0, sm_row_max,
+                  sm_row_sum, sm_row_scale);
+}
+
+}  // namespace tq::cuda

@@ -1,0 +1,377 @@
+// Quantize-and-append and expand kernels of the device KV cache.
+//
+// Append: one warp per (position, KV head, K or V). TurboQuant vectors are rotated (signs, fast
+// Walsh-Hadamard transform in registers and warp shuffles, same stage order as the CPU), scaled per group
+// by the CPU's rule (canonical 16-partial sums of squares, binary16-rounded statistic, nearest level,
+// then the fitted scale) with every rounding step explicit, so the codes equal the CPU's; the code bits go
+// to their places in the tile (atomic OR: other positions share the words). Dense vectors (sink tier,
+// plain caches) are stored as FP16/BF16.
+//
+// Expand (the standard path): one warp per (tile, KV head): decode the codes to levels x scales in
+// shared memory, inverse-rotate each token, write BF16 tiles in the original domain.
+#include "cuda/attention_kernel.cuh"
+#include "cuda/kernels.h"
+
+namespace tq::cuda {
+namespace {
+
+inline constexpr int kAppendWarps = 4;
+
+// The CPU's canonical dot product over n values (n a multiple of 16): 16 partial sums, element j into
+// partial j % 16 in increasing j, then the pairwise tree 8, 4, 2, 1. Returns the sum to every lane.
+__device__ float canonical_dot(const float* x, const float* y, int n, int lane) {
+  float acc = 0.0f;
+  if (lane < 16)
+    for (int j = lane; j < n; j += 16) acc = __fadd_rn(acc, __fmul_rn(x[j], y[j]));
+#pragma unroll
+  for (int half = 8; half >= 1; half /= 2) {
+    const float other = __shfl_down_sync(0xffffffffu, acc, half);
+    if (lane < half) acc = __fadd_rn(acc, other);
+  }
+  return __shfl_sync(0xffffffffu, acc, 0);
+}
+
+__device__ __forceinline__ float round_to_half(float x) { return __half2float(__float2half_rn(x)); }
+
+__device__ __forceinline__ uint16_t dense_bits(CodeKind kind, float x) {
+  if (kind == CodeKind::dense_bf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+__device__ __forceinline__ Slot slot_of(bool key, int tok, int dim) { return key ? k_slot(tok, dim) : v_slot(tok, dim); }
+
+__device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int dim, int code) {
+  const Slot sl = slot_of(e.is_key, tok, dim);
+  uint8_t* section = tile + e.codes;
+  if (is_nibble(e.kind)) {
+    const int b = nibble_bits(e.kind);
+    for (int k = 0; k < b; ++k) {
+      if (!((code >> k) & 1)) continue;
+      int w, bit;
+      nib_bit(b, sl.e, k, &w, &bit);
+      atomicOr(reinterpret_cast<unsigned int*>(section + lane_word_offset(e.words, sl.lane, w)), 1u << bit);
+    }
+  } else {
+    section[lane_word_offset(e.words, sl.lane, sl.e / 4) + sl.e % 4] = static_cast<uint8_t>(code);
+  }
+}
+
+template <int D>
+__device__ void encode_dense(uint8_t* tile, const EncodeParams& e, int tok, const float* x, int lane) {
+  for (int j = lane; j < D; j += 32) {
+    const Slot sl = slot_of(e.is_key, tok, j);
+    *reinterpret_cast<uint16_t*>(tile + e.codes + lane_word_offset(e.words, sl.lane, sl.e / 2) + 2 * (sl.e % 2)) =
+        dense_bits(e.kind, x[j]);
+  }
+}
+
+// y, chosen: this warp's shared-memory rows of D floats.
+template <int D>
+__device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok, const float* x, float* y, float* chosen, int lane) {
+  constexpr int E = D / 32;  // consecutive elements per lane
+  float v[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) v[i] = __fmul_rn(x[lane * E + i], e.signs[lane * E + i]);
+  // Butterflies in the CPU's stage order h = 1, 2, 4, ...: first inside a lane, then across lanes.
+#pragma unroll
+  for (int h = 1; h < E; h *= 2) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      if (i & h) continue;
+      const float a = v[i], b = v[i + h];
+      v[i] = __fadd_rn(a, b);
+      v[i + h] = __fsub_rn(a, b);
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2) {
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[i], m);
+      v[i] = (lane & m) ? __fsub_rn(other, v[i]) : __fadd_rn(v[i], other);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < E; ++i) y[lane * E + i] = __fmul_rn(v[i], e.inv_sqrt_dim);
+  __syncwarp();
+
+  const int G = e.group_size;
+  for (int grp = 0; grp < D / G; ++grp) {
+    const float* yg = y + grp * G;
+    float* cg = chosen + grp * G;
+    const float sumsq = canonical_dot(yg, yg, G, lane);
+    float absmax = 0.0f;
+    for (int j = lane; j < G; j += 32) absmax = fmaxf(absmax, fabsf(yg[j]));
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, off));
+    float s;
+    if (e.grid_uniform) {
+      s = __fdiv_rn(absmax, e.uniform_max);
+    } else if (e.scale_kind_l2) {
+      s = __fsqrt_rn(sumsq);
+    } else {
+      s = __fsqrt_rn(__fdiv_rn(sumsq, static_cast<float>(G)));
+    }
+    s = round_to_half(fminf(s, 65504.0f));
+    const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+    for (int j = lane; j < G; j += 32) {
+      const float u = __fmul_rn(yg[j], inv);
+      int code;
+      if (e.grid_uniform) {
+        const float q = fminf(fmaxf(rintf(u), -e.uniform_max), e.uniform_max);
+        code = static_cast<int>(q + e.uniform_max);
+      } else {
+        // Number of thresholds strictly below u (they ascend): a binary search.
+        int lo = 0, hi = e.level_count - 1;
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          if (u > e.thresholds[mid]) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
+        }
+        code = lo;
+      }
+      cg[j] = e.levels[code];
+      write_code(tile, e, tok, grp * G + j, code);
+    }
+    __syncwarp();
+    float stored = s;
+    if (e.scale_fit != 0) {
+      const float c_sumsq = canonical_dot(cg, cg, G, lane);
+      const float xc = e.scale_fit == 2 ? canonical_dot(yg, cg, G, lane) : 0.0f;
+      if (c_sumsq <= 0.0f) {
+        stored = 0.0f;
+      } else if (e.scale_fit == 1) {
+        stored = fminf(__fsqrt_rn(__fdiv_rn(sumsq, c_sumsq)), 65504.0f);
+      } else {
+        stored = fminf(fmaxf(__fdiv_rn(xc, c_sumsq), 0.0f), 65504.0f);
+      }
+    }
+    if (lane == 0) {
+      const int idx = e.is_key ? k_scale_index(tok, grp) : v_scale_index(tok, grp);
+      reinterpret_cast<uint16_t*>(tile + e.scales)[idx] = __half_as_ushort(__float2half_rn(stored));
+    }
+    __syncwarp();
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendParams p) {
+  __shared__ float sm_y[kAppendWarps][D], sm_c[kAppendWarps][D];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int job = blockIdx.x * kAppendWarps + warp;
+  if (job >= p.n_tokens * p.n_kv * 2) return;  // whole warps leave; no block barrier below
+  const int value = job & 1, head = (job >> 1) % p.n_kv, token = (job >> 1) / p.n_kv;
+  const AppendToken tk = p.tokens[token];
+  const float* x = (value ? p.v : p.k) + (static_cast<int64_t>(token) * p.n_kv + head) * D;
+  const EncodeParams& e = tk.tier ? (value ? p.sink_v : p.sink_k) : (value ? p.main_v : p.main_k);
+  uint8_t* tile = (tk.tier ? p.sink_base : p.main_base) + tk.tile0 + static_cast<int64_t>(head) * tk.head_stride;
+  if (is_dense(e.kind)) {
+    encode_dense<D>(tile, e, tk.tok, x, lane);
+  } else {
+    encode_turboquant<D>(tile, e, tk.tok, x, sm_y[warp], sm_c[warp], lane);
+  }
+}
+
+// ------------------------------------------------------------------ expand
+
+inline constexpr int kExpandWarps = 2;
+
+// The level of slot i (0..7) of a decoded block, times its token's scale, into f[token][dim].
+template <int D, int G, bool kKey>
+__device__ __forceinline__ void store_block(const uint32_t* A, int block, const uint32_t* scales, float* f, int lane) {
+  const int grp = block * 16 / G;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    int tok, dim;
+    if (kKey) {
+      k_element(lane, 8 * block + i, &tok, &dim);
+    } else {
+      v_element(lane, 8 * block + i, &tok, &dim);
+    }
+    const uint32_t pair = A[i / 2];
+    const float level = (i % 2) ? unpack_hi<false>(pair) : unpack_lo<false>(pair);
+    // K: scales[grp] holds tokens (g, g+8); V: scales[2 grp + i/4] holds tokens (2t + 8(i/4), +1).
+    const uint32_t sw = kKey ? scales[grp] : scales[2 * grp + i / 4];
+    const bool upper = kKey ? ((i / 2) % 2 == 1) : (i % 2 == 1);
+    const float scale = upper ? unpack_hi<false>(sw) : unpack_lo<false>(sw);
+    f[tok * D + dim] = level * scale;
+  }
+}
+
+template <int D, int G, int B, bool kKey>
+__device__ __forceinline__ void expand_nibble(const uint8_t* section, const uint32_t* scales, const Lut16& lut, float* f, int lane) {
+  uint32_t words[B * D / 64];
+  load_lane_words<B * D / 64>(section, lane, words);
+#pragma unroll
+  for (int q = 0; q < D / 64; ++q) {
+    uint32_t sel[4];
+    unpack_selectors<B>(words + q * B, sel);
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      uint32_t A[4];
+      if constexpr (B == 4) {
+        decode_lut16(sel[a], lut, A);
+      } else {
+        decode_lut8(sel[a], lut, A);
+      }
+      store_block<D, G, kKey>(A, 4 * q + a, scales, f, lane);
+    }
+  }
+}
+
+template <int D, int G, bool kUniform, bool kKey>
+__device__ __forceinline__ void expand_byte(const uint8_t* section, const uint32_t* scales, uint32_t bias, const uint16_t* table,
+                                            float* f, int lane) {
+  uint32_t words[D / 8];
+  load_lane_words<D / 8>(section, lane, words);
+#pragma unroll
+  for (int b = 0; b < D / 16; ++b) {
+    uint32_t A[4];
+    if constexpr (kUniform) {
+      decode_byte_uniform(words[2 * b], words[2 * b + 1], bias, A);
+    } else {
+      decode_byte_lut(words[2 * b], words[2 * b + 1], table, A);
+    }
+    store_block<D, G, kKey>(A, b, scales, f, lane);
+  }
+}
+
+template <int D, int G, bool kKey>
+__device__ void expand_side(const uint8_t* src, const TierParams& s, const uint16_t* table, float* f, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  uint32_t scales[2 * (D / G)];
+  const uint8_t* section = src + (kKey ? 0 : s.v_codes);
+  const CodeKind kind = kKey ? s.k_kind : s.v_kind;
+  const Lut16& lut = kKey ? s.k_lut : s.v_lut;
+  const uint32_t bias = kKey ? s.k_bias : s.v_bias;
+#pragma unroll
+  for (int j = 0; j < D / G; ++j) {
+    if (kKey) {
+      scales[j] = load_stream4(src + s.k_scales + (j * 8 + g) * 4);
+    } else {
+      const uint2 x = load_stream8(src + s.v_scales + (j * 4 + t) * 8);
+      scales[2 * j] = x.x;
+      scales[2 * j + 1] = x.y;
+    }
+  }
+  switch (kind) {
+    case CodeKind::nib2: expand_nibble<D, G, 2, kKey>(section, scales, lut, f, lane); break;
+    case CodeKind::nib3: expand_nibble<D, G, 3, kKey>(section, scales, lut, f, lane); break;
+    case CodeKind::nib4: expand_nibble<D, G, 4, kKey>(section, scales, lut, f, lane); break;
+    case CodeKind::byte_uniform: expand_byte<D, G, true, kKey>(section, scales, bias, nullptr, f, lane); break;
+    default: expand_byte<D, G, false, kKey>(section, scales, 0, table, f, lane); break;
+  }
+}
+
+// Inverse rotation of 16 rows of D floats (one warp), then BF16 into the dense section of the lane's slots.
+template <int D, bool kKey>
+__device__ void rotate_back_and_store(float* f, const float* signs, float inv_sqrt, uint8_t* section, int lane) {
+  __syncwarp();
+  for (int h = 1; h < D; h *= 2) {
+    for (int idx = lane; idx < kTileTokens * (D / 2); idx += 32) {
+      const int r = idx / (D / 2), b = idx % (D / 2);
+      const int i = (b / h) * 2 * h + (b % h);
+      float* row = f + r * D;
+      const float a = row[i], c = row[i + h];
+      row[i] = a + c;
+      row[i + h] = a - c;
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int blk = 0; blk < D / 16; ++blk) {
+    uint32_t w[4];
+#pragma unroll
+    for (int pr = 0; pr < 4; ++pr) {
+      float x[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        int tok, dim;
+        if (kKey) {
+          k_element(lane, 8 * blk + 2 * pr + k, &tok, &dim);
+        } else {
+          v_element(lane, 8 * blk + 2 * pr + k, &tok, &dim);
+        }
+        x[k] = f[tok * D + dim] * inv_sqrt * signs[dim];
+      }
+      w[pr] = pack2<true>(x[0], x[1]);
+    }
+    *reinterpret_cast<uint4*>(section + blk * 512 + lane * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  __syncwarp();
+}
+
+template <int D, int G>
+__global__ void __launch_bounds__(32 * kExpandWarps) expand_kernel(const ExpandParams p) {
+  __shared__ float sm_f[kExpandWarps][kTileTokens * D];
+  __shared__ uint16_t sm_k_table[256], sm_v_table[256];
+  const TierParams& s = p.src;
+  if (s.k_kind == CodeKind::byte_lut)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm_k_table[i] = s.k_table[i];
+  if (s.v_kind == CodeKind::byte_lut)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm_v_table[i] = s.v_table[i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int job = blockIdx.x * kExpandWarps + warp;
+  if (job >= p.n_tiles * p.n_kv) return;
+  const int tile_id = p.tiles[job / p.n_kv], head = job % p.n_kv;
+  const int page = tile_id / s.tiles_per_page, in_page = tile_id % s.tiles_per_page;
+  const int64_t index = (static_cast<int64_t>(page) * p.n_kv + head) * s.tiles_per_page + in_page;
+  const uint8_t* src = s.base + index * s.tile_bytes;
+  uint8_t* dst = p.dst_base + index * p.dst_tile_bytes;
+  float* f = sm_f[warp];
+  expand_side<D, G, true>(src, s, sm_k_table, f, lane);
+  rotate_back_and_store<D, true>(f, p.k_signs, p.inv_sqrt_dim, dst, lane);
+  expand_side<D, G, false>(src, s, sm_v_table, f, lane);
+  rotate_back_and_store<D, false>(f, p.v_signs, p.inv_sqrt_dim, dst + 32 * D, lane);
+}
+
+template <int D>
+void launch_append_d(const AppendParams& p, cudaStream_t stream) {
+  const int jobs = p.n_tokens * p.n_kv * 2;
+  append_kernel<D><<<(jobs + kAppendWarps - 1) / kAppendWarps, 32 * kAppendWarps, 0, stream>>>(p);
+}
+
+template <int D, int G>
+void launch_expand_d(const ExpandParams& p, cudaStream_t stream) {
+  const int jobs = p.n_tiles * p.n_kv;
+  expand_kernel<D, G><<<(jobs + kExpandWarps - 1) / kExpandWarps, 32 * kExpandWarps, 0, stream>>>(p);
+}
+
+}  // namespace
+
+namespace kernels {
+
+bool launch_append(int dim, const AppendParams& p, void* stream) {
+  if (p.n_tokens == 0) return true;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dim) {
+    case 64: launch_append_d<64>(p, s); return true;
+    case 128: launch_append_d<128>(p, s); return true;
+    case 256: launch_append_d<256>(p, s); return true;
+    default: return false;
+  }
+}
+
+bool launch_expand(int dim, int group_size, const ExpandParams& p, void* stream) {
+  if (p.n_tiles == 0) return true;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int key = dim * 1000 + group_size;
+  switch (key) {
+    case 64032: launch_expand_d<64, 32>(p, s); return true;
+    case 64064: launch_expand_d<64, 64>(p, s); return true;
+    case 128032: launch_expand_d<128, 32>(p, s); return true;
+    case 128064: launch_expand_d<128, 64>(p, s); return true;
+    case 128128: launch_expand_d<128, 128>(p, s); return true;
+    case 256032: launch_expand_d<256, 32>(p, s); return true;
+    case 256064: launch_expand_d<256, 64>(p, s); return true;
+    case 256128: launch_expand_d<256, 128>(p, s); return true;
+    default: return false;
+  }
+}
+
+}  // namespace kernels
+}  // namespace tq::cuda

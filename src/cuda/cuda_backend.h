@@ -1,0 +1,150 @@
+// The CUDA backend: a device KV cache for a batch of sequences and attention over it, with the same
+// contracts and options as the CPU cache (kv/cache.h) and attention (attn/attention.h).
+//
+// Plain C++: no CUDA header is needed to include this, so CPU code can call the backend when the build
+// has it. Streams are passed as `void*` (a cudaStream_t; nullptr is the legacy default stream); device
+// pointers are plain pointers.
+//
+// Storage (see cuda/layout.h for the bytes):
+//   - the main tier in pages of options.block_tokens positions (a multiple of 16) from one pool shared
+//     by all sequences, with a page table per sequence; a page holds, for each KV head, its 16-token
+//     tiles one after another, each tile a record [K codes][K scales][V codes][V scales] laid out for
+//     the tensor-core decoder;
+//   - the sink tier (positions [0, min_tokens)) of each sequence in its own tiles, FP16 or BF16, in the
+//     original (unrotated) domain, as on the CPU.
+// TurboQuant codes are the CPU's codes (same rotation signs, level tables and scale rule; the quantize
+// kernel reproduces the CPU's arithmetic order); only their placement differs. 2-, 3-, 4- and 8-bit codes
+// take exactly b bits; 5- to 7-bit codes take a byte each on the GPU.
+//
+// Supported: TurboQuant K and V (bits 2..8 each, any grid/scale fit the CPU offers, rotation over the whole
+// head) or plain FP16/BF16 K and V; head_dim 64, 128 or 256; group size 32, 64 or 128 (the same for K
+// and V); an FP16/BF16 sink tier; GQA; learned sinks; sliding windows; causal query blocks; sequences of
+// different lengths in one launch. Anything else is refused with a tq::Error that says what.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attn/attention.h"
+#include "kv/cache.h"
+
+namespace tq::cuda {
+
+// Whether a CUDA device can be used; when not, `reason` says why (no driver, no device, ...).
+bool device_available(std::string* reason = nullptr);
+
+struct DeviceProperties {
+  std::string name;
+  int sm_count = 0;
+  int cc_major = 0, cc_minor = 0;
+  int64_t global_bytes = 0;
+  int64_t l2_bytes = 0;
+  int memory_clock_khz = 0, memory_bus_bits = 0;
+};
+DeviceProperties device_properties();
+
+struct DeviceCacheCapacity {
+  int max_sequences = 16;   // sequences alive at once
+  int64_t max_tokens = 0;   // main-tier positions of all sequences together (rounded up to whole pages)
+};
+
+// One attention layer's KV cache on the device.
+class DeviceKVCache {
+ public:
+  DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options, const DeviceCacheCapacity& capacity);
+  ~DeviceKVCache();
+  DeviceKVCache(const DeviceKVCache&) = delete;
+  DeviceKVCache& operator=(const DeviceKVCache&) = delete;
+
+  int n_kv_heads() const;
+  int head_dim() const;
+  const KVCacheOptions& options() const;
+  std::string describe() const;
+
+  int add_sequence();
+  void remove_sequence(int seq);  // its pages go back to the pool (zeroed)
+  bool has_sequence(int seq) const;
+  int length(int seq) const;
+
+  // Appends n positions. Host version: k, v are host floats [n][n_kv_heads][head_dim] (original domain);
+  // returns when the data is on the device.
+  void append(int seq, const float* k, const float* v, int n);
+  // Device version: several sequences at once. k, v: device floats [total][n_kv_heads][head_dim], the
+  // positions of spans[0] first; enqueued on `stream`.
+  struct Span {
+    int seq;
+    int count;
+  };
+  void append_device(std::span<const Span> spans, const float* k, const float* v, void* stream = nullptr);
+
+  // Position pos decoded to floats in the original domain, k, v: [n_kv_heads][head_dim] (like KVCache::read).
+  void read(int seq, int pos, float* k, float* v) const;
+  // What is stored for one position and head: TurboQuant codes [head_dim] and group scales (as floats,
+  // binary16 values), or the 16-bit dense values (codes empty, values filled).
+  struct Stored {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    std::vector<float> values;  // dense tiers: the stored FP16/BF16 values as floats
+    bool sink = false;
+  };
+  Stored stored(int seq, int pos, int head, bool key) const;
+
+  MemoryUsage memory() const;           // same accounting as the CPU cache
+  size_t main_bytes_per_token() const;  // all KV heads, K and V
+  int64_t device_bytes() const;         // what this cache holds on the device
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Attention request with device pointers: q and out are [n_q][n_heads][head_dim] floats on the device.
+struct DeviceAttentionRequest {
+  int seq = 0;
+  const float* q = nullptr;
+  int n_q = 1;
+  int pos0 = 0;
+  float* out = nullptr;
+};
+
+// A planned attention call. plan() fixes the shapes (sequence lengths, query counts) and uploads the work
+// list; run() only enqueues kernels, so it can be captured in a CUDA graph and replayed while the cache's
+// lengths stay the same. Plan again after appending.
+class DeviceAttention {
+ public:
+  DeviceAttention();
+  ~DeviceAttention();
+  DeviceAttention(const DeviceAttention&) = delete;
+  DeviceAttention& operator=(const DeviceAttention&) = delete;
+
+  // path: fused (reads the packed codes) or standard (expands the main tier to BF16 in the original
+  // domain, then runs ordinary attention over the BF16 tiles). params.sinks is a host pointer [n_heads].
+  void plan(const DeviceKVCache& cache, std::span<const DeviceAttentionRequest> requests, const AttentionParams& params,
+            AttentionPath path, void* stream = nullptr);
+  void run(void* stream = nullptr);
+
+  // What plan() decided, for reports and tests.
+  int items() const;
+  int parts() const;
+  int tiles_per_item() const;
+  int64_t bytes_read() const;   // cache bytes the fused kernel reads (standard: + BF16 written and read)
+  std::string describe() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Convenience for tests and CPU callers: host q/out (AttentionRequest of attn/attention.h), synchronous.
+void attend(const DeviceKVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& params,
+            AttentionPath path, AttentionStats* stats = nullptr);
+
+}  // namespace tq::cuda

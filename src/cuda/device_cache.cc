@@ -1,0 +1,508 @@
+// DeviceKVCache: host-side bookkeeping (sequences, pages, formats) of the device KV cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "codec/rotation.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "cuda/check.h"
+#include "cuda/device_cache_impl.h"
+#include "cuda/kernels.h"
+
+namespace tq::cuda {
+
+// ------------------------------------------------------------------ device queries
+
+bool device_available(std::string* reason) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    if (reason) *reason = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky error so later calls report their own
+    return false;
+  }
+  if (count == 0) {
+    if (reason) *reason = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+DeviceProperties device_properties() {
+  int dev = 0;
+  TQ_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  TQ_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  DeviceProperties d;
+  d.name = p.name;
+  d.sm_count = p.multiProcessorCount;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.global_bytes = static_cast<int64_t>(p.totalGlobalMem);
+  d.l2_bytes = p.l2CacheSize;
+  d.memory_bus_bits = p.memoryBusWidth;
+  int clock = 0;
+  if (cudaDeviceGetAttribute(&clock, cudaDevAttrMemoryClockRate, dev) == cudaSuccess) d.memory_clock_khz = clock;
+  cudaGetLastError();
+  return d;
+}
+
+// ------------------------------------------------------------------ DeviceBuffer
+
+DeviceBuffer::DeviceBuffer(size_t bytes) { reserve(bytes); }
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+void DeviceBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_ && ptr_) return;
+  if (ptr_) cudaFree(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e != cudaSuccess) {
+    ptr_ = nullptr;
+    cudaGetLastError();
+    fail("cannot allocate ", bytes, " bytes on the CUDA device: ", cudaGetErrorString(e));
+  }
+  bytes_ = bytes;
+}
+void DeviceBuffer::upload(const void* host, size_t bytes, void* stream, size_t offset) {
+  if (bytes == 0) return;
+  TQ_CHECK(offset + bytes <= bytes_, "internal error: device upload of ", bytes, " bytes at ", offset, " overflows a buffer of ",
+           bytes_);
+  TQ_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice,
+                                static_cast<cudaStream_t>(stream)));
+}
+
+// ------------------------------------------------------------------ formats
+
+namespace {
+
+void setup_dense_side(SideFormat& f, KVType type, const char* what) {
+  TQ_CHECK(type == KVType::f16 || type == KVType::bf16, "the CUDA backend stores ", what,
+           " as FP16, BF16 or TurboQuant, not ", to_string(type));
+  f.kind = type == KVType::bf16 ? CodeKind::dense_bf16 : CodeKind::dense_f16;
+  f.bits = 16;
+}
+
+void setup_turboquant_side(SideFormat& f, const VectorFormat& vf, int dim, const char* what) {
+  const GroupQuantizer* q = vf.quantizer();
+  const auto& plan = q->plan();
+  TQ_CHECK(q->bits() >= 2 && q->bits() <= 8, "the CUDA backend stores TurboQuant ", what, " with 2 to 8 bits, got ", q->bits());
+  const Rotation* rot = q->rotation();
+  TQ_CHECK(rot && rot->block() == dim && rot->plan().m == 1, "the CUDA backend needs TurboQuant ", what,
+           " rotated over the whole head (rotation block = head_dim, a power of two)");
+  f.bits = q->bits();
+  f.group_size = q->group_size();
+  f.quantizer = q;
+  if (f.bits <= 4) {
+    f.kind = static_cast<CodeKind>(f.bits);
+  } else {
+    f.kind = plan.grid == Grid::uniform ? CodeKind::byte_uniform : CodeKind::byte_lut;
+  }
+  std::vector<float> levels(plan.levels, plan.levels + plan.level_count);
+  std::vector<float> thresholds(plan.thresholds, plan.thresholds + plan.level_count - 1);
+  f.levels.reserve(levels.size() * sizeof(float));
+  f.levels.upload(levels.data(), levels.size() * sizeof(float));
+  f.thresholds.reserve(std::max<size_t>(1, thresholds.size()) * sizeof(float));
+  f.thresholds.upload(thresholds.data(), thresholds.size() * sizeof(float));
+  f.signs.reserve(static_cast<size_t>(dim) * sizeof(float));
+  f.signs.upload(rot->signs(), static_cast<size_t>(dim) * sizeof(float));
+  // Level tables as binary16: byte planes for the register decoders, a plain table for bytes.
+  std::vector<uint16_t> table(256, 0);
+  for (int c = 0; c < plan.level_count && c < 256; ++c) table[c] = f32_to_f16_bits(plan.levels[c]);
+  for (int c = 0; c < 16; ++c) {
+    f.lut.lo[c / 4] |= static_cast<uint32_t>(table[c] & 0xffu) << (8 * (c % 4));
+    f.lut.hi[c / 4] |= static_cast<uint32_t>(table[c] >> 8) << (8 * (c % 4));
+  }
+  if (plan.grid == Grid::uniform) {
+    const uint32_t h = f32_to_f16_bits(1024.0f + plan.uniform_max);
+    f.bias = h | (h << 16);
+  }
+  f.table16.reserve(256 * sizeof(uint16_t));
+  f.table16.upload(table.data(), 256 * sizeof(uint16_t));
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host vectors above go out of scope
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ DeviceKVCache
+
+DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options, const DeviceCacheCapacity& capacity)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& c = *impl_;
+  TQ_CHECK(n_kv_heads >= 1, "device KV cache needs at least one KV head, got ", n_kv_heads);
+  TQ_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, "the CUDA backend supports head_dim 64, 128 or 256, got ", head_dim);
+  TQ_CHECK(options.block_tokens >= 16 && options.block_tokens % 16 == 0, "the CUDA backend needs block_tokens a multiple of 16, got ",
+           options.block_tokens);
+  TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
+  TQ_CHECK(capacity.max_sequences >= 1, "device KV cache needs room for at least one sequence");
+  TQ_CHECK(capacity.max_tokens >= 0, "device KV cache capacity must not be negative");
+  std::string why;
+  TQ_CHECK(device_available(&why), "no usable CUDA device: ", why);
+  c.n_kv = n_kv_heads;
+  c.dim = head_dim;
+  c.options = options;
+  c.capacity = capacity;
+  c.k_format = std::make_unique<VectorFormat>(head_dim, options.k);
+  c.v_format = std::make_unique<VectorFormat>(head_dim, options.v);
+
+  const bool k_tq = options.k.type == KVType::turboquant, v_tq = options.v.type == KVType::turboquant;
+  TQ_CHECK(k_tq == v_tq, "the CUDA backend needs K and V both TurboQuant or both dense, got ", to_string(options.k.type), "/",
+           to_string(options.v.type));
+  if (k_tq) {
+    setup_turboquant_side(c.main_k, *c.k_format, head_dim, "keys");
+    setup_turboquant_side(c.main_v, *c.v_format, head_dim, "values");
+    TQ_CHECK(c.main_k.group_size == c.main_v.group_size, "the CUDA backend needs the same group size for K and V, got ",
+             c.main_k.group_size, " and ", c.main_v.group_size);
+    c.group_size = c.main_k.group_size;
+    TQ_CHECK(c.group_size == 32 || c.group_size == 64 || c.group_size == 128, "the CUDA backend supports group sizes 32, 64, 128, got ",
+             c.group_size);
+    c.main_kind = MainKind::tq;
+  } else {
+    setup_dense_side(c.main_k, options.k.type, "keys");
+    setup_dense_side(c.main_v, options.v.type, "values");
+    TQ_CHECK(c.main_k.kind == c.main_v.kind, "the CUDA backend needs K and V of the same dense type");
+    c.group_size = head_dim;
+    c.main_kind = c.main_k.kind == CodeKind::dense_bf16 ? MainKind::dense_bf16 : MainKind::dense_f16;
+  }
+  setup_dense_side(c.sink_k, options.sink_type, "the sink tier");
+  setup_dense_side(c.sink_v, options.sink_type, "the sink tier");
+
+  c.main_tile = tile_format(head_dim, section_format(c.main_k.kind, head_dim, c.group_size),
+                            section_format(c.main_v.kind, head_dim, c.group_size));
+  c.sink_tile = tile_format(head_dim, section_format(c.sink_k.kind, head_dim, head_dim), section_format(c.sink_v.kind, head_dim, head_dim));
+  c.page_tokens = options.block_tokens;
+  c.tiles_per_page = c.page_tokens / kTileTokens;
+  c.sink_tiles = (options.min_tokens + kTileTokens - 1) / kTileTokens;
+  c.n_pages = static_cast<int>(std::max<int64_t>(1, (capacity.max_tokens + c.page_tokens - 1) / c.page_tokens));
+  c.page_bytes = static_cast<size_t>(n_kv_heads) * c.tiles_per_page * c.main_tile.bytes;
+
+  c.main_pool.reserve(c.page_bytes * c.n_pages);
+  TQ_CUDA_CHECK(cudaMemset(c.main_pool.get(), 0, c.main_pool.bytes()));
+  if (c.sink_tiles > 0) {
+    c.sink_pool.reserve(static_cast<size_t>(capacity.max_sequences) * n_kv_heads * c.sink_tiles * c.sink_tile.bytes);
+    TQ_CUDA_CHECK(cudaMemset(c.sink_pool.get(), 0, c.sink_pool.bytes()));
+  }
+  c.host_page_table.assign(static_cast<size_t>(capacity.max_sequences) * c.n_pages, 0);
+  c.page_table.reserve(c.host_page_table.size() * sizeof(int32_t));
+  TQ_CUDA_CHECK(cudaMemset(c.page_table.get(), 0, c.page_table.bytes()));
+  for (int p = c.n_pages - 1; p >= 0; --p) c.free_pages.push_back(p);
+  for (int s = capacity.max_sequences - 1; s >= 0; --s) c.free_slots.push_back(s);
+}
+
+DeviceKVCache::~DeviceKVCache() = default;
+
+int DeviceKVCache::n_kv_heads() const { return impl_->n_kv; }
+int DeviceKVCache::head_dim() const { return impl_->dim; }
+const KVCacheOptions& DeviceKVCache::options() const { return impl_->options; }
+
+std::string DeviceKVCache::describe() const {
+  std::ostringstream os;
+  os << "cuda " << impl_->k_format->describe() << "/" << impl_->v_format->describe();
+  if (impl_->options.min_tokens > 0) os << " + " << impl_->options.min_tokens << " sink tokens in " << to_string(impl_->options.sink_type);
+  return os.str();
+}
+
+const DeviceKVCache::Impl::Sequence& DeviceKVCache::Impl::seq(int id) const {
+  auto it = seqs.find(id);
+  TQ_CHECK(it != seqs.end(), "no sequence ", id, " in this device cache");
+  return it->second;
+}
+DeviceKVCache::Impl::Sequence& DeviceKVCache::Impl::seq(int id) {
+  auto it = seqs.find(id);
+  TQ_CHECK(it != seqs.end(), "no sequence ", id, " in this device cache");
+  return it->second;
+}
+
+int DeviceKVCache::add_sequence() {
+  Impl& c = *impl_;
+  TQ_CHECK(!c.free_slots.empty(), "the device cache holds at most ", c.capacity.max_sequences, " sequences");
+  while (c.seqs.count(c.next_id)) ++c.next_id;
+  Impl::Sequence s;
+  s.slot = c.free_slots.back();
+  c.free_slots.pop_back();
+  c.seqs.emplace(c.next_id, s);
+  return c.next_id++;
+}
+
+void DeviceKVCache::remove_sequence(int id) {
+  Impl& c = *impl_;
+  const Impl::Sequence s = c.seq(id);
+  // Pages and sink tiles go back zeroed: code bits are OR-ed in, and unused token slots must decode to 0.
+  for (int i = 0; i < s.pages; ++i) {
+    const int page = c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + i];
+    TQ_CUDA_CHECK(cudaMemset(c.main_pool.as<uint8_t>() + static_cast<size_t>(page) * c.page_bytes, 0, c.page_bytes));
+    c.free_pages.push_back(page);
+  }
+  if (c.sink_tiles > 0) {
+    const size_t slot_bytes = static_cast<size_t>(c.n_kv) * c.sink_tiles * c.sink_tile.bytes;
+    TQ_CUDA_CHECK(cudaMemset(c.sink_pool.as<uint8_t>() + s.slot * slot_bytes, 0, slot_bytes));
+  }
+  c.free_slots.push_back(s.slot);
+  c.seqs.erase(id);
+}
+
+bool DeviceKVCache::has_sequence(int seq) const { return impl_->seqs.count(seq) != 0; }
+int DeviceKVCache::length(int seq) const { return impl_->seq(seq).length; }
+
+void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& out, void* stream) {
+  const int M = options.min_tokens;
+  const int first_new_page = s.pages;
+  for (int i = 0; i < n; ++i) {
+    const int pos = s.length + i;
+    AppendToken t{};
+    if (pos < M) {
+      const int tile = pos / kTileTokens;
+      t.tier = 1;
+      t.tok = static_cast<int16_t>(pos % kTileTokens);
+      t.tile0 = (static_cast<int64_t>(s.slot) * n_kv * sink_tiles + tile) * sink_tile.bytes;
+      t.head_stride = sink_tiles * sink_tile.bytes;
+    } else {
+      const int mi = pos - M, page_i = mi / page_tokens;
+      while (s.pages <= page_i) {
+        TQ_CHECK(!free_pages.empty(), "the device cache is full (", n_pages, " pages of ", page_tokens, " positions)");
+        host_page_table[static_cast<size_t>(s.slot) * n_pages + s.pages] = free_pages.back();
+        free_pages.pop_back();
+        ++s.pages;
+      }
+      const int page = host_page_table[static_cast<size_t>(s.slot) * n_pages + page_i];
+      t.tier = 0;
+      t.tok = static_cast<int16_t>(mi % kTileTokens);
+      t.tile0 = (static_cast<int64_t>(page) * n_kv * tiles_per_page + (mi % page_tokens) / kTileTokens) * main_tile.bytes;
+      t.head_stride = tiles_per_page * main_tile.bytes;
+    }
+    out.push_back(t);
+  }
+  if (s.pages > first_new_page) {
+    const size_t first = static_cast<size_t>(s.slot) * n_pages + first_new_page;
+    page_table.upload(host_page_table.data() + first, (s.pages - first_new_page) * sizeof(int32_t), stream, first * sizeof(int32_t));
+  }
+  s.length += n;
+}
+
+EncodeParams DeviceKVCache::Impl::encode_params(const SideFormat& side, bool key, const TileFormat& tile) const {
+  EncodeParams e;
+  e.kind = side.kind;
+  e.is_key = key;
+  const SectionFormat& sec = key ? tile.k : tile.v;
+  e.words = sec.words;
+  e.codes = key ? 0 : tile.v_codes;
+  e.scales = key ? tile.k_scales : tile.v_scales;
+  if (side.quantizer) {
+    const auto& plan = side.quantizer->plan();
+    e.group_size = plan.group_size;
+    e.level_count = plan.level_count;
+    e.grid_uniform = plan.grid == Grid::uniform;
+    e.scale_kind_l2 = plan.scale_kind == ScaleKind::l2;
+    e.scale_fit = plan.scale_fit == ScaleFit::plain ? 0 : plan.scale_fit == ScaleFit::norm_correction ? 1 : 2;
+    e.uniform_max = plan.uniform_max;
+    e.levels = side.levels.as<float>();
+    e.thresholds = side.thresholds.as<float>();
+    e.signs = side.signs.as<float>();
+    e.inv_sqrt_dim = side.quantizer->rotation()->plan().inv_sqrt_block;
+  }
+  return e;
+}
+
+TierParams DeviceKVCache::Impl::main_params() const {
+  TierParams t;
+  t.base = main_pool.as<uint8_t>();
+  t.page_table = page_table.as<int32_t>();
+  t.page_stride = n_pages;
+  t.tiles_per_page = tiles_per_page;
+  t.tile_bytes = main_tile.bytes;
+  t.first_pos = options.min_tokens;
+  t.k_kind = main_k.kind;
+  t.v_kind = main_v.kind;
+  t.k_words = main_tile.k.words;
+  t.v_words = main_tile.v.words;
+  t.k_scales = main_tile.k_scales;
+  t.v_codes = main_tile.v_codes;
+  t.v_scales = main_tile.v_scales;
+  t.k_lut = main_k.lut;
+  t.v_lut = main_v.lut;
+  t.k_bias = main_k.bias;
+  t.v_bias = main_v.bias;
+  t.k_table = main_k.table16.as<uint16_t>();
+  t.v_table = main_v.table16.as<uint16_t>();
+  return t;
+}
+
+TierParams DeviceKVCache::Impl::sink_params() const {
+  TierParams t;
+  t.base = sink_pool.as<uint8_t>();
+  t.page_table = nullptr;
+  t.tiles_per_page = std::max(1, sink_tiles);
+  t.tile_bytes = sink_tile.bytes;
+  t.first_pos = 0;
+  t.k_kind = sink_k.kind;
+  t.v_kind = sink_v.kind;
+  t.k_words = sink_tile.k.words;
+  t.v_words = sink_tile.v.words;
+  t.v_codes = sink_tile.v_codes;
+  return t;
+}
+
+void DeviceKVCache::append_device(std::span<const Span> spans, const float* k, const float* v, void* stream) {
+  Impl& c = *impl_;
+  // Check everything before changing anything: sequences exist, counts are sane, pages suffice.
+  int total = 0;
+  int64_t new_pages = 0;
+  std::map<int, int> pending;  // sequence -> positions appended by earlier spans of this call
+  for (const Span& sp : spans) {
+    TQ_CHECK(sp.count >= 0, "cannot append a negative number of positions");
+    const Impl::Sequence& s = c.seq(sp.seq);
+    const int before = s.length + pending[sp.seq];
+    const int after = before + sp.count;
+    const int M = c.options.min_tokens;
+    auto pages_for = [&](int len) { return len <= M ? 0 : (len - M + c.page_tokens - 1) / c.page_tokens; };
+    new_pages += pages_for(after) - pages_for(before);
+    pending[sp.seq] += sp.count;
+    total += sp.count;
+  }
+  TQ_CHECK(new_pages <= static_cast<int64_t>(c.free_pages.size()), "the device cache is full: appending needs ", new_pages,
+           " more pages of ", c.page_tokens, " positions, ", c.free_pages.size(), " are free");
+  if (total == 0) return;
+  std::vector<AppendToken> tokens;
+  tokens.reserve(total);
+  for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, stream);
+  c.staging_tokens.reserve(tokens.size() * sizeof(AppendToken));
+  c.staging_tokens.upload(tokens.data(), tokens.size() * sizeof(AppendToken), stream);
+
+  AppendParams p;
+  p.main_base = c.main_pool.as<uint8_t>();
+  p.sink_base = c.sink_pool.as<uint8_t>();
+  p.tokens = c.staging_tokens.as<AppendToken>();
+  p.k = k;
+  p.v = v;
+  p.n_tokens = total;
+  p.n_kv = c.n_kv;
+  p.main_k = c.encode_params(c.main_k, true, c.main_tile);
+  p.main_v = c.encode_params(c.main_v, false, c.main_tile);
+  p.sink_k = c.encode_params(c.sink_k, true, c.sink_tile);
+  p.sink_v = c.encode_params(c.sink_v, false, c.sink_tile);
+  TQ_CHECK(kernels::launch_append(c.dim, p, stream), "internal error: no append kernel for head_dim ", c.dim);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void DeviceKVCache::append(int seq, const float* k, const float* v, int n) {
+  Impl& c = *impl_;
+  TQ_CHECK(n >= 0, "cannot append a negative number of positions");
+  if (n == 0) {
+    c.seq(seq);
+    return;
+  }
+  const size_t floats = static_cast<size_t>(n) * c.n_kv * c.dim;
+  c.staging_kv.reserve(2 * floats * sizeof(float));
+  c.staging_kv.upload(k, floats * sizeof(float));
+  c.staging_kv.upload(v, floats * sizeof(float), nullptr, floats * sizeof(float));
+  const Span span{seq, n};
+  append_device({&span, 1}, c.staging_kv.as<float>(), c.staging_kv.as<float>() + floats, nullptr);
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+DeviceKVCache::Stored DeviceKVCache::stored(int seq, int pos, int head, bool key) const {
+  const Impl& c = *impl_;
+  const Impl::Sequence& s = c.seq(seq);
+  TQ_CHECK(pos >= 0 && pos < s.length, "position ", pos, " is not in sequence ", seq, " (length ", s.length, ")");
+  TQ_CHECK(head >= 0 && head < c.n_kv, "KV head ", head, " out of range");
+  const int M = c.options.min_tokens;
+  Stored out;
+  out.sink = pos < M;
+  const TierParams tier = out.sink ? c.sink_params() : c.main_params();
+  const TileFormat& tf = out.sink ? c.sink_tile : c.main_tile;
+  const int tier_pos = out.sink ? pos : pos - M;
+  int tile = tier_pos / kTileTokens;
+  const int tok = tier_pos % kTileTokens;
+  // The tile's device address (the host mirror of the page table stands in for the device one).
+  int64_t index;
+  if (out.sink) {
+    index = (static_cast<int64_t>(s.slot) * c.n_kv + head) * c.sink_tiles + tile;
+  } else {
+    const int page = c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + tile / c.tiles_per_page];
+    index = (static_cast<int64_t>(page) * c.n_kv + head) * c.tiles_per_page + tile % c.tiles_per_page;
+  }
+  std::vector<uint8_t> bytes(tf.bytes);
+  TQ_CUDA_CHECK(cudaMemcpy(bytes.data(), tier.base + index * tf.bytes, tf.bytes, cudaMemcpyDeviceToHost));
+  const SectionFormat& sec = key ? tf.k : tf.v;
+  const int codes_at = key ? 0 : tf.v_codes, scales_at = key ? tf.k_scales : tf.v_scales;
+  auto lane_words_of = [&](int lane) {
+    std::vector<uint32_t> w(sec.words);
+    for (int i = 0; i < sec.words; ++i) std::memcpy(&w[i], bytes.data() + codes_at + lane_word_offset(sec.words, lane, i), 4);
+    return w;
+  };
+  for (int d = 0; d < c.dim; ++d) {
+    const Slot sl = key ? k_slot(tok, d) : v_slot(tok, d);
+    const std::vector<uint32_t> w = lane_words_of(sl.lane);
+    if (is_dense(sec.kind)) {
+      const uint16_t bits = static_cast<uint16_t>(w[sl.e / 2] >> (16 * (sl.e % 2)));
+      out.values.push_back(sec.kind == CodeKind::dense_bf16 ? bf16_bits_to_f32(bits) : f16_bits_to_f32(bits));
+    } else {
+      out.codes.push_back(static_cast<uint8_t>(slot_code(sec.kind, w.data(), sl.e)));
+    }
+  }
+  for (int g = 0; g < sec.groups; ++g) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + scales_at + 2 * (key ? k_scale_index(tok, g) : v_scale_index(tok, g)), 2);
+    out.scales.push_back(f16_bits_to_f32(h));
+  }
+  return out;
+}
+
+void DeviceKVCache::read(int seq, int pos, float* k, float* v) const {
+  const Impl& c = *impl_;
+  for (int h = 0; h < c.n_kv; ++h) {
+    for (int key = 1; key >= 0; --key) {
+      const Stored st = stored(seq, pos, h, key == 1);
+      float* x = (key ? k : v) + static_cast<size_t>(h) * c.dim;
+      if (!st.codes.empty()) {
+        const GroupQuantizer* q = (key ? c.main_k : c.main_v).quantizer;
+        const int G = q->group_size();
+        for (int d = 0; d < c.dim; ++d) x[d] = q->levels()[st.codes[d]] * st.scales[d / G];
+        q->rotation()->inverse(x);
+      } else {
+        std::copy(st.values.begin(), st.values.end(), x);
+      }
+    }
+  }
+}
+
+size_t DeviceKVCache::main_bytes_per_token() const {
+  return static_cast<size_t>(impl_->n_kv) * impl_->main_tile.bytes / kTileTokens;
+}
+
+MemoryUsage DeviceKVCache::memory() const {
+  const Impl& c = *impl_;
+  MemoryUsage m;
+  const int M = c.options.min_tokens;
+  for (const auto& [id, s] : c.seqs) {
+    m.sink_tokens += std::min(s.length, M);
+    m.main_tokens += std::max(0, s.length - M);
+  }
+  m.sink_bytes = m.sink_tokens * static_cast<int64_t>(c.n_kv) * 2 * 2 * c.dim;
+  m.main_bytes = m.main_tokens * static_cast<int64_t>(main_bytes_per_token());
+  m.allocated_bytes = device_bytes();
+  m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(c.n_kv) * c.dim;
+  return m;
+}
+
+int64_t DeviceKVCache::device_bytes() const {
+  const Impl& c = *impl_;
+  return static_cast<int64_t>(c.main_pool.bytes() + c.sink_pool.bytes() + c.page_table.bytes());
+}
+
+}  // namespace tq::cuda

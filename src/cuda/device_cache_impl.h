@@ -1,0 +1,87 @@
+// Internals of DeviceKVCache shared by the cache and attention host code (plain C++; device memory is
+// held as plain pointers).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/kernel_params.h"
+
+namespace tq::cuda {
+
+// An owning device allocation (cudaMalloc / cudaFree).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+  // Grows (contents dropped) to at least `bytes`.
+  void reserve(size_t bytes);
+  void upload(const void* host, size_t bytes, void* stream = nullptr, size_t offset = 0);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// How one side (K or V) of a tier is coded, with its tables on the device.
+struct SideFormat {
+  CodeKind kind = CodeKind::dense_f16;
+  int bits = 16;
+  int group_size = 0;
+  const GroupQuantizer* quantizer = nullptr;  // TurboQuant sides (owned by the VectorFormat)
+  Lut16 lut{};
+  uint32_t bias = 0;
+  DeviceBuffer levels, thresholds, signs, table16;  // floats, floats, floats [D], binary16 [256]
+};
+
+struct DeviceKVCache::Impl {
+  int n_kv = 0, dim = 0;
+  KVCacheOptions options;
+  DeviceCacheCapacity capacity;
+  std::unique_ptr<VectorFormat> k_format, v_format;  // the CPU formats (level tables, quantizers)
+  SideFormat main_k, main_v, sink_k, sink_v;
+  MainKind main_kind = MainKind::tq;
+  int group_size = 0;                   // TurboQuant group size (main tier)
+  TileFormat main_tile, sink_tile;
+  int page_tokens = 0, tiles_per_page = 0, sink_tiles = 0;
+  int n_pages = 0;                      // pages in the pool
+  size_t page_bytes = 0;
+  DeviceBuffer main_pool, sink_pool, page_table;
+  std::vector<int32_t> host_page_table;  // [max_sequences][n_pages]
+  std::vector<int> free_pages;           // a stack; the next page handed out is at the back
+  std::vector<int> free_slots;
+  struct Sequence {
+    int slot = 0;
+    int length = 0;
+    int pages = 0;  // pages held
+  };
+  std::map<int, Sequence> seqs;
+  int next_id = 0;
+  DeviceBuffer staging_kv, staging_tokens;  // host appends
+
+  const Sequence& seq(int id) const;
+  Sequence& seq(int id);
+  TierParams main_params() const;
+  TierParams sink_params() const;
+  EncodeParams encode_params(const SideFormat& side, bool key, const TileFormat& tile) const;
+  // Positions [from, from + n) of a sequence: page allocation (and page-table upload) and the per-token
+  // destinations of the append kernel.
+  void place(Sequence& s, int n, std::vector<AppendToken>& out, void* stream);
+};
+
+}  // namespace tq::cuda

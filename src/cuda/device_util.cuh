@@ -1,0 +1,113 @@
+// Small device helpers of the CUDA backend: tensor-core MMA, register transposes, loads.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tq::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// D += A . B with A 16x16 (row), B 16x8 (col), 16-bit operands and float accumulators.
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Transposes the 8x8 matrix of 16-bit values whose row lane/4, columns 2(lane%4), +1 this lane holds.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ float unpack_lo(uint32_t x) {
+  if constexpr (kBf16) return __uint_as_float(x << 16);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(x & 0xffffu)));
+}
+template <bool kBf16>
+__device__ __forceinline__ float unpack_hi(uint32_t x) {
+  if constexpr (kBf16) return __uint_as_float(x & 0xffff0000u);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(x >> 16)));
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// 2^x (approximate; 2^-inf = +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Read-only loads of data used once (the cache): through the non-coherent path, not kept in L1.
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t load_stream4(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// The W lane words of a code section (pieces of 4, 2, 1 words; see layout.h) into w[0..W).
+template <int W>
+__device__ __forceinline__ void load_lane_words(const uint8_t* section, int lane, uint32_t* w) {
+  constexpr int kFull = W / 4, kRest = W % 4;
+#pragma unroll
+  for (int p = 0; p < kFull; ++p) {
+    const uint4 v = load_stream16(section + p * 512 + lane * 16);
+    w[4 * p] = v.x;
+    w[4 * p + 1] = v.y;
+    w[4 * p + 2] = v.z;
+    w[4 * p + 3] = v.w;
+  }
+  const uint8_t* rest = section + kFull * 512;
+  if constexpr (kRest >= 2) {
+    const uint2 v = load_stream8(rest + lane * 8);
+    w[4 * kFull] = v.x;
+    w[4 * kFull + 1] = v.y;
+    rest += 256;
+  }
+  if constexpr (kRest % 2 == 1) w[W - 1] = load_stream4(rest + lane * 4);
+}
+
+}  // namespace tq::cuda

@@ -1,0 +1,115 @@
+// Parameter blocks of the CUDA kernels, passed by value at launch. Plain structs: the host code that
+// fills them is ordinary C++ (no CUDA headers).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/layout.h"
+#include "cuda/plan.h"
+
+namespace tq::cuda {
+
+// What the main tier holds, as the attention kernel is specialised: TurboQuant codes, or FP16/BF16.
+enum class MainKind : int32_t { tq = 0, dense_f16 = 1, dense_bf16 = 2 };
+
+// How the kernels find and read one storage tier (main or sink).
+struct TierParams {
+  const uint8_t* base = nullptr;        // tile records
+  const int32_t* page_table = nullptr;  // [sequence slot][page_stride] page ids; nullptr: the sink tier,
+                                        // where a sequence slot's tiles are one "page" of its own
+  int32_t page_stride = 0;
+  int32_t tiles_per_page = 0;
+  int32_t tile_bytes = 0;
+  int32_t first_pos = 0;                // position of the tier's tile 0 (main: min_tokens; sink: 0)
+  CodeKind k_kind = CodeKind::dense_f16, v_kind = CodeKind::dense_f16;
+  int32_t k_words = 0, v_words = 0;     // lane words of the code sections
+  int32_t k_scales = 0, v_codes = 0, v_scales = 0;  // section offsets in a tile record
+  Lut16 k_lut{}, v_lut{};               // nibble kinds: byte planes of the binary16 level tables
+  uint32_t k_bias = 0, v_bias = 0;      // byte_uniform: binary16 pair of 1024 + top
+  const uint16_t* k_table = nullptr;    // byte_lut: 256 binary16 levels
+  const uint16_t* v_table = nullptr;
+};
+
+// Byte address of a tile (host and device).
+TQ_HD const uint8_t* tile_address(const TierParams& t, int slot, int head, int n_kv, int tile) {
+  const int page_i = tile / t.tiles_per_page, in_page = tile - page_i * t.tiles_per_page;
+  const int page = t.page_table ? t.page_table[slot * t.page_stride + page_i] : slot;
+  return t.base + ((static_cast<int64_t>(page) * n_kv + head) * t.tiles_per_page + in_page) * static_cast<int64_t>(t.tile_bytes);
+}
+
+struct RequestParams {
+  const float* q = nullptr;  // [n_q][n_heads][D], device
+  float* out = nullptr;      // [n_q][n_heads][D], device
+  int32_t n_q = 1, pos0 = 0;
+  int32_t slot = 0;          // sequence slot in the cache
+  int32_t length = 0;        // positions held
+  int32_t n_sink = 0;        // positions in the sink tier: min(length, min_tokens)
+  int32_t pad = 0;
+};
+
+struct AttentionKernelParams {
+  TierParams main, sink;
+  const WorkItem* items = nullptr;
+  const OutputGroup* groups = nullptr;
+  const RequestParams* requests = nullptr;
+  float* partials = nullptr;        // [parts][16 + 8 * D]: row maxima, row sums, rows x D accumulators
+  uint32_t* counters = nullptr;     // [groups], zero between launches
+  const float* sinks = nullptr;     // [n_heads] learned sink logits, or nullptr
+  const float* k_signs = nullptr;   // [D] rotation signs of the main tier's K (nullptr: not rotated)
+  const float* v_signs = nullptr;   // [D] ... of V
+  int32_t n_heads = 0, n_kv = 0, group = 1, window = 0;
+  float q_scale = 1;                // softmax scale times log2(e): scores are in base 2
+  float inv_sqrt_dim = 1;           // the rotation's 1/sqrt(D)
+};
+
+// Quantize-and-append: one entry per appended position.
+struct AppendToken {
+  int64_t tile0;   // byte offset (from the tier's base) of head 0's tile holding this position
+  int32_t head_stride;  // bytes from one head's tile to the next's
+  int16_t tier;    // 0 main, 1 sink
+  int16_t tok;     // token index inside the tile
+};
+static_assert(sizeof(AppendToken) == 16);
+
+// How one tier's vectors are written (K or V half of a tile).
+struct EncodeParams {
+  CodeKind kind = CodeKind::dense_f16;
+  int32_t words = 0;          // lane words of the code section
+  int32_t codes = 0;          // section offsets in the tile record
+  int32_t scales = 0;
+  int32_t group_size = 0;
+  int32_t level_count = 0;
+  int32_t grid_uniform = 0;   // 1: uniform grid (round to nearest integer level)
+  int32_t scale_kind_l2 = 0;  // 1: the statistic is the L2 norm, 0: the RMS
+  int32_t scale_fit = 0;      // 0 plain, 1 norm correction, 2 least squares (codec/group_quantizer.h)
+  float uniform_max = 0;
+  const float* levels = nullptr;      // [level_count], device
+  const float* thresholds = nullptr;  // [level_count - 1], device
+  const float* signs = nullptr;       // [D] rotation signs, device (nullptr: dense, not rotated)
+  float inv_sqrt_dim = 1;
+  bool is_key = true;                 // element placement: K slots or V slots
+};
+
+struct AppendParams {
+  uint8_t* main_base = nullptr;
+  uint8_t* sink_base = nullptr;
+  const AppendToken* tokens = nullptr;
+  const float* k = nullptr;  // [tokens][n_kv][D]
+  const float* v = nullptr;
+  int32_t n_tokens = 0, n_kv = 0;
+  EncodeParams main_k, main_v, sink_k, sink_v;
+};
+
+// Standard path: expand main-tier TurboQuant tiles to BF16 tiles in the original domain.
+struct ExpandParams {
+  TierParams src;                    // the cache's main tier
+  uint8_t* dst_base = nullptr;       // BF16 tiles, the same page ids and tile order as src
+  int32_t dst_tile_bytes = 0;
+  const int32_t* tiles = nullptr;    // [n_tiles] (page id * tiles_per_page + tile in page)
+  int32_t n_tiles = 0, n_kv = 0;
+  const float* k_signs = nullptr;    // [D]
+  const float* v_signs = nullptr;
+  float inv_sqrt_dim = 1;
+};
+
+}  // namespace tq::cuda

@@ -1,0 +1,20 @@
+// Launchers of the CUDA kernels, callable from plain C++ (the kernels live in the .cu files).
+// Each returns false when no kernel is compiled for the requested shape.
+#pragma once
+
+#include "cuda/kernel_params.h"
+
+namespace tq::cuda::kernels {
+
+// Attention: head_dim 64, 128 or 256; group_size 32, 64 or 128 (TurboQuant main tier only).
+bool launch_attention(int dim, int group_size, MainKind kind, const AttentionKernelParams& params, int n_items, void* stream);
+// Thread blocks of that kernel one multiprocessor holds at once (0 when none is compiled).
+int attention_blocks_per_sm(int dim, int group_size, MainKind kind, int tile_bytes);
+
+// Quantize-and-append for n_tokens positions (all KV heads, K and V).
+bool launch_append(int dim, const AppendParams& params, void* stream);
+
+// Standard path: TurboQuant tiles -> BF16 tiles in the original domain.
+bool launch_expand(int dim, int group_size, const ExpandParams& params, void* stream);
+
+}  // namespace tq::cuda::kernels

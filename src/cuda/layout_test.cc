@@ -1,0 +1,470 @@
+// CPU tests of the CUDA backend's host-side logic: the tile layout, the register decoders (with the
+// byte-permute and half arithmetic emulated), the MMA fragment choreography of the attention kernel
+// (against an emulation of mma.m16n8k16 and movmatrix written from the PTX fragment tables), and the work
+// planner. None of these need a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/rng.h"
+#include "cuda/layout.h"
+#include "cuda/plan.h"
+
+namespace tq::cuda {
+namespace {
+
+// ------------------------------------------------------------------ emulated warp instructions
+
+// One lane's registers of 16-bit pairs as floats: reg r holds elements 2r (low) and 2r + 1 (high).
+float half_lo(uint32_t r) { return f16_bits_to_f32(static_cast<uint16_t>(r)); }
+float half_hi(uint32_t r) { return f16_bits_to_f32(static_cast<uint16_t>(r >> 16)); }
+uint32_t pack_half(float lo, float hi) { return f32_to_f16_bits(lo) | (static_cast<uint32_t>(f32_to_f16_bits(hi)) << 16); }
+
+// mma.m16n8k16.row.col with f16 operands: D = A . B + C, fragments as in the PTX ISA tables
+// ("Matrix Fragments for mma.m16n8k16 with floating point type").
+void emulate_mma(const uint32_t a[32][4], const uint32_t b[32][2], float c[32][4]) {
+  double A[16][16] = {}, B[16][8] = {};
+  int seen_a[16][16] = {}, seen_b[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 8; ++i) {
+      const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+      const int col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+      A[row][col] = (i % 2) ? half_hi(a[lane][i / 2]) : half_lo(a[lane][i / 2]);
+      ++seen_a[row][col];
+    }
+    for (int i = 0; i < 4; ++i) {
+      const int row = t * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+      B[row][g] = (i % 2) ? half_hi(b[lane][i / 2]) : half_lo(b[lane][i / 2]);
+      ++seen_b[row][g];
+    }
+  }
+  for (int r = 0; r < 16; ++r) {
+    for (int k = 0; k < 16; ++k) ASSERT_EQ(seen_a[r][k], 1);
+  }
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < 8; ++n) ASSERT_EQ(seen_b[k][n], 1);
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + (i >= 2 ? 8 : 0), col = t * 2 + (i & 1);
+      double acc = c[lane][i];
+      for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+      c[lane][i] = static_cast<float>(acc);
+    }
+  }
+}
+
+// movmatrix.m8n8.trans.b16: lane holds row lane/4, columns 2(lane%4), +1 of the source; gets the same
+// positions of the transpose.
+void emulate_transpose(const uint32_t in[32], uint32_t out[32]) {
+  uint16_t m[8][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    m[lane / 4][2 * (lane % 4)] = static_cast<uint16_t>(in[lane]);
+    m[lane / 4][2 * (lane % 4) + 1] = static_cast<uint16_t>(in[lane] >> 16);
+  }
+  for (int lane = 0; lane < 32; ++lane)
+    out[lane] = m[2 * (lane % 4)][lane / 4] | (static_cast<uint32_t>(m[2 * (lane % 4) + 1][lane / 4]) << 16);
+}
+
+// ------------------------------------------------------------------ layout
+
+TEST(CudaLayout, EveryElementHasOneSlotAndBack) {
+  for (int dim : {64, 128, 256}) {
+    std::set<std::pair<int, int>> k_slots, v_slots;
+    for (int tok = 0; tok < kTileTokens; ++tok)
+      for (int d = 0; d < dim; ++d) {
+        const Slot k = k_slot(tok, d), v = v_slot(tok, d);
+        ASSERT_TRUE(k.lane >= 0 && k.lane < 32 && k.e >= 0 && k.e < dim / 2);
+        ASSERT_TRUE(v.lane >= 0 && v.lane < 32 && v.e >= 0 && v.e < dim / 2);
+        k_slots.insert({k.lane, k.e});
+        v_slots.insert({v.lane, v.e});
+        int t2, d2;
+        k_element(k.lane, k.e, &t2, &d2);
+        ASSERT_EQ(t2, tok);
+        ASSERT_EQ(d2, d);
+        v_element(v.lane, v.e, &t2, &d2);
+        ASSERT_EQ(t2, tok);
+        ASSERT_EQ(d2, d);
+      }
+    EXPECT_EQ(k_slots.size(), static_cast<size_t>(kTileTokens * dim));
+    EXPECT_EQ(v_slots.size(), static_cast<size_t>(kTileTokens * dim));
+  }
+}
+
+TEST(CudaLayout, LaneWordsFillTheirSectionExactly) {
+  for (int W = 1; W <= 64; ++W) {
+    std::vector<int> hits(32 * W, 0);  // one per word of the section
+    for (int lane = 0; lane < 32; ++lane)
+      for (int w = 0; w < W; ++w) {
+        const uint32_t off = lane_word_offset(W, lane, w);
+        ASSERT_EQ(off % 4, 0u);
+        ASSERT_LT(off, static_cast<uint32_t>(128 * W));
+        ++hits[off / 4];
+        // Pieces are read with 16-, 8- or 4-byte loads: consecutive words of a lane stay inside them.
+        if (w % 4 == 0 && w + 4 <= (W / 4) * 4) {
+          EXPECT_EQ(off % 16, 0u);
+        }
+      }
+    for (int h : hits) ASSERT_EQ(h, 1) << "W = " << W;
+  }
+}
+
+TEST(CudaLayout, TileSectionsAreAlignedAndSized) {
+  for (int dim : {64, 128, 256})
+    for (int group : {32, 64, 128}) {
+      if (group > dim) continue;
+      for (CodeKind kk : {CodeKind::nib2, CodeKind::nib3, CodeKind::nib4, CodeKind::byte_uniform, CodeKind::dense_f16})
+        for (CodeKind vk : {CodeKind::nib2, CodeKind::nib3, CodeKind::nib4, CodeKind::byte_lut, CodeKind::dense_bf16}) {
+          const TileFormat t = tile_format(dim, section_format(kk, dim, group), section_format(vk, dim, group));
+          EXPECT_EQ(t.k_scales % 16, 0);
+          EXPECT_EQ(t.v_codes % 16, 0);
+          EXPECT_EQ(t.v_scales % 16, 0);
+          EXPECT_EQ(t.bytes % 16, 0);
+        }
+      // Exactly b bits per code for 2, 3, 4, 8 bits, plus a binary16 scale per group: the CPU record size.
+      for (int b : {2, 3, 4}) {
+        const SectionFormat s = section_format(static_cast<CodeKind>(b), dim, group);
+        EXPECT_EQ(s.code_bytes + s.scale_bytes, kTileTokens * (dim * b / 8 + 2 * dim / group));
+      }
+      const SectionFormat s8 = section_format(CodeKind::byte_uniform, dim, group);
+      EXPECT_EQ(s8.code_bytes + s8.scale_bytes, kTileTokens * (dim + 2 * dim / group));
+    }
+}
+
+// ------------------------------------------------------------------ decoders
+
+Lut16 make_lut(const std::vector<uint16_t>& table) {
+  Lut16 t{};
+  for (int c = 0; c < 16; ++c) {
+    const uint16_t h = c < static_cast<int>(table.size()) ? table[c] : 0;
+    t.lo[c / 4] |= static_cast<uint32_t>(h & 0xffu) << (8 * (c % 4));
+    t.hi[c / 4] |= static_cast<uint32_t>(h >> 8) << (8 * (c % 4));
+  }
+  return t;
+}
+
+TEST(CudaLayout, PermuteEmulationFollowsThePtxDefinition) {
+  EXPECT_EQ(prmt(0x33221100u, 0x77665544u, 0x3210u), 0x33221100u);
+  EXPECT_EQ(prmt(0x33221100u, 0x77665544u, 0x7654u), 0x77665544u);
+  EXPECT_EQ(prmt(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
+  // Byte 0: selector 9 replicates the sign of byte 1 (0x80); bytes 1-3 copy byte 0 (0xff).
+  EXPECT_EQ(prmt(0x000080ffu, 0u, 0x0009u), 0xffffffffu);
+}
+
+TEST(CudaLayout, NibbleCodesDecodeToTheirLevels) {
+  SplitMix64 rng(7);
+  for (int b : {2, 3, 4}) {
+    const CodeKind kind = static_cast<CodeKind>(b);
+    std::vector<uint16_t> table;
+    for (int c = 0; c < (1 << b); ++c) table.push_back(f32_to_f16_bits(-1.75f + 0.37f * c));
+    const Lut16 lut = make_lut(table);
+    for (int dim : {64, 128, 256}) {
+      const int W = lane_words(kind, dim);
+      std::vector<uint32_t> words(32 * W, 0);  // [lane][W]
+      std::vector<int> codes(32 * dim / 2);     // [lane][slot]
+      for (int lane = 0; lane < 32; ++lane)
+        for (int e = 0; e < dim / 2; ++e) {
+          const int code = static_cast<int>(rng.next() % (1u << b));
+          codes[lane * dim / 2 + e] = code;
+          for (int k = 0; k < b; ++k) {
+            int w, bit;
+            nib_bit(b, e, k, &w, &bit);
+            ASSERT_LT(w, W);
+            if ((code >> k) & 1) words[lane * W + w] |= 1u << bit;
+          }
+        }
+      for (int lane = 0; lane < 32; ++lane) {
+        const uint32_t* lw = &words[lane * W];
+        for (int e = 0; e < dim / 2; ++e) ASSERT_EQ(slot_code(kind, lw, e), codes[lane * dim / 2 + e]);
+        for (int q = 0; q < dim / 64; ++q) {
+          uint32_t sel[4];
+          if (b == 2) unpack_selectors<2>(lw + q * b, sel);
+          if (b == 3) unpack_selectors<3>(lw + q * b, sel);
+          if (b == 4) unpack_selectors<4>(lw + q * b, sel);
+          for (int a = 0; a < 4; ++a) {
+            uint32_t r[4];
+            if (b == 4) {
+              decode_lut16(sel[a], lut, r);
+            } else {
+              decode_lut8(sel[a], lut, r);
+            }
+            for (int i = 0; i < 8; ++i) {
+              const int e = 8 * (4 * q + a) + i;
+              const uint16_t got = static_cast<uint16_t>(r[i / 2] >> (16 * (i % 2)));
+              ASSERT_EQ(got, table[codes[lane * dim / 2 + e]]) << "b " << b << " lane " << lane << " slot " << e;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaLayout, ByteCodesDecodeToTheirLevels) {
+  SplitMix64 rng(9);
+  for (int top : {15, 31, 63, 127}) {
+    const uint32_t h = f32_to_f16_bits(1024.0f + top);
+    const uint32_t bias = h | (h << 16);
+    for (int rep = 0; rep < 200; ++rep) {
+      uint8_t c[8];
+      for (auto& x : c) x = static_cast<uint8_t>(rng.next() % (2 * top + 1));
+      const uint32_t w0 = c[0] | (c[1] << 8) | (c[2] << 16) | (static_cast<uint32_t>(c[3]) << 24);
+      const uint32_t w1 = c[4] | (c[5] << 8) | (c[6] << 16) | (static_cast<uint32_t>(c[7]) << 24);
+      uint32_t r[4];
+      decode_byte_uniform(w0, w1, bias, r);
+      for (int i = 0; i < 8; ++i) {
+        const float got = (i % 2) ? half_hi(r[i / 2]) : half_lo(r[i / 2]);
+        ASSERT_EQ(got, static_cast<float>(c[i] - top));
+      }
+      std::vector<uint16_t> table(256);
+      for (int k = 0; k < 256; ++k) table[k] = static_cast<uint16_t>(k * 3 + 1);
+      decode_byte_lut(w0, w1, table.data(), r);
+      for (int i = 0; i < 8; ++i) ASSERT_EQ(static_cast<uint16_t>(r[i / 2] >> (16 * (i % 2))), table[c[i]]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the kernel's register choreography
+
+// Writes a dense FP16 tile section (K or V slots) of values x[token][dim] into lane words [lane][W].
+std::vector<uint32_t> dense_lane_words(const std::vector<float>& x, int dim, bool key) {
+  const int W = dim / 4;
+  std::vector<uint8_t> bytes(128 * W, 0);
+  for (int tok = 0; tok < kTileTokens; ++tok)
+    for (int d = 0; d < dim; ++d) {
+      const Slot s = key ? k_slot(tok, d) : v_slot(tok, d);
+      const uint16_t h = f32_to_f16_bits(x[tok * dim + d]);
+      const uint32_t off = lane_word_offset(W, s.lane, s.e / 2) + 2 * (s.e % 2);
+      bytes[off] = static_cast<uint8_t>(h);
+      bytes[off + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  std::vector<uint32_t> words(32 * W);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int w = 0; w < W; ++w) {
+      const uint32_t off = lane_word_offset(W, lane, w);
+      words[lane * W + w] = bytes[off] | (bytes[off + 1] << 8) | (bytes[off + 2] << 16) | (static_cast<uint32_t>(bytes[off + 3]) << 24);
+    }
+  return words;
+}
+
+TEST(CudaLayout, AttentionFragmentsComputeScoresAndOutputs) {
+  SplitMix64 rng(11);
+  auto small = [&] { return static_cast<float>(static_cast<int>(rng.next() % 17) - 8) / 8.0f; };  // exact in binary16
+  for (int dim : {64, 128, 256}) {
+    std::vector<float> K(kTileTokens * dim), V(kTileTokens * dim), Q(8 * dim);
+    for (auto& x : K) x = small();
+    for (auto& x : V) x = small();
+    for (auto& x : Q) x = small();
+    const int W = dim / 4;
+    const std::vector<uint32_t> kw = dense_lane_words(K, dim, true), vw = dense_lane_words(V, dim, false);
+
+    // S^T = K . Q^T, one MMA per 16 dims; B = Q^T fragments built as the kernel does.
+    float s[32][4] = {};
+    for (int st = 0; st < dim / 16; ++st) {
+      uint32_t a[32][4], b[32][2];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        for (int r = 0; r < 4; ++r) a[lane][r] = kw[lane * W + 4 * st + r];
+        const float* q = &Q[g * dim + 16 * st + 2 * t];
+        b[lane][0] = pack_half(q[0], q[1]);
+        b[lane][1] = pack_half(q[8], q[9]);
+      }
+      emulate_mma(a, b, s);
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int tok = g + (i >= 2 ? 8 : 0), row = 2 * t + (i & 1);
+        double ref = 0;
+        for (int d = 0; d < dim; ++d) ref += static_cast<double>(K[tok * dim + d]) * Q[row * dim + d];
+        ASSERT_EQ(s[lane][i], static_cast<float>(ref)) << "dim " << dim << " token " << tok << " row " << row;
+      }
+    }
+
+    // O^T = V^T . P^T with P taken from the S^T layout through the transpose, as online_softmax does.
+    std::vector<float> P(kTileTokens * 8);  // [token][row]
+    for (auto& x : P) x = small();
+    uint32_t lo[32], hi[32], p01[32], p23[32];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      lo[lane] = pack_half(P[g * 8 + 2 * t], P[g * 8 + 2 * t + 1]);
+      hi[lane] = pack_half(P[(g + 8) * 8 + 2 * t], P[(g + 8) * 8 + 2 * t + 1]);
+    }
+    emulate_transpose(lo, p01);
+    emulate_transpose(hi, p23);
+    for (int mt = 0; mt < dim / 16; ++mt) {
+      uint32_t a[32][4], b[32][2];
+      float o[32][4] = {};
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 4; ++r) a[lane][r] = vw[lane * W + 4 * mt + r];
+        b[lane][0] = p01[lane];
+        b[lane][1] = p23[lane];
+      }
+      emulate_mma(a, b, o);
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; ++i) {
+          const int d = 16 * mt + g + (i >= 2 ? 8 : 0), row = 2 * t + (i & 1);
+          double ref = 0;
+          for (int tok = 0; tok < kTileTokens; ++tok) ref += static_cast<double>(V[tok * dim + d]) * P[tok * 8 + row];
+          ASSERT_EQ(o[lane][i], static_cast<float>(ref)) << "dim " << dim << " d " << d << " row " << row;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaLayout, ScaleSlotsAreWhereTheLanesReadThem) {
+  // K: lane (g, t) reads the word (group, g): low half token g, high half token g + 8.
+  for (int tok = 0; tok < kTileTokens; ++tok)
+    for (int grp = 0; grp < 8; ++grp) {
+      const int idx = k_scale_index(tok, grp);
+      EXPECT_EQ(idx / 2, grp * 8 + tok % 8);
+      EXPECT_EQ(idx % 2, tok / 8);
+      // V: lane (g, t) reads words 2(group*4 + t) and +1: tokens (2t, 2t+1) and (2t+8, 2t+9).
+      const int v = v_scale_index(tok, grp);
+      const int t = (tok % 8) / 2;
+      EXPECT_EQ(v / 4, grp * 4 + t);
+      EXPECT_EQ(v % 4, (tok % 2) + 2 * (tok / 8));
+    }
+}
+
+// ------------------------------------------------------------------ planning
+
+TEST(CudaPlan, VisibleTilesMatchBruteForce) {
+  SplitMix64 rng(3);
+  for (int rep = 0; rep < 2000; ++rep) {
+    const int first = static_cast<int>(rng.next() % 50), count = static_cast<int>(rng.next() % 300);
+    const int q_first = static_cast<int>(rng.next() % 400), q_last = q_first + static_cast<int>(rng.next() % 20);
+    const int window = (rng.next() % 3 == 0) ? 0 : 1 + static_cast<int>(rng.next() % 100);
+    int b, e;
+    visible_tiles(first, count, q_first, q_last, window, &b, &e);
+    std::set<int> want;
+    for (int p = first; p < first + count; ++p) {
+      for (int q = q_first; q <= q_last; ++q) {
+        if (p <= q && (window == 0 || p > q - window)) want.insert((p - first) / kTileTokens);
+      }
+    }
+    if (want.empty()) {
+      EXPECT_EQ(b, e);
+    } else {
+      // The range spans the tiles holding visible positions (a contiguous run).
+      EXPECT_EQ(b, *want.begin());
+      EXPECT_EQ(e, *want.rbegin() + 1);
+    }
+  }
+}
+
+TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
+  SplitMix64 rng(5);
+  for (int rep = 0; rep < 200; ++rep) {
+    PlanShape s;
+    const int n_kv = 1 + static_cast<int>(rng.next() % 8), group = 1 + static_cast<int>(rng.next() % 12);
+    s.n_kv = n_kv;
+    s.n_heads = n_kv * group;
+    s.min_tokens = (rng.next() % 2) ? 0 : static_cast<int>(rng.next() % 200);
+    s.window = (rng.next() % 3) ? 0 : 1 + static_cast<int>(rng.next() % 500);
+    s.target_blocks = 1 + static_cast<int>(rng.next() % 600);
+    s.min_tiles_per_item = 1 + static_cast<int>(rng.next() % 20);
+    std::vector<PlanRequest> reqs;
+    const int n_req = 1 + static_cast<int>(rng.next() % 4);
+    for (int i = 0; i < n_req; ++i) {
+      PlanRequest r;
+      r.length = 1 + static_cast<int>(rng.next() % 5000);
+      r.n_q = 1 + static_cast<int>(rng.next() % std::min(r.length, 20));
+      r.pos0 = r.length - r.n_q;
+      reqs.push_back(r);
+    }
+    const WorkPlan plan = plan_attention(s, reqs);
+    std::set<int> parts_seen;
+    std::map<int, std::vector<const WorkItem*>> by_group;
+    for (const WorkItem& w : plan.items) {
+      ASSERT_LT(w.tile_begin, w.tile_end);
+      by_group[w.group].push_back(&w);
+      if (w.part >= 0) {
+        ASSERT_LT(w.part, plan.n_parts);
+        ASSERT_TRUE(parts_seen.insert(w.part).second);
+      }
+    }
+    ASSERT_EQ(by_group.size(), plan.groups.size());
+    for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
+      const OutputGroup& og = plan.groups[gi];
+      const auto& items = by_group[static_cast<int>(gi)];
+      ASSERT_EQ(static_cast<int>(items.size()), og.n_parts);
+      const PlanRequest& r = reqs[og.request];
+      const int rows = r.n_q * group, last_row = std::min(og.row0 + kRowsPerItem, rows) - 1;
+      const int q_first = r.pos0 + og.row0 / group, q_last = r.pos0 + last_row / group;
+      for (int tier = 0; tier < 2; ++tier) {
+        const int n_sink = std::min(r.length, s.min_tokens);
+        int b, e;
+        if (tier == 1) {
+          visible_tiles(0, n_sink, q_first, q_last, s.window, &b, &e);
+        } else {
+          visible_tiles(s.min_tokens, r.length - n_sink, q_first, q_last, s.window, &b, &e);
+        }
+        std::vector<int> covered;
+        for (size_t k = 0; k < items.size(); ++k) {
+          const WorkItem* w = items[k];
+          if (w->tier != tier) continue;
+          // Sink items come first in a group (the merge takes parts [0, n_sink_parts) as sink parts).
+          if (tier == 1) {
+            EXPECT_LT(static_cast<int>(k), og.n_sink_parts);
+          }
+          for (int t = w->tile_begin; t < w->tile_end; ++t) covered.push_back(t);
+        }
+        std::sort(covered.begin(), covered.end());
+        std::vector<int> want;
+        for (int t = b; t < e; ++t) want.push_back(t);
+        ASSERT_EQ(covered, want) << "tier " << tier;
+      }
+      if (og.n_parts > 1) {
+        for (const WorkItem* w : items) {
+          EXPECT_GE(w->part, og.first_part);
+          EXPECT_LT(w->part, og.first_part + og.n_parts);
+          EXPECT_EQ(w->part - og.first_part < og.n_sink_parts, w->tier == 1);
+        }
+      } else {
+        EXPECT_EQ(items[0]->part, -1);
+      }
+    }
+  }
+}
+
+TEST(CudaPlan, LongContextsAreSplitToFillTheDevice) {
+  PlanShape s;
+  s.n_heads = 32;
+  s.n_kv = 8;
+  s.target_blocks = 528;
+  const WorkPlan one = plan_attention(s, {PlanRequest{131072, 1, 131071}});
+  EXPECT_GE(static_cast<int>(one.items.size()), 400);
+  EXPECT_LE(static_cast<int>(one.items.size()), 700);
+  std::vector<PlanRequest> batch(64, PlanRequest{2048, 1, 2047});
+  const WorkPlan many = plan_attention(s, batch);
+  EXPECT_GE(static_cast<int>(many.items.size()), 512);
+  EXPECT_LE(static_cast<int>(many.items.size()), 1100);
+}
+
+TEST(CudaPlan, BadRequestsSayWhatIsWrong) {
+  PlanShape s;
+  s.n_heads = 6;
+  s.n_kv = 4;
+  EXPECT_THROW(plan_attention(s, {PlanRequest{10, 1, 9}}), Error);
+  s.n_heads = 8;
+  try {
+    plan_attention(s, {PlanRequest{10, 1, 10}});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("append"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tq::cuda
