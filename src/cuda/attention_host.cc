@@ -137,7 +137,8 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   shape.min_tokens = c.options.min_tokens;
   shape.window = params.window;
   const int per_sm = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes);
-  TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " on this device");
+  TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " (tiles of ", main.tile_bytes,
+           " bytes) on this device");
   static const int sm_count = device_properties().sm_count;  // one device per process
   shape.target_blocks = sm_count * per_sm;
   a.plan = plan_attention(shape, pr);

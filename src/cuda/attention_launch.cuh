@@ -3,24 +3,37 @@
 #pragma once
 
 #include "cuda/attention_kernel.cuh"
+#include "cuda/check.h"
 
 namespace tq::cuda::kernels {
 
-// Raises the kernel's dynamic shared-memory limit once to what a launch needs (above 48 KB needs opt-in).
+// Sets the kernel's dynamic shared-memory limit to what a launch needs. Without it a block may use 48 KB
+// of static and dynamic shared memory together, and this kernel has about 8.5 KB of static shared
+// memory, so a dynamic size just under 48 KB (K8/V3 at head_dim 128: 16 x 3000-byte tiles) already
+// needs the attribute: it is set for every size, not only above 48 KB. A size the device cannot give
+// throws, naming the sizes.
 template <int D, int G, MainKind MK>
-bool prepare_attention(int smem) {
-  static int configured = 48 * 1024;
-  if (smem > configured) {
-    if (cudaFuncSetAttribute(attention_kernel<D, G, MK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return false;
-    configured = smem;
+void prepare_attention(int smem) {
+  static int configured = -1;  // per instantiation; one device per process
+  if (smem <= configured) return;
+  cudaFuncAttributes attr{};
+  TQ_CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_kernel<D, G, MK>));
+  const cudaError_t status = cudaFuncSetAttribute(attention_kernel<D, G, MK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it so that later checks do not report it again
+    int device = 0, optin = 0;
+    (void)cudaGetDevice(&device);
+    (void)cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    fail("the CUDA attention kernel for head_dim ", D, ", group ", G, " needs ", smem, " bytes of dynamic shared memory plus ",
+         attr.sharedSizeBytes, " static; the device allows ", optin, " per block (", cudaGetErrorString(status), ")");
   }
-  return true;
+  configured = smem;
 }
 
 template <int D, int G, MainKind MK>
 bool launch_attention_instance(const AttentionKernelParams& p, int n_items, void* stream) {
   const int smem = attention_dynamic_smem(D, MK, p.main.tile_bytes);
-  if (!prepare_attention<D, G, MK>(smem)) return false;
+  prepare_attention<D, G, MK>(smem);
   attention_kernel<D, G, MK><<<n_items, kAttnThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   return true;
 }
@@ -28,9 +41,9 @@ bool launch_attention_instance(const AttentionKernelParams& p, int n_items, void
 template <int D, int G, MainKind MK>
 int attention_instance_blocks_per_sm(int tile_bytes) {
   const int smem = attention_dynamic_smem(D, MK, tile_bytes);
-  if (!prepare_attention<D, G, MK>(smem)) return 0;
+  prepare_attention<D, G, MK>(smem);
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_kernel<D, G, MK>, kAttnThreads, smem) != cudaSuccess) return 0;
+  TQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_kernel<D, G, MK>, kAttnThreads, smem));
   return blocks;
 }
 

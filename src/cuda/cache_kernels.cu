@@ -2,14 +2,16 @@
 //
 // Append: one warp per (position, KV head, K or V). TurboQuant vectors are rotated (signs, fast
 // Walsh-Hadamard transform in registers and warp shuffles, same stage order as the CPU), scaled per group
-// by the CPU's rule (canonical 16-partial sums of squares, binary16-rounded statistic, nearest level,
-// then the fitted scale) with every rounding step explicit, so the codes equal the CPU's; the code bits go
+// by the CPU's rule (canonical 16-partial sums of squares, binary16-rounded statistic: RMS or L2 norm,
+// absmax / top for the uniform grid, absmax for lloyd_absmax; the code; then the fitted scale) with every
+// rounding step explicit (cuda/encode_rule.h), so the codes equal the CPU's; the code bits go
 // to their places in the tile (atomic OR: other positions share the words). Dense vectors (sink tier,
 // plain caches) are stored as FP16/BF16.
 //
 // Expand (the standard path): one warp per (tile, KV head): decode the codes to levels x scales in
 // shared memory, inverse-rotate each token, write BF16 tiles in the original domain.
 #include "cuda/attention_kernel.cuh"
+#include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
 
 namespace tq::cuda {
@@ -30,8 +32,6 @@ __device__ float canonical_dot(const float* x, const float* y, int n, int lane) 
   }
   return __shfl_sync(0xffffffffu, acc, 0);
 }
-
-__device__ __forceinline__ float round_to_half(float x) { return __half2float(__float2half_rn(x)); }
 
 __device__ __forceinline__ uint16_t dense_bits(CodeKind kind, float x) {
   if (kind == CodeKind::dense_bf16) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
@@ -104,54 +104,23 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
     for (int j = lane; j < G; j += 32) absmax = fmaxf(absmax, fabsf(yg[j]));
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, off));
-    float s;
-    if (e.grid_uniform) {
-      s = __fdiv_rn(absmax, e.uniform_max);
-    } else if (e.scale_kind_l2) {
-      s = __fsqrt_rn(sumsq);
-    } else {
-      s = __fsqrt_rn(__fdiv_rn(sumsq, static_cast<float>(G)));
-    }
-    s = round_to_half(fminf(s, 65504.0f));
+    const float s = encode_stat_scale(e, sumsq, absmax);
     const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
     for (int j = lane; j < G; j += 32) {
-      const float u = __fmul_rn(yg[j], inv);
-      int code;
-      if (e.grid_uniform) {
-        const float q = fminf(fmaxf(rintf(u), -e.uniform_max), e.uniform_max);
-        code = static_cast<int>(q + e.uniform_max);
-      } else {
-        // Number of thresholds strictly below u (they ascend): a binary search.
-        int lo = 0, hi = e.level_count - 1;
-        while (lo < hi) {
-          const int mid = (lo + hi) / 2;
-          if (u > e.thresholds[mid]) {
-            lo = mid + 1;
-          } else {
-            hi = mid;
-          }
-        }
-        code = lo;
-      }
+      const int code = encode_code(e, e.thresholds, __fmul_rn(yg[j], inv));
       cg[j] = e.levels[code];
       write_code(tile, e, tok, grp * G + j, code);
     }
     __syncwarp();
-    float stored = s;
+    float xc = 0.0f, c_sumsq = 0.0f;
     if (e.scale_fit != 0) {
-      const float c_sumsq = canonical_dot(cg, cg, G, lane);
-      const float xc = e.scale_fit == 2 ? canonical_dot(yg, cg, G, lane) : 0.0f;
-      if (c_sumsq <= 0.0f) {
-        stored = 0.0f;
-      } else if (e.scale_fit == 1) {
-        stored = fminf(__fsqrt_rn(__fdiv_rn(sumsq, c_sumsq)), 65504.0f);
-      } else {
-        stored = fminf(fmaxf(__fdiv_rn(xc, c_sumsq), 0.0f), 65504.0f);
-      }
+      c_sumsq = canonical_dot(cg, cg, G, lane);
+      if (e.scale_fit == 2) xc = canonical_dot(yg, cg, G, lane);
     }
+    const float stored = encode_fitted_scale(e, s, sumsq, xc, c_sumsq);
     if (lane == 0) {
       const int idx = e.is_key ? k_scale_index(tok, grp) : v_scale_index(tok, grp);
-      reinterpret_cast<uint16_t*>(tile + e.scales)[idx] = __half_as_ushort(__float2half_rn(stored));
+      reinterpret_cast<uint16_t*>(tile + e.scales)[idx] = half_bits(stored);
     }
     __syncwarp();
   }

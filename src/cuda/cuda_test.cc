@@ -163,10 +163,16 @@ const int kBits[][2] = {{8, 3}, {8, 4}, {4, 4}, {4, 3}, {3, 3}, {2, 2}};
 
 // ------------------------------------------------------------------ codes
 
+const char* grid_name(Grid g) {
+  return g == Grid::uniform ? "uniform" : g == Grid::lloyd_absmax ? "lloyd_absmax" : g == Grid::lloyd_max ? "lloyd_max" : "?";
+}
+
 // The GPU's codes and scales for every position equal the CPU quantizer's (allowing rare boundary cases).
-void check_codes(int k_bits, int v_bits, int dim, int group, ScaleFit fit, Grid k8_grid) {
+// grid_override: every quantizer of the cache uses that grid instead of the defaults (lloyd_absmax below
+// 8 bits, uniform at 8), to cover the other grids at low bit widths too.
+void check_codes(int k_bits, int v_bits, int dim, int group, ScaleFit fit, Grid k8_grid, const Grid* grid_override = nullptr) {
   SCOPED_TRACE("K" + std::to_string(k_bits) + "V" + std::to_string(v_bits) + " dim " + std::to_string(dim) + " group " +
-               std::to_string(group));
+               std::to_string(group) + (grid_override ? " grid " + std::to_string(static_cast<int>(*grid_override)) : ""));
   SplitMix64 rng(static_cast<uint64_t>(k_bits * 1000 + v_bits * 100 + dim + group));
   TurboQuantCacheOptions o;
   o.k_bits = k_bits;
@@ -175,7 +181,8 @@ void check_codes(int k_bits, int v_bits, int dim, int group, ScaleFit fit, Grid 
   o.min_tokens_before_quant = 20;
   o.scale_fit = fit;
   o.k_grid_8bit = k8_grid;
-  const KVCacheOptions opt = turboquant_cache_options(o, 0);
+  KVCacheOptions opt = turboquant_cache_options(o, 0);
+  if (grid_override) opt.k.quantizer.grid = opt.v.quantizer.grid = *grid_override;
   const int n_kv = 2, n = 150;
   DeviceKVCache gpu(n_kv, dim, opt, {1, 256});
   const int seq = gpu.add_sequence();
@@ -216,8 +223,9 @@ void check_codes(int k_bits, int v_bits, int dim, int group, ScaleFit fit, Grid 
             value_mismatch += plan.levels[st.codes[d]] * st.scales[g] != plan.levels[cpu_codes[d]] * cpu_scale;
         }
       }
-  std::printf("  K%dV%d dim %d group %d: %lld codes, %lld differ, %lld decoded values differ\n", k_bits, v_bits, dim, group,
-              static_cast<long long>(codes), static_cast<long long>(code_mismatch), static_cast<long long>(value_mismatch));
+  std::printf("  K%dV%d dim %d group %d grids %s / %s: %lld codes, %lld differ, %lld decoded values differ\n", k_bits, v_bits, dim, group,
+              grid_name(opt.k.quantizer.grid), grid_name(opt.v.quantizer.grid), static_cast<long long>(codes),
+              static_cast<long long>(code_mismatch), static_cast<long long>(value_mismatch));
   EXPECT_LE(code_mismatch, codes / 1000) << "more than 0.1% of the codes differ from the CPU's";
   EXPECT_EQ(value_mismatch, 0);
   EXPECT_EQ(sink_mismatch, 0);
@@ -230,6 +238,11 @@ TEST_F(Cuda, QuantizeMatchesTheCpuCodes) {
   check_codes(5, 6, 128, 64, ScaleFit::norm_correction, Grid::uniform);
   check_codes(7, 8, 128, 64, ScaleFit::plain, Grid::lloyd_max);      // byte codes through the level table
   check_codes(8, 2, 256, 32, ScaleFit::least_squares, Grid::uniform);
+  // The other grids below 8 bits: RMS-scaled Lloyd-Max (nibble and byte codes) and the uniform grid.
+  const Grid lloyd_max = Grid::lloyd_max, uniform = Grid::uniform;
+  check_codes(4, 3, 128, 64, ScaleFit::norm_correction, Grid::uniform, &lloyd_max);
+  check_codes(6, 2, 128, 32, ScaleFit::plain, Grid::uniform, &lloyd_max);
+  check_codes(4, 5, 128, 64, ScaleFit::norm_correction, Grid::uniform, &uniform);
 }
 
 TEST_F(Cuda, ReadBackEqualsTheCpuCache) {
@@ -465,6 +478,9 @@ TEST_F(Cuda, BadOptionsSayWhatIsWrong) {
   KVCacheOptions mixed = turboquant_cache_options(o, 0);
   mixed.v.quantizer.group_size = 32;
   EXPECT_NE(message([&] { DeviceKVCache c(2, 128, mixed, {1, 64}); }).find("group size"), std::string::npos);
+  KVCacheOptions odd_grid = turboquant_cache_options(o, 0);
+  odd_grid.v.quantizer.grid = static_cast<Grid>(7);  // a grid the append kernel does not implement
+  EXPECT_NE(message([&] { DeviceKVCache c(2, 128, odd_grid, {1, 64}); }).find("grid"), std::string::npos);
   DeviceKVCache c(2, 128, turboquant_cache_options(o, 0), {1, 64});
   const int s = c.add_sequence();
   EXPECT_NE(message([&] { c.add_sequence(); }).find("at most 1"), std::string::npos);

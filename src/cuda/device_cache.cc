@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "cuda/check.h"
 #include "cuda/device_cache_impl.h"
+#include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
 
 namespace tq::cuda {
@@ -89,6 +90,22 @@ void DeviceBuffer::upload(const void* host, size_t bytes, void* stream, size_t o
 
 // ------------------------------------------------------------------ formats
 
+void set_encode_rule(EncodeParams& e, const GroupQuantizer::Plan& plan) {
+  switch (plan.grid) {
+    case Grid::lloyd_max: e.grid = EncodeGrid::lloyd_max; break;
+    case Grid::uniform: e.grid = EncodeGrid::uniform; break;
+    case Grid::lloyd_absmax: e.grid = EncodeGrid::lloyd_absmax; break;
+    default:
+      fail("the CUDA backend does not implement the quantizer grid ", static_cast<int>(plan.grid),
+           " (it implements lloyd_max, uniform and lloyd_absmax)");
+  }
+  e.group_size = plan.group_size;
+  e.level_count = plan.level_count;
+  e.scale_kind_l2 = plan.scale_kind == ScaleKind::l2;
+  e.scale_fit = plan.scale_fit == ScaleFit::plain ? 0 : plan.scale_fit == ScaleFit::norm_correction ? 1 : 2;
+  e.uniform_max = plan.uniform_max;
+}
+
 namespace {
 
 void setup_dense_side(SideFormat& f, KVType type, const char* what) {
@@ -105,6 +122,8 @@ void setup_turboquant_side(SideFormat& f, const VectorFormat& vf, int dim, const
   const Rotation* rot = q->rotation();
   TQ_CHECK(rot && rot->block() == dim && rot->plan().m == 1, "the CUDA backend needs TurboQuant ", what,
            " rotated over the whole head (rotation block = head_dim, a power of two)");
+  EncodeParams rule;
+  set_encode_rule(rule, plan);  // refuses grids the append kernel does not implement, before any allocation
   f.bits = q->bits();
   f.group_size = q->group_size();
   f.quantizer = q;
@@ -304,12 +323,7 @@ EncodeParams DeviceKVCache::Impl::encode_params(const SideFormat& side, bool key
   e.scales = key ? tile.k_scales : tile.v_scales;
   if (side.quantizer) {
     const auto& plan = side.quantizer->plan();
-    e.group_size = plan.group_size;
-    e.level_count = plan.level_count;
-    e.grid_uniform = plan.grid == Grid::uniform;
-    e.scale_kind_l2 = plan.scale_kind == ScaleKind::l2;
-    e.scale_fit = plan.scale_fit == ScaleFit::plain ? 0 : plan.scale_fit == ScaleFit::norm_correction ? 1 : 2;
-    e.uniform_max = plan.uniform_max;
+    set_encode_rule(e, plan);
     e.levels = side.levels.as<float>();
     e.thresholds = side.thresholds.as<float>();
     e.signs = side.signs.as<float>();

@@ -71,6 +71,14 @@ struct AppendToken {
 };
 static_assert(sizeof(AppendToken) == 16);
 
+// The level grids the append kernel implements (codec/group_quantizer.h, Grid): how the statistic scale
+// is taken and how a value finds its code.
+enum class EncodeGrid : int32_t {
+  lloyd_max = 0,     // scale = group RMS (or L2 norm); code = thresholds below x / scale
+  uniform = 1,       // scale = absmax / top; code = nearest integer level
+  lloyd_absmax = 2,  // scale = absmax; code = thresholds below x / scale
+};
+
 // How one tier's vectors are written (K or V half of a tile).
 struct EncodeParams {
   CodeKind kind = CodeKind::dense_f16;
@@ -79,7 +87,7 @@ struct EncodeParams {
   int32_t scales = 0;
   int32_t group_size = 0;
   int32_t level_count = 0;
-  int32_t grid_uniform = 0;   // 1: uniform grid (round to nearest integer level)
+  EncodeGrid grid = EncodeGrid::lloyd_max;
   int32_t scale_kind_l2 = 0;  // 1: the statistic is the L2 norm, 0: the RMS
   int32_t scale_fit = 0;      // 0 plain, 1 norm correction, 2 least squares (codec/group_quantizer.h)
   float uniform_max = 0;

@@ -13,6 +13,9 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/rng.h"
+#include "codec/group_quantizer.h"
+#include "codec/packing.h"
+#include "cuda/encode_rule.h"
 #include "cuda/layout.h"
 #include "cuda/plan.h"
 
@@ -335,6 +338,134 @@ TEST(CudaLayout, ScaleSlotsAreWhereTheLanesReadThem) {
       EXPECT_EQ(v / 4, grp * 4 + t);
       EXPECT_EQ(v % 4, (tok % 2) + 2 * (tok / 8));
     }
+}
+
+// ------------------------------------------------------------------ quantize-and-append arithmetic
+
+// The append kernel's encoding of one vector (cache_kernels.cu, encode_turboquant), replayed on the host
+// lane by lane: the rotation's butterflies in registers and across lanes (__shfl_xor_sync), the canonical
+// sums as 16 lane partials and a __shfl_down_sync tree, the warp's absmax, then the per-group rule of
+// cuda/encode_rule.h (the same source the kernel compiles). Returns codes [D] and binary16 scales [D / G].
+void emulate_append_encode(const EncodeParams& e, int D, const float* x, const float* levels, const float* thresholds,
+                           std::vector<uint8_t>& codes, std::vector<uint16_t>& scales) {
+  const int E = D / 32;  // consecutive elements per lane
+  std::vector<float> v(D);  // v[lane * E + i]: lane's register i
+  for (int j = 0; j < D; ++j) v[j] = rn_mul(x[j], e.signs[j]);
+  for (int h = 1; h < E; h *= 2)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < E; ++i) {
+        if (i & h) continue;
+        float* r = v.data() + lane * E;
+        const float a = r[i], b = r[i + h];
+        r[i] = rn_add(a, b);
+        r[i + h] = rn_sub(a, b);
+      }
+  for (int m = 1; m < 32; m *= 2) {
+    const std::vector<float> before = v;  // a shuffle reads every lane's register before any lane writes
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < E; ++i) {
+        const float mine = before[lane * E + i], other = before[(lane ^ m) * E + i];
+        v[lane * E + i] = (lane & m) ? rn_sub(other, mine) : rn_add(mine, other);
+      }
+  }
+  std::vector<float> y(D), chosen(D);
+  for (int j = 0; j < D; ++j) y[j] = rn_mul(v[j], e.inv_sqrt_dim);
+
+  auto warp_canonical_dot = [](const float* a, const float* b, int n) {
+    float acc[32] = {};
+    for (int lane = 0; lane < 16; ++lane)
+      for (int j = lane; j < n; j += 16) acc[lane] = rn_add(acc[lane], rn_mul(a[j], b[j]));
+    for (int half = 8; half >= 1; half /= 2) {
+      float shifted[32];
+      for (int lane = 0; lane < 32; ++lane) shifted[lane] = lane + half < 32 ? acc[lane + half] : acc[lane];
+      for (int lane = 0; lane < half; ++lane) acc[lane] = rn_add(acc[lane], shifted[lane]);
+    }
+    return acc[0];
+  };
+
+  const int G = e.group_size;
+  codes.assign(D, 0);
+  scales.assign(D / G, 0);
+  for (int grp = 0; grp < D / G; ++grp) {
+    const float* yg = y.data() + grp * G;
+    float* cg = chosen.data() + grp * G;
+    const float sumsq = warp_canonical_dot(yg, yg, G);
+    float absmax = 0.0f;
+    for (int j = 0; j < G; ++j) absmax = std::fmax(absmax, std::fabs(yg[j]));
+    const float s = encode_stat_scale(e, sumsq, absmax);
+    const float inv = s > 0.0f ? rn_div(1.0f, s) : 0.0f;
+    for (int j = 0; j < G; ++j) {
+      const int code = encode_code(e, thresholds, rn_mul(yg[j], inv));
+      codes[grp * G + j] = static_cast<uint8_t>(code);
+      cg[j] = levels[code];
+    }
+    float xc = 0.0f, c_sumsq = 0.0f;
+    if (e.scale_fit != 0) {
+      c_sumsq = warp_canonical_dot(cg, cg, G);
+      if (e.scale_fit == 2) xc = warp_canonical_dot(yg, cg, G);
+    }
+    scales[grp] = half_bits(encode_fitted_scale(e, s, sumsq, xc, c_sumsq));
+  }
+}
+
+// The emulated kernel gives exactly the CPU quantizer's codes and scales (the production SIMD path a
+// KVCache uses, and the scalar reference) for every grid, bit width, group size and scale fit the CUDA
+// backend accepts, including all-zero, tiny, huge and outlier-heavy vectors.
+TEST(CudaEncode, EmulatedAppendKernelEqualsTheCpuQuantizer) {
+  SplitMix64 rng(2024);
+  int64_t vectors = 0, code_diffs = 0, scale_diffs = 0;
+  for (int D : {64, 128, 256})
+    for (int G : {32, 64, 128}) {
+      if (G > D) continue;
+      for (Grid grid : {Grid::lloyd_absmax, Grid::uniform, Grid::lloyd_max})
+        for (ScaleKind kind : {ScaleKind::rms, ScaleKind::l2}) {
+          if (grid != Grid::lloyd_max && kind == ScaleKind::l2) continue;  // the statistic only matters to lloyd_max
+          for (ScaleFit fit : {ScaleFit::norm_correction, ScaleFit::plain, ScaleFit::least_squares})
+            for (int bits = 2; bits <= 8; ++bits) {
+              QuantizerOptions o = QuantizerOptions::defaults(bits);
+              o.group_size = G;
+              o.grid = grid;
+              o.scale_kind = kind;
+              o.scale_fit = fit;
+              o.seed = static_cast<uint64_t>(D * 7 + G + bits);
+              const GroupQuantizer q(D, o);
+              ASSERT_NE(q.rotation(), nullptr);
+              EncodeParams e;
+              set_encode_rule(e, q.plan());
+              e.signs = q.rotation()->signs();
+              e.inv_sqrt_dim = q.rotation()->plan().inv_sqrt_block;
+              std::vector<float> x(D);
+              std::vector<uint8_t> packed(q.code_bytes()), cpu(D), gpu;
+              std::vector<f16> cpu_scales(q.groups()), ref_scales(q.groups());
+              std::vector<uint16_t> gpu_scales;
+              for (int n = 0; n < 12; ++n) {
+                const float scale = n == 1 ? 1e-6f : n == 2 ? 3e5f : 1.0f + static_cast<float>(n);
+                for (int j = 0; j < D; ++j) x[j] = static_cast<float>(rng.normal()) * scale;
+                if (n == 0) std::fill(x.begin(), x.end(), 0.0f);
+                if (n == 3) x[static_cast<size_t>(rng.next() % D)] = 40.0f;  // one outlier dominates its group
+                emulate_append_encode(e, D, x.data(), q.levels(), q.thresholds(), gpu, gpu_scales);
+                for (int pass = 0; pass < 2; ++pass) {
+                  f16* sc = pass == 0 ? cpu_scales.data() : ref_scales.data();
+                  if (pass == 0) {
+                    q.quantize(x.data(), 1, packed.data(), sc);
+                  } else {
+                    q.quantize_reference(x.data(), 1, packed.data(), sc);
+                  }
+                  unpack_codes(o.layout, packed.data(), D, bits, cpu.data());
+                  for (int j = 0; j < D; ++j) code_diffs += cpu[j] != gpu[j];
+                  for (int g = 0; g < q.groups(); ++g) scale_diffs += sc[g].bits != gpu_scales[g];
+                }
+                ++vectors;
+                if (code_diffs + scale_diffs > 0) {
+                  ADD_FAILURE() << "first difference: D " << D << " G " << G << " bits " << bits << " " << describe(o)
+                                << " vector " << n;
+                  return;
+                }
+              }
+            }
+        }
+    }
+  EXPECT_GT(vectors, 1000);
 }
 
 // ------------------------------------------------------------------ planning
