@@ -53,7 +53,11 @@ double max_row_error(const std::vector<float>& a, const std::vector<float>& b, i
 
 // Tolerances: FP16 operands (fused TurboQuant, FP16 caches) and BF16 operands (standard path, BF16 caches).
 constexpr double kFp16Tolerance = 2e-3;
-constexpr double kBf16Tolerance = 1e-2;
+// BF16 keeps 8 significant bits (relative rounding up to 2^-9 per value): rows of the standard path,
+// which expands the cache to BF16, measured up to 1.04e-2 from the reference on the H200 (16-query
+// causal blocks over 32 heads); 2e-2 leaves room without hiding a wrong code or scale (errors of
+// those are ~1).
+constexpr double kBf16Tolerance = 2e-2;
 
 struct Case {
   int k_bits = 8, v_bits = 3;
