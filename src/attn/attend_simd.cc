@@ -74,6 +74,73 @@ void ScoreColumns(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRI
   }
 }
 
+void ScoreColumnsU8(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT qsum, const uint8_t* HWY_RESTRICT codes,
+                    const uint16_t* HWY_RESTRICT scales, int T, int t0, int dim, int group, float umax,
+                    float* HWY_RESTRICT s, int ld_s) {
+  const hn::CappedTag<float, 16> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> du8;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  constexpr int N = static_cast<int>(hn::MaxLanes(hn::CappedTag<float, 16>()));
+  constexpr int V = 16 / N;
+  const size_t Ts = static_cast<size_t>(T);
+  const int groups = dim / group;
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const int nr = rows - r0 < 4 ? rows - r0 : 4;
+    hn::Vec<decltype(d)> score[4][V];
+    for (int r = 0; r < 4; ++r)
+      for (int v = 0; v < V; ++v) score[r][v] = hn::Zero(d);
+    for (int g = 0; g < groups; ++g) {
+      hn::Vec<decltype(d)> acc[4][V];
+      for (int r = 0; r < 4; ++r)
+        for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
+      for (int j = g * group; j < (g + 1) * group; ++j) {
+        hn::Vec<decltype(d)> k[V];
+        for (int v = 0; v < V; ++v) k[v] = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(du8, codes + j * Ts + t0 + v * N)));
+        for (int r = 0; r < nr; ++r) {
+          const auto qj = hn::Set(d, q[static_cast<size_t>(r0 + r) * dim + j]);
+          for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
+        }
+      }
+      for (int v = 0; v < V; ++v) {
+        const auto sc = hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(scales) + g * Ts + t0 + v * N));
+        for (int r = 0; r < nr; ++r) {
+          const auto offset = hn::Set(d, umax * qsum[static_cast<size_t>(r0 + r) * groups + g]);
+          score[r][v] = hn::MulAdd(sc, hn::Sub(acc[r][v], offset), score[r][v]);
+        }
+      }
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int v = 0; v < V; ++v) hn::StoreU(score[r][v], d, s + static_cast<size_t>(r0 + r) * ld_s + v * N);
+  }
+}
+
+void ScoreColumnsF16(const float* HWY_RESTRICT q, int rows, const uint16_t* HWY_RESTRICT k16, int T, int t0, int dim,
+                     float* HWY_RESTRICT s, int ld_s) {
+  const hn::CappedTag<float, 16> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  constexpr int N = static_cast<int>(hn::MaxLanes(hn::CappedTag<float, 16>()));
+  constexpr int V = 16 / N;
+  const size_t Ts = static_cast<size_t>(T);
+  const auto* kh = reinterpret_cast<const hwy::float16_t*>(k16);
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const int nr = rows - r0 < 4 ? rows - r0 : 4;
+    hn::Vec<decltype(d)> acc[4][V];
+    for (int r = 0; r < 4; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
+    for (int j = 0; j < dim; ++j) {
+      hn::Vec<decltype(d)> k[V];
+      for (int v = 0; v < V; ++v) k[v] = hn::PromoteTo(d, hn::LoadU(dh, kh + j * Ts + t0 + v * N));
+      for (int r = 0; r < nr; ++r) {
+        const auto qj = hn::Set(d, q[static_cast<size_t>(r0 + r) * dim + j]);
+        for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, s + static_cast<size_t>(r0 + r) * ld_s + v * N);
+  }
+}
+
 // Two rows at a time, the accumulator chunk in registers across all tokens of the tile.
 void AccumulateTile(float* HWY_RESTRICT acc, int rows, const float* HWY_RESTRICT p, int ld_p,
                     const float* HWY_RESTRICT v, int tokens, int dim) {
@@ -169,6 +236,15 @@ HWY_AFTER_NAMESPACE();
 namespace tq::attn_kernels {
 HWY_EXPORT(ScoreTile);
 HWY_EXPORT(ScoreColumns);
+HWY_EXPORT(ScoreColumnsU8);
+HWY_EXPORT(ScoreColumnsF16);
+void score_columns_u8(const float* q, int rows, const float* qsum, const uint8_t* codes, const uint16_t* scales, int T,
+                      int t0, int dim, int group, float umax, float* s, int ld_s) {
+  HWY_DYNAMIC_DISPATCH(ScoreColumnsU8)(q, rows, qsum, codes, scales, T, t0, dim, group, umax, s, ld_s);
+}
+void score_columns_f16(const float* q, int rows, const uint16_t* k, int T, int t0, int dim, float* s, int ld_s) {
+  HWY_DYNAMIC_DISPATCH(ScoreColumnsF16)(q, rows, k, T, t0, dim, s, ld_s);
+}
 void score_columns(const float* q, int rows, const float* kt, int dim, float* s, int ld_s) {
   HWY_DYNAMIC_DISPATCH(ScoreColumns)(q, rows, kt, dim, s, ld_s);
 }

@@ -173,6 +173,7 @@ struct RequestPlan {
   std::vector<Segment> segs;
   int total = 0;                       // positions held
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
+  std::vector<float> q_orig_sum, q_rot_sum;  // [n_kv][rows][dim / group]: sums over K groups (K8 scoring)
 };
 
 struct Scratch {
@@ -219,8 +220,19 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
       const int p_first = g.first_pos + t0, p_last = p_first + nt - 1;
       if (p_first > last_q || p_last < oldest_visible) continue;  // no row sees any of these
       const float* q = g.k_format->rotated() ? q_rot : q_orig;
-      if (g.k_columns) {
-        kernels::decode_columns(g.k_format->plan(), g.k_region(h), g.block_tokens, t0, scratch.k_tile.data());
+      const RecordPlan& kp = g.k_format->plan();
+      if (g.k_columns && kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform) {
+        // Scores straight from the byte codes: the -umax offset and the scales apply per group.
+        const float* qsum = (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
+                            static_cast<size_t>(h) * rows * (dim / kp.group_size);
+        attn_kernels::score_columns_u8(q, rows, qsum, g.k_region(h),
+                                       reinterpret_cast<const uint16_t*>(g.k_region(h) + static_cast<size_t>(g.block_tokens) * kp.code_bytes),
+                                       g.block_tokens, t0, dim, kp.group_size, kp.uniform_max, sc, kTile);
+      } else if (g.k_columns && kp.type == KVType::f16) {
+        attn_kernels::score_columns_f16(q, rows, reinterpret_cast<const uint16_t*>(g.k_region(h)), g.block_tokens, t0, dim,
+                                        sc, kTile);
+      } else if (g.k_columns) {
+        kernels::decode_columns(kp, g.k_region(h), g.block_tokens, t0, scratch.k_tile.data());
         attn_kernels::score_columns(q, rows, scratch.k_tile.data(), dim, sc, kTile);
       } else {
         kernels::decode_records(g.k_format->plan(), g.k_record(h, t0), g.k_stride, nt, scratch.k_tile.data());
@@ -286,6 +298,17 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       }
     plan.q_rot = plan.q_orig;
     if (k_rot) k_rot->forward(plan.q_rot.data(), static_cast<size_t>(s.n_kv) * rows);
+    const int kg = cache.k_format().plan().group_size;
+    if (kg > 0) {
+      const int groups = dim / kg;
+      auto sums = [&](const AlignedVector<float>& qv, std::vector<float>& out) {
+        out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
+        for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
+          for (int j = 0; j < dim; ++j) out[row * groups + j / kg] += qv[row * dim + j];
+      };
+      sums(plan.q_orig, plan.q_orig_sum);
+      sums(plan.q_rot, plan.q_rot_sum);
+    }
   }
 
   // Work items: (request, KV head, slice of positions). Decode steps split long contexts so that

@@ -7,6 +7,9 @@
 #include "attn/attention.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "attn/kernels.h"
+#include "core/aligned.h"
+#include "hwy/tests/hwy_gtest.h"
 
 namespace tq {
 namespace {
@@ -200,6 +203,49 @@ TEST(Attention, EveryCacheFormatAgreesWithTheReference) {
       r.out = b.data();
       attend(cache, {&r, 1}, p, AttentionPath::reference, pool);
       EXPECT_LE(max_row_error(a, b, 128), 1e-4) << to_string(t) << (rotate ? "_rot" : "");
+    }
+  }
+}
+
+class ScoreTargets : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(ScoreTargets);
+
+// The direct scorers (from K8 byte codes, from FP16 columns) against decode-then-score.
+TEST_P(ScoreTargets, DirectColumnScoresMatchDecodedTiles) {
+  SplitMix64 rng(3);
+  const int T = 64, rows = 6;
+  for (int dim : {64, 128}) {
+    for (int group : {32, 64}) {
+      VectorFormatSpec k8;
+      k8.type = KVType::turboquant;
+      k8.quantizer = QuantizerOptions::defaults(8);
+      k8.quantizer.group_size = group;
+      VectorFormatSpec f16;
+      for (const VectorFormatSpec& spec : {k8, f16}) {
+        const VectorFormat f(dim, spec);
+        std::vector<uint8_t> region(f.record_bytes() * T, 0);
+        const auto x = gaussian(static_cast<size_t>(dim) * T, rng);
+        for (int t = 0; t < T; ++t) f.encode_column(x.data() + t * dim, region.data(), T, t);
+        const auto q = gaussian(static_cast<size_t>(rows) * dim, rng);
+        std::vector<float> qsum(static_cast<size_t>(rows) * (dim / group), 0.0f);
+        for (int r = 0; r < rows; ++r)
+          for (int j = 0; j < dim; ++j) qsum[r * (dim / group) + j / group] += q[r * dim + j];
+        AlignedVector<float> tile(static_cast<size_t>(dim) * 16);
+        for (int t0 = 0; t0 < T; t0 += 16) {
+          std::vector<float> want(rows * 16), got(rows * 16);
+          kernels::decode_columns(f.plan(), region.data(), T, t0, tile.data());
+          attn_kernels::score_columns(q.data(), rows, tile.data(), dim, want.data(), 16);
+          if (spec.type == KVType::f16) {
+            attn_kernels::score_columns_f16(q.data(), rows, reinterpret_cast<const uint16_t*>(region.data()), T, t0, dim,
+                                            got.data(), 16);
+          } else {
+            attn_kernels::score_columns_u8(q.data(), rows, qsum.data(), region.data(),
+                                           reinterpret_cast<const uint16_t*>(region.data() + static_cast<size_t>(T) * f.plan().code_bytes),
+                                           T, t0, dim, group, f.plan().uniform_max, got.data(), 16);
+          }
+          for (int i = 0; i < rows * 16; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << f.describe();
+        }
+      }
     }
   }
 }
