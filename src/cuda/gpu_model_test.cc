@@ -88,7 +88,12 @@ TEST_P(GoldenModels, LogitsMatchTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels, ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3"));
 
-std::string hd128_path() { return std::string(TQ_SHARED_DIR) + "/models/tq-llama-hd128"; }
+// The shared copy, else the one carried to the GPU machine under .gpu/ (scripts/test-cuda).
+std::string hd128_path() {
+  const std::string shared = std::string(TQ_SHARED_DIR) + "/models/tq-llama-hd128";
+  const std::string carried = std::string(TQ_SOURCE_DIR) + "/.gpu/tq-llama-hd128";
+  return std::filesystem::exists(shared + "/config.json") || !std::filesystem::exists(carried + "/config.json") ? shared : carried;
+}
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {
   TQ_REQUIRE_GPU();
