@@ -144,13 +144,11 @@ struct GpuLlamaModel::Impl {
   }
 };
 
-GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv_in, int64_t max_tokens)
+GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, int64_t max_tokens)
     : impl_(std::make_unique<Impl>()) {
   std::string reason;
   TQ_CHECK(device_available(&reason), "GPU model: no usable CUDA device (", reason, ")");
   Impl& m = *impl_;
-  KVSettings kv = kv_in;
-  kv.resolve();
   const ModelConfig& c = cpu_model.config();
   m.config = c;
   m.hidden = static_cast<int>(c.hidden_size);

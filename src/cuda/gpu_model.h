@@ -20,7 +20,8 @@ namespace tq::cuda {
 
 class GpuLlamaModel {
  public:
-  // max_tokens: the most positions the sequence may reach (the device caches are sized for it).
+  // kv: resolved settings (KVSettings::resolve, or parse_kv_spec). max_tokens: the most positions the
+  // sequence may reach (the device caches are sized for it). cpu_model's position limit applies.
   GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, int64_t max_tokens);
   ~GpuLlamaModel();
   GpuLlamaModel(const GpuLlamaModel&) = delete;
