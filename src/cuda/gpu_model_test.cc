@@ -150,7 +150,9 @@ TEST(GpuModel, ResetStartsAgain) {
   gpu.reset();
   EXPECT_EQ(gpu.length(), 0);
   gpu.forward(tokens.data(), 8, 0, b.data());
-  EXPECT_EQ(a, b);  // the same kernels on the same inputs
+  // The same kernels on the same inputs; allow for a GEMM or split attention whose reduction order
+  // is not fixed from run to run.
+  EXPECT_LT(relative_error(b.data(), a.data(), cpu->vocab_size()), 1e-5);
 }
 
 }  // namespace
