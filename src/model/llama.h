@@ -45,6 +45,9 @@ class LlamaModel {
   void set_position_limit(int64_t limit) { position_limit_ = limit; }
   int64_t position_limit() const { return position_limit_; }
 
+  // The RoPE frequencies the forward pass uses (the GPU model uploads inv_freq()).
+  const ops::RopeTable& rope() const { return *rope_; }
+
   // One cache per layer, as make_prompt_cache builds them (sliding-window layers get rotating caches).
   std::vector<LayerSpec> layer_specs() const;
 

@@ -42,6 +42,7 @@ struct ModelBenchArgs {
   int reps = 3;
   int threads = 2;
   std::string format = "md";
+  std::string device = "cpu";  // cpu or cuda (GpuLlamaModel; needs a build with the CUDA backend)
 };
 int run_model(const ModelBenchArgs& args);
 

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   mo->add_option("-r,--repetitions", mb.reps, "repetitions")->check(CLI::PositiveNumber);
   mo->add_option("-t,--threads", mb.threads, "threads")->check(CLI::PositiveNumber);
   mo->add_option("-o,--output", mb.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
+  mo->add_option("--device", mb.device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
 
   CLI11_PARSE(app, argc, argv);
   try {

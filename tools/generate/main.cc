@@ -5,6 +5,7 @@
 // Generated text streams to stdout; timings, memory and the attention path of every layer go to
 // stderr. Without --model, the demo model that ships with the project (models/demo) runs.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,11 @@
 #include "kv_flags.h"
 #include "progress.h"
 #include "runtime/generate.h"
+
+#ifdef TQ_HAVE_CUDA_MODEL
+#include "cuda/cuda_backend.h"
+#include "cuda/gpu_model.h"
+#endif
 
 namespace {
 
@@ -65,6 +71,67 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+#ifdef TQ_HAVE_CUDA_MODEL
+// Generation with the whole forward pass on the GPU (--device cuda): the prompt in chunks, then token
+// after token; greedy decoding without a repetition penalty picks on the device, anything else samples
+// the logits on the host as the CPU path does. Stop strings are not handled here yet (refused).
+GenerateResult generate_cuda(const LlamaModel& model, const Tokenizer& tokenizer, const KVSettings& kv,
+                             const std::vector<int32_t>& prompt, const GenerateOptions& options, MemoryUsage& mem) {
+  using clock = std::chrono::steady_clock;
+  std::string why;
+  TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
+  TQ_CHECK(options.stop.empty(), "--stop is not supported with --device cuda yet");
+  const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(model.config().max_position_embeddings);
+  TQ_CHECK(static_cast<int>(prompt.size()) < ctx, "the prompt has ", prompt.size(), " tokens, more than the context of ", ctx,
+           " can hold with room to generate");
+  const int64_t capacity = std::min<int64_t>(ctx, static_cast<int64_t>(prompt.size()) + options.max_tokens + 1);
+  cuda::GpuLlamaModel gpu(model, kv, capacity);
+  GenerateResult result;
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
+  const bool greedy_on_device = options.sampling.temperature == 0.0f && options.sampling.repetition_penalty == 1.0f;
+  std::vector<float> logits(static_cast<size_t>(model.vocab_size()));  // [vocab], host sampling only
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  const auto t0 = clock::now();
+  int pos = 0;
+  while (pos < static_cast<int>(prompt.size())) {
+    const int n = std::min<int>(options.prefill_chunk, static_cast<int>(prompt.size()) - pos);
+    gpu.forward(prompt.data() + pos, n, pos, greedy_on_device ? nullptr : logits.data());
+    pos += n;
+  }
+  const auto t1 = clock::now();
+  result.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
+  Sampler sampler(options.sampling);
+  StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true, /*at_text_start=*/false);
+  result.stop_reason = "max tokens";
+  for (int step = 0; step < options.max_tokens; ++step) {
+    const int32_t next = greedy_on_device ? gpu.argmax() : sampler.sample(logits, history);
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      result.stop_reason = "eos";
+      break;
+    }
+    result.tokens.push_back(next);
+    history.push_back(next);
+    const std::string out = stream.push(next);
+    result.text += out;
+    std::cout << out << std::flush;
+    if (pos + 1 >= ctx) {
+      result.stop_reason = "context full";
+      break;
+    }
+    if (step + 1 == options.max_tokens) break;  // the last token needs no forward pass
+    gpu.forward(&next, 1, pos, greedy_on_device ? nullptr : logits.data());
+    ++pos;
+  }
+  const std::string rest = stream.flush();
+  result.text += rest;
+  std::cout << rest;
+  result.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  mem = gpu.cache_memory();
+  return result;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,6 +141,7 @@ int main(int argc, char** argv) {
   std::optional<float> temp, top_p, min_p, rep_penalty;
   std::optional<int> top_k;
   int rep_ctx = 256;
+  std::string device = "cpu";
   uint64_t seed = 0;
   std::vector<std::string> stops;
   bool chat = false, no_chat = false;
@@ -95,6 +163,7 @@ int main(int argc, char** argv) {
   app.add_option("--system", system_prompt, "system message (chat mode)");
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
   app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   cli::add_kv_flags(app, kv);
   CLI11_PARSE(app, argc, argv);
 
@@ -150,15 +219,28 @@ int main(int argc, char** argv) {
     go.sampling.seed = seed;
     go.sampling.validate();
 
-    PromptCache caches = build_prompt_cache(*model, kv);
+#ifndef TQ_HAVE_CUDA_MODEL
+    TQ_CHECK(device == "cpu", "--device cuda: this turboquant-generate was built without the CUDA backend (configure with -DTQ_CUDA=ON where nvcc is found)");
+#endif
+#ifdef TQ_HAVE_CUDA_MODEL
+    if (device == "cuda") {
+      std::string why;
+      TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
+    }
+#endif
+    PromptCache caches;
+    if (device == "cpu") caches = build_prompt_cache(*model, kv);
     ThreadPool pool(threads);
     if (tpl_source.empty()) std::cout << prompt << std::flush;
-    const GenerateResult r = generate(*model, *tokenizer, caches, ids, go, pool, [](std::string_view text) {
-      std::cout << text << std::flush;
-    });
+    MemoryUsage mem;
+    GenerateResult r;
+#ifdef TQ_HAVE_CUDA_MODEL
+    if (device == "cuda") r = generate_cuda(*model, *tokenizer, kv, ids, go, mem);
+#endif
+    if (device == "cpu")
+      r = generate(*model, *tokenizer, caches, ids, go, pool, [](std::string_view text) { std::cout << text << std::flush; });
     std::cout << std::endl;
 
-    MemoryUsage mem;
     for (const auto& c : caches) {
       const MemoryUsage m = c->memory();
       mem.sink_tokens += m.sink_tokens;
@@ -174,8 +256,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sampling: %s; stop: %s\n", go.sampling.describe().c_str(), r.stop_reason.c_str());
     std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tokens/s)\n", r.prompt_tokens, r.prompt_seconds,
                  r.prompt_tokens / std::max(r.prompt_seconds, 1e-9));
-    std::fprintf(stderr, "decode: %zu tokens in %.3f s (%.1f tokens/s), %d threads\n", r.tokens.size(), r.decode_seconds,
-                 r.tokens.size() / std::max(r.decode_seconds, 1e-9), threads);
+    std::fprintf(stderr, "decode: %zu tokens in %.3f s (%.1f tokens/s), %s\n", r.tokens.size(), r.decode_seconds,
+                 r.tokens.size() / std::max(r.decode_seconds, 1e-9),
+                 device == "cuda" ? "on the GPU" : (std::to_string(threads) + " threads").c_str());
     std::fprintf(stderr, "KV cache: %s; %s in use (%lld positions in the FP16 sink tier, %lld in the main tier), FP16 would take %s (%.2fx smaller)\n",
                  kv.describe().c_str(), human_bytes(static_cast<double>(mem.bytes_in_use())).c_str(),
                  static_cast<long long>(mem.sink_tokens), static_cast<long long>(mem.main_tokens),
