@@ -237,10 +237,16 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
 GpuLlamaModel::~GpuLlamaModel() = default;
 
 void GpuLlamaModel::reset() {
+  // Every layer drops the old sequence and starts a new one; the caches hand out the same new id.
+  const int old_seq = impl_->seq;
+  int new_seq = -1;
   for (Impl::Layer& L : impl_->layers) {
-    L.cache->remove_sequence(impl_->seq);
-    impl_->seq = L.cache->add_sequence();
+    L.cache->remove_sequence(old_seq);
+    const int id = L.cache->add_sequence();
+    TQ_CHECK(new_seq < 0 || id == new_seq, "GPU model: layer caches disagree on the new sequence id");
+    new_seq = id;
   }
+  impl_->seq = new_seq;
 }
 
 int GpuLlamaModel::length() const { return impl_->layers.empty() ? 0 : impl_->layers[0].cache->length(impl_->seq); }

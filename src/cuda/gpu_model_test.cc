@@ -43,6 +43,10 @@ double relative_error(const float* gpu, const float* cpu, int64_t n) {
 
 // BF16 weights and GEMM inputs (8-bit mantissa) through a few layers: a few parts in a thousand typically.
 constexpr double kTolerance = 2e-2;
+// With a compressed cache the two sides quantize different keys (FP32 projections on the CPU, BF16 GEMM
+// inputs on the GPU), so codes near a decision threshold differ: measured up to 0.10 on the H200 with
+// K8/V4 (random-weight tq-llama-hd128), against ~1 for a wrong code or scale layout.
+constexpr double kCompressedTolerance = 0.15;
 
 // Runs a prompt of n_prompt tokens in one call (all logits), then n_decode tokens one at a time, on the CPU
 // (float32 weights as stored, dense FP32-exact path) and on the GPU with the same KV settings, comparing
@@ -51,6 +55,7 @@ void compare_with_cpu(const std::string& path, const std::string& kv_spec, int n
   SCOPED_TRACE(path + " kv " + kv_spec + (fused ? " fused" : ""));
   const auto cpu = LlamaModel::open(path);
   KVSettings kv = parse_kv_spec(kv_spec);
+  const double kTolerance = kv.compressed() ? kCompressedTolerance : ::tq::cuda::kTolerance;
   kv.fused = fused;
   const int64_t V = cpu->vocab_size();
   const auto tokens = random_tokens(V, n_prompt + n_decode, 7);
@@ -83,6 +88,11 @@ class GoldenModels : public ::testing::TestWithParam<const char*> {};
 TEST_P(GoldenModels, LogitsMatchTheCpu) {
   TQ_REQUIRE_GPU();
   const std::string path = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden/" + GetParam();
+  const int64_t head_dim = LlamaModel::open(path)->config().head_dim;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+    GTEST_SKIP() << GetParam() << " has head_dim " << head_dim
+                 << "; the CUDA attention kernels take 64, 128 or 256 (tq-llama-hd128 covers the GPU model)";
+  }
   compare_with_cpu(path, "f16", 12, 6);
 }
 
@@ -141,7 +151,8 @@ TEST(GpuModel, GreedyIdsAgreeWithTheCpu) {
 
 TEST(GpuModel, ResetStartsAgain) {
   TQ_REQUIRE_GPU();
-  const auto cpu = LlamaModel::open(std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden/llama");
+  if (!std::filesystem::exists(hd128_path() + "/config.json")) GTEST_SKIP() << hd128_path() << " is absent";
+  const auto cpu = LlamaModel::open(hd128_path());
   GpuLlamaModel gpu(*cpu, parse_kv_spec("f16"), 32);
   const auto tokens = random_tokens(cpu->vocab_size(), 8, 3);
   std::vector<float> a(static_cast<size_t>(cpu->vocab_size())), b(a.size());
