@@ -93,7 +93,11 @@ KVSettings parse_kv_spec(const std::string& spec) {
 std::vector<QualityReport> measure_quality(const LlamaModel& model, std::span<const int32_t> tokens,
                                            const std::vector<std::pair<std::string, KVSettings>>& configs,
                                            const PerplexityOptions& options, ThreadPool& pool,
-                                           const std::function<void(int, int)>& progress) {
+                                           const std::function<void(int, int)>& progress, const WindowRunner& runner) {
+  const WindowRunner run = runner ? runner : WindowRunner([&](std::span<const int32_t> w, const KVSettings& kv, int chunk,
+                                                                 std::vector<float>& out) {
+    window_logits(model, w, kv, chunk, pool, out);
+  });
   TQ_CHECK(options.ctx >= 2, "--ctx must be at least 2");
   TQ_CHECK(options.ctx <= model.config().max_position_embeddings, "--ctx ", options.ctx, " exceeds the model's context of ",
            model.config().max_position_embeddings);
@@ -117,14 +121,14 @@ std::vector<QualityReport> measure_quality(const LlamaModel& model, std::span<co
   for (int w = 0; w < windows; ++w) {
     const auto window = tokens.subspan(static_cast<size_t>(w) * options.ctx, options.ctx);
     if (options.kl_divergence) {
-      window_logits(model, window, base_kv, options.chunk, pool, base_logits);
+      run(window, base_kv, options.chunk, base_logits);
       for (int i = 0; i + 1 < options.ctx; ++i) {
         log_softmax(base_logits.data() + static_cast<size_t>(i) * V, V, lp_base);
         nll_base_sum[0] -= lp_base[window[i + 1]];
       }
     }
     for (size_t c = 0; c < configs.size(); ++c) {
-      window_logits(model, window, configs[c].second, options.chunk, pool, logits);
+      run(window, configs[c].second, options.chunk, logits);
       for (int i = 0; i + 1 < options.ctx; ++i) {
         const float* row = logits.data() + static_cast<size_t>(i) * V;
         log_softmax(row, V, lp);
