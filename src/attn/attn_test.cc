@@ -7,6 +7,7 @@
 #include "attn/attention.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/test_util.h"
 #include "attn/kernels.h"
 #include "core/aligned.h"
 #include "hwy/tests/hwy_gtest.h"
@@ -14,26 +15,8 @@
 namespace tq {
 namespace {
 
-std::vector<float> gaussian(size_t n, SplitMix64& rng, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.normal()) * scale;
-  return v;
-}
-
-// Largest relative difference between corresponding [dim] rows: ||a - b|| / ||b||.
-double max_row_error(const std::vector<float>& a, const std::vector<float>& b, int dim) {
-  double worst = 0;
-  for (size_t r = 0; r < a.size() / dim; ++r) {
-    double err = 0, ref = 0;
-    for (int j = 0; j < dim; ++j) {
-      const double d = a[r * dim + j] - b[r * dim + j];
-      err += d * d;
-      ref += static_cast<double>(b[r * dim + j]) * b[r * dim + j];
-    }
-    worst = std::max(worst, std::sqrt(err / std::max(ref, 1e-30)));
-  }
-  return worst;
-}
+using testing_util::gaussian;
+using testing_util::max_row_error;
 
 struct Case {
   int k_bits, v_bits;

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/rng.h"
+#include "core/test_util.h"
 #include "core/thread_pool.h"
 #include "cuda/cuda_backend.h"
 
@@ -29,27 +30,8 @@ class Cuda : public ::testing::Test {
   }
 };
 
-std::vector<float> gaussian(size_t n, SplitMix64& rng, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.normal()) * scale;
-  return v;
-}
-
-// Largest relative difference between corresponding [dim] rows: ||a - b|| / ||b||.
-double max_row_error(const std::vector<float>& a, const std::vector<float>& b, int dim) {
-  double worst = 0;
-  for (size_t r = 0; r < a.size() / dim; ++r) {
-    double err = 0, ref = 0;
-    for (int j = 0; j < dim; ++j) {
-      const double d = static_cast<double>(a[r * dim + j]) - b[r * dim + j];
-      err += d * d;
-      ref += static_cast<double>(b[r * dim + j]) * b[r * dim + j];
-    }
-    if (!std::isfinite(err)) return INFINITY;
-    worst = std::max(worst, std::sqrt(err / std::max(ref, 1e-30)));
-  }
-  return worst;
-}
+using testing_util::gaussian;
+using testing_util::max_row_error;
 
 // Tolerances: FP16 operands (fused TurboQuant, FP16 caches) and BF16 operands (standard path, BF16 caches).
 constexpr double kFp16Tolerance = 2e-3;
