@@ -130,6 +130,9 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     main.v_scales = tf.v_scales;
   }
 
+  // The kernel moves tile records with bulk copies: 16-byte multiples at 16-byte aligned addresses.
+  TQ_CHECK(main.tile_bytes % 16 == 0, "internal error: tile records of ", main.tile_bytes, " bytes are not a multiple of 16");
+
   // Work split: enough items to fill every multiprocessor once.
   PlanShape shape;
   shape.n_heads = params.n_heads;

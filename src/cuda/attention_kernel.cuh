@@ -180,19 +180,38 @@ __device__ __forceinline__ void qk_byte(const uint8_t* tile, const uint32_t* ks,
   }
 }
 
-template <int D, int G>
-__device__ __forceinline__ void qk_tq(const uint8_t* tile, const TierParams& tp, const uint16_t* table, const uint32_t (*qf)[2],
-                                      float* s) {
+// Code kinds as template parameters: the tile loops of the common pairs are compiled for their kinds
+// (no per-tile dispatch, level tables hoisted into registers); kAnyKind reads the kind at run time.
+inline constexpr CodeKind kAnyKind = static_cast<CodeKind>(-1);
+
+// The tables a tile loop decodes with, copied from the parameters into registers once per loop.
+struct TileTables {
+  Lut16 k_lut, v_lut;
+  uint32_t k_bias, v_bias;
+  const uint16_t* k_table;  // shared memory
+  const uint16_t* v_table;
+};
+
+template <int D, int G, CodeKind KK>
+__device__ __forceinline__ void qk_tq(const uint8_t* tile, const TierParams& tp, const TileTables& tt, const uint32_t (*qf)[2], float* s) {
   const int g = (threadIdx.x & 31) >> 2;
   uint32_t ks[D / G];
 #pragma unroll
   for (int j = 0; j < D / G; ++j) ks[j] = *reinterpret_cast<const uint32_t*>(tile + tp.k_scales + (j * 8 + g) * 4);
-  switch (tp.k_kind) {
-    case CodeKind::nib2: qk_nibble<D, G, 2>(tile, ks, tp.k_lut, qf, s); break;
-    case CodeKind::nib3: qk_nibble<D, G, 3>(tile, ks, tp.k_lut, qf, s); break;
-    case CodeKind::nib4: qk_nibble<D, G, 4>(tile, ks, tp.k_lut, qf, s); break;
-    case CodeKind::byte_uniform: qk_byte<D, G, true>(tile, ks, tp.k_bias, nullptr, qf, s); break;
-    default: qk_byte<D, G, false>(tile, ks, 0, table, qf, s); break;
+  if constexpr (KK == kAnyKind) {
+    switch (tp.k_kind) {
+      case CodeKind::nib2: qk_nibble<D, G, 2>(tile, ks, tt.k_lut, qf, s); break;
+      case CodeKind::nib3: qk_nibble<D, G, 3>(tile, ks, tt.k_lut, qf, s); break;
+      case CodeKind::nib4: qk_nibble<D, G, 4>(tile, ks, tt.k_lut, qf, s); break;
+      case CodeKind::byte_uniform: qk_byte<D, G, true>(tile, ks, tt.k_bias, nullptr, qf, s); break;
+      default: qk_byte<D, G, false>(tile, ks, 0, tt.k_table, qf, s); break;
+    }
+  } else if constexpr (KK == CodeKind::byte_uniform) {
+    qk_byte<D, G, true>(tile, ks, tt.k_bias, nullptr, qf, s);
+  } else if constexpr (KK == CodeKind::byte_lut) {
+    qk_byte<D, G, false>(tile, ks, 0, tt.k_table, qf, s);
+  } else {
+    qk_nibble<D, G, static_cast<int>(KK)>(tile, ks, tt.k_lut, qf, s);
   }
 }
 
@@ -249,8 +268,8 @@ __device__ __forceinline__ void pv_byte(const uint8_t* section, const uint32_t* 
   }
 }
 
-template <int D, int G>
-__device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp, const uint16_t* table, uint32_t p01, uint32_t p23,
+template <int D, int G, CodeKind VK>
+__device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp, const TileTables& tt, uint32_t p01, uint32_t p23,
                                       WarpAcc<D>& w) {
   const int t = threadIdx.x & 3;
   uint32_t vs[2 * (D / G)];
@@ -261,12 +280,20 @@ __device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp,
     vs[2 * j + 1] = x.y;
   }
   const uint8_t* section = tile + tp.v_codes;
-  switch (tp.v_kind) {
-    case CodeKind::nib2: pv_nibble<D, G, 2>(section, vs, tp.v_lut, p01, p23, w); break;
-    case CodeKind::nib3: pv_nibble<D, G, 3>(section, vs, tp.v_lut, p01, p23, w); break;
-    case CodeKind::nib4: pv_nibble<D, G, 4>(section, vs, tp.v_lut, p01, p23, w); break;
-    case CodeKind::byte_uniform: pv_byte<D, G, true>(section, vs, tp.v_bias, nullptr, p01, p23, w); break;
-    default: pv_byte<D, G, false>(section, vs, 0, table, p01, p23, w); break;
+  if constexpr (VK == kAnyKind) {
+    switch (tp.v_kind) {
+      case CodeKind::nib2: pv_nibble<D, G, 2>(section, vs, tt.v_lut, p01, p23, w); break;
+      case CodeKind::nib3: pv_nibble<D, G, 3>(section, vs, tt.v_lut, p01, p23, w); break;
+      case CodeKind::nib4: pv_nibble<D, G, 4>(section, vs, tt.v_lut, p01, p23, w); break;
+      case CodeKind::byte_uniform: pv_byte<D, G, true>(section, vs, tt.v_bias, nullptr, p01, p23, w); break;
+      default: pv_byte<D, G, false>(section, vs, 0, tt.v_table, p01, p23, w); break;
+    }
+  } else if constexpr (VK == CodeKind::byte_uniform) {
+    pv_byte<D, G, true>(section, vs, tt.v_bias, nullptr, p01, p23, w);
+  } else if constexpr (VK == CodeKind::byte_lut) {
+    pv_byte<D, G, false>(section, vs, 0, tt.v_table, p01, p23, w);
+  } else {
+    pv_nibble<D, G, static_cast<int>(VK)>(section, vs, tt.v_lut, p01, p23, w);
   }
 }
 
@@ -277,90 +304,116 @@ struct MainPages {
   int first, count;
 };
 
-__device__ __forceinline__ const uint8_t* main_tile(const TierParams& tp, const MainPages& pg, int slot, int head, int n_kv,
-                                                    int tile) {
-  const int page_i = tile / tp.tiles_per_page, in_page = tile - page_i * tp.tiles_per_page;
-  const int k = page_i - pg.first;
-  const int page = (k >= 0 && k < pg.count) ? pg.cached[k] : tp.page_table[slot * tp.page_stride + page_i];
-  return tp.base + ((static_cast<int64_t>(page) * n_kv + head) * tp.tiles_per_page + in_page) * static_cast<int64_t>(tp.tile_bytes);
-}
-
-// Asynchronous copy of a tile record (global -> this warp's ring), 16 bytes per lane per step.
-__device__ __forceinline__ void copy_tile_async(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  for (int off = lane * 16; off < bytes; off += 32 * 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + off), "l"(src + off) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // The main-tier tiles of this warp (every kAttnWarps-th tile of the item) go through a ring of kStages
-// tile buffers in shared memory: copies run kStages - 1 tiles ahead of the computation. start() issues the
-// first copies (before the queries are prepared, so that the fetch latency overlaps that work); run() does
-// the rest.
+// tile buffers in shared memory, one mbarrier per buffer: lane 0 copies a whole tile record with one bulk
+// copy, kStages - 1 tiles ahead of the computation. The tile addresses advance incrementally (page index,
+// tile in page), so the loop does no division. start() issues the first copies (before the queries are
+// prepared, so that the fetch latency overlaps that work); run() does the rest.
 template <int kStages>
 struct TilePipeline {
   const TierParams& tp;
   const MainPages& pg;
-  uint8_t* ring;
+  uint8_t* ring;     // [kStages][tile_bytes], this warp's buffers
+  uint32_t bars;     // shared address of this warp's kStages mbarriers (8 bytes each)
   int slot, head, n_kv, first, n, lane;
+  int issued = 0;    // tiles fetched so far
+  int next_page = 0, next_in_page = 0;  // the next tile to fetch: page index in the sequence, tile in the page
 
   __device__ __forceinline__ TilePipeline(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq, const MainPages& pages,
-                                          uint8_t* ring_)
-      : tp(p.main), pg(pages), ring(ring_), slot(rq.slot), head(it.kv_head), n_kv(p.n_kv) {
+                                          uint8_t* ring_, uint64_t* bars_)
+      : tp(p.main), pg(pages), ring(ring_), bars(shared_address(bars_)), slot(rq.slot), head(it.kv_head), n_kv(p.n_kv) {
     lane = threadIdx.x & 31;
     first = it.tile_begin + (threadIdx.x >> 5);
     n = first < it.tile_end ? (it.tile_end - first + kAttnWarps - 1) / kAttnWarps : 0;
+    next_page = first / tp.tiles_per_page;
+    next_in_page = first - next_page * tp.tiles_per_page;
   }
-  __device__ __forceinline__ void fetch(int k) const {
-    copy_tile_async(ring + (k % kStages) * tp.tile_bytes, main_tile(tp, pg, slot, head, n_kv, first + k * kAttnWarps), tp.tile_bytes,
-                    lane);
-  }
-  __device__ __forceinline__ void start() const {
+  // Lane 0 makes the warp's barriers (each phase completes with lane 0's arrival plus the copy's bytes).
+  __device__ __forceinline__ void init_barriers() const {
+    if (lane == 0) {
 #pragma unroll
-    for (int k = 0; k < kStages - 1; ++k) {
-      if (k < n) fetch(k);
-      cp_async_commit();
+      for (int k = 0; k < kStages; ++k) mbarrier_init(bars + 8 * k, 1);
+      mbarrier_init_fence();
     }
+    __syncwarp();
+  }
+  __device__ __forceinline__ void fetch_next() {
+    if (lane == 0) {
+      const int k = next_page - pg.first;
+      const int page = (k >= 0 && k < pg.count) ? pg.cached[k] : tp.page_table[slot * tp.page_stride + next_page];
+      const uint8_t* src =
+          tp.base + ((static_cast<int64_t>(page) * n_kv + head) * tp.tiles_per_page + next_in_page) * static_cast<int64_t>(tp.tile_bytes);
+      const int stage = issued % kStages;
+      const uint32_t bar = bars + 8 * stage;
+      mbarrier_expect_bytes(bar, static_cast<uint32_t>(tp.tile_bytes));
+      bulk_copy_to_shared(shared_address(ring + stage * tp.tile_bytes), src, static_cast<uint32_t>(tp.tile_bytes), bar);
+    }
+    ++issued;
+    next_in_page += kAttnWarps;
+    while (next_in_page >= tp.tiles_per_page) {
+      next_in_page -= tp.tiles_per_page;
+      ++next_page;
+    }
+  }
+  __device__ __forceinline__ void start() {
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k)
+      if (k < n) fetch_next();
   }
   template <typename TileFn>
-  __device__ __forceinline__ void run(TileFn&& fn) const {
+  __device__ __forceinline__ void run(TileFn&& fn) {
     for (int k = 0; k < n; ++k) {
-      if (k + kStages - 1 < n) fetch(k + kStages - 1);
-      cp_async_commit();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-      fn(ring + (k % kStages) * tp.tile_bytes, first + k * kAttnWarps);
-      __syncwarp();  // the buffer is refilled next iteration
+      if (issued < n) fetch_next();
+      const int stage = k % kStages;
+      mbarrier_wait(bars + 8 * stage, static_cast<uint32_t>((k / kStages) & 1));
+      fn(ring + stage * tp.tile_bytes, first + k * kAttnWarps);
+      __syncwarp();  // every lane is done with the buffer before lane 0 refills it
     }
-    cp_async_wait<0>();
   }
 };
 
 inline constexpr int kStagesTq = 4;
 inline constexpr int kStagesDense = 2;
+inline constexpr int kMaxStages = 4;
 
-template <int D, int G>
-__device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, const TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
-                                             const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
+template <int D, int G, CodeKind KK, CodeKind VK>
+__device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
+                                                   const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const int g = (threadIdx.x & 31) >> 2;
   const TierParams& tp = p.main;
+  const TileTables tt{tp.k_lut, tp.v_lut, tp.k_bias, tp.v_bias, k_table, v_table};
   pipe.run([&](const uint8_t* tile, int index) {
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    qk_tq<D, G>(tile, tp, k_table, qf, s);
+    qk_tq<D, G, KK>(tile, tp, tt, qf, s);
     const int p0 = tp.first_pos + index * kTileTokens;
     if (tile_needs_mask(mk, p0)) apply_mask(s, p0, g, mk);
     uint32_t p01, p23;
     online_softmax<D, false>(s, w, p01, p23);
-    pv_tq<D, G>(tile, tp, v_table, p01, p23, w);
+    pv_tq<D, G, VK>(tile, tp, tt, p01, p23, w);
   });
 }
 
+// The common pairs get loops compiled for their kinds (K8/V3, K8/V4, K4/V4, K3/V3); others decode
+// through the run-time switch.
+template <int D, int G>
+__device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
+                                             const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
+  const CodeKind kk = p.main.k_kind, vk = p.main.v_kind;
+  if (kk == CodeKind::byte_uniform && vk == CodeKind::nib3) {
+    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib3>(p, pipe, k_table, v_table, qf, mk, w);
+  } else if (kk == CodeKind::byte_uniform && vk == CodeKind::nib4) {
+    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib4>(p, pipe, k_table, v_table, qf, mk, w);
+  } else if (kk == CodeKind::nib4 && vk == CodeKind::nib4) {
+    warp_main_tq_kinds<D, G, CodeKind::nib4, CodeKind::nib4>(p, pipe, k_table, v_table, qf, mk, w);
+  } else if (kk == CodeKind::nib3 && vk == CodeKind::nib3) {
+    warp_main_tq_kinds<D, G, CodeKind::nib3, CodeKind::nib3>(p, pipe, k_table, v_table, qf, mk, w);
+  } else {
+    warp_main_tq_kinds<D, G, kAnyKind, kAnyKind>(p, pipe, k_table, v_table, qf, mk, w);
+  }
+}
+
 template <int D, bool kBf16>
-__device__ __forceinline__ void warp_main_dense(const AttentionKernelParams& p, const TilePipeline<kStagesDense>& pipe,
+__device__ __forceinline__ void warp_main_dense(const AttentionKernelParams& p, TilePipeline<kStagesDense>& pipe,
                                                 const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const TierParams& tp = p.main;
@@ -485,6 +538,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   __shared__ int sm_pages[kMaxCachedPages];
   __shared__ uint16_t sm_k_table[256], sm_v_table[256];
   __shared__ int sm_last;
+  __shared__ __align__(8) uint64_t sm_bars[kAttnWarps][kMaxStages];  // the warps' tile-ring barriers
   // After the tile loops: per-warp accumulators [kAttnWarps][rows * D], then merged sums.
   float (*sm_o)[kRowsPerItem * D] = reinterpret_cast<float (*)[kRowsPerItem * D]>(dyn_smem);
 
@@ -498,8 +552,12 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   // Main tier: start fetching this warp's first tiles (page ids from the global table for now).
   constexpr int kStages = MK == MainKind::tq ? kStagesTq : kStagesDense;
   MainPages pg{sm_pages, 0, 0};
-  const TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * p.main.tile_bytes);
-  if (main_tier) pipe.start();
+  static_assert(kStages <= kMaxStages);
+  TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * p.main.tile_bytes, sm_bars[warp]);
+  if (main_tier) {
+    pipe.init_barriers();
+    pipe.start();
+  }
 
   // Queries, scaled into base 2 (and multiplied by the K signs before the transform for TurboQuant keys).
   for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {

@@ -110,4 +110,43 @@ __device__ __forceinline__ void load_lane_words(const uint8_t* section, int lane
   if constexpr (kRest % 2 == 1) w[W - 1] = load_stream4(rest + lane * 4);
 }
 
+// ------------------------------------------------------------------ bulk copies (Hopper TMA, no tensor map)
+//
+// One lane moves a whole tile record (a multiple of 16 bytes, 16-byte aligned) from global into shared
+// memory with cp.async.bulk; the copy signals an mbarrier in shared memory when its bytes have landed,
+// and the lanes that read the buffer wait on the barrier's phase. This replaces one 16-byte cp.async per
+// lane and step (and their 64-bit address arithmetic) with one instruction per tile.
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// Barriers are made before any copy uses them; the fence makes the initialisation visible to the
+// asynchronous proxy that completes the copies.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// Arrives on `bar` (its single arrival for this phase) and tells it `bytes` more will land.
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+               "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Waits until the phase with parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 }  // namespace tq::cuda
