@@ -62,10 +62,16 @@ __device__ __forceinline__ void apply_mask(float* s, int p0, int g, const MaskIn
   if (!visible(pb, mk.q1, mk)) s[3] = -INFINITY;
 }
 
-// Online softmax over one tile's scores; returns P^T as the B operand (tokens 2t,2t+1 / 2t+8,2t+9; row g).
-template <int D, bool kBf16>
-__device__ __forceinline__ void online_softmax(const float* s, WarpAcc<D>& w, uint32_t& p01, uint32_t& p23) {
-  float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
+// Online softmax over the scores of NT tiles at once (one max, one rescale of O for all of them); returns
+// each tile's P^T as the B operand: p[i][0] (tokens 2t, 2t+1; row g), p[i][1] (tokens 2t+8, 2t+9; row g).
+template <int D, bool kBf16, int NT>
+__device__ __forceinline__ void online_softmax_n(const float (*s)[4], WarpAcc<D>& w, uint32_t (*p)[2]) {
+  float mx0 = fmaxf(s[0][0], s[0][2]), mx1 = fmaxf(s[0][1], s[0][3]);
+#pragma unroll
+  for (int i = 1; i < NT; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][2]));
+    mx1 = fmaxf(mx1, fmaxf(s[i][1], s[i][3]));
+  }
 #pragma unroll
   for (int off = 4; off < 32; off *= 2) {
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
@@ -77,10 +83,20 @@ __device__ __forceinline__ void online_softmax(const float* s, WarpAcc<D>& w, ui
   const float a0 = fast_exp2(w.m[0] - u0), a1 = fast_exp2(w.m[1] - u1);
   w.m[0] = m0;
   w.m[1] = m1;
-  const float e0 = fast_exp2(s[0] - u0), e1 = fast_exp2(s[1] - u1);
-  const float e2 = fast_exp2(s[2] - u0), e3 = fast_exp2(s[3] - u1);
-  w.l[0] = fmaf(w.l[0], a0, e0 + e2);
-  w.l[1] = fmaf(w.l[1], a1, e1 + e3);
+  float l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const float e0 = fast_exp2(s[i][0] - u0), e1 = fast_exp2(s[i][1] - u1);
+    const float e2 = fast_exp2(s[i][2] - u0), e3 = fast_exp2(s[i][3] - u1);
+    l0 += e0 + e2;
+    l1 += e1 + e3;
+    // (token g, rows 2t, 2t+1) is row g of an 8x8 matrix [token][row]; its transpose gives this lane
+    // (row g, tokens 2t, 2t+1): exactly the B fragment of P^T.
+    p[i][0] = transpose8x8(pack2<kBf16>(e0, e1));
+    p[i][1] = transpose8x8(pack2<kBf16>(e2, e3));
+  }
+  w.l[0] = fmaf(w.l[0], a0, l0);
+  w.l[1] = fmaf(w.l[1], a1, l1);
   if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
 #pragma unroll
     for (int mt = 0; mt < D / 16; ++mt) {
@@ -90,10 +106,14 @@ __device__ __forceinline__ void online_softmax(const float* s, WarpAcc<D>& w, ui
       w.o[mt][3] *= a1;
     }
   }
-  // (token g, rows 2t, 2t+1) is row g of an 8x8 matrix [token][row]; its transpose gives this lane
-  // (row g, tokens 2t, 2t+1): exactly the B fragment of P^T.
-  p01 = transpose8x8(pack2<kBf16>(e0, e1));
-  p23 = transpose8x8(pack2<kBf16>(e2, e3));
+}
+
+template <int D, bool kBf16>
+__device__ __forceinline__ void online_softmax(const float* s, WarpAcc<D>& w, uint32_t& p01, uint32_t& p23) {
+  uint32_t p[1][2];
+  online_softmax_n<D, kBf16, 1>(reinterpret_cast<const float (*)[4]>(s), w, p);
+  p01 = p[0][0];
+  p23 = p[0][1];
 }
 
 // ------------------------------------------------------------------ TurboQuant tiles
@@ -360,14 +380,35 @@ struct TilePipeline {
     for (int k = 0; k < kStages - 1; ++k)
       if (k < n) fetch_next();
   }
+  __device__ __forceinline__ const uint8_t* wait_tile(int k) const {
+    const int stage = k % kStages;
+    mbarrier_wait(bars + 8 * stage, static_cast<uint32_t>((k / kStages) & 1));
+    return ring + stage * tp.tile_bytes;
+  }
   template <typename TileFn>
   __device__ __forceinline__ void run(TileFn&& fn) {
     for (int k = 0; k < n; ++k) {
-      if (issued < n) fetch_next();
-      const int stage = k % kStages;
-      mbarrier_wait(bars + 8 * stage, static_cast<uint32_t>((k / kStages) & 1));
-      fn(ring + stage * tp.tile_bytes, first + k * kAttnWarps);
+      if (issued < n) fetch_next();  // tile k + kStages - 1, into the buffer tile k - 1 used
+      fn(wait_tile(k), first + k * kAttnWarps);
       __syncwarp();  // every lane is done with the buffer before lane 0 refills it
+    }
+  }
+  // Two tiles per step (pair_fn gets both; an odd last tile goes to single_fn). While tiles k and k + 1
+  // are computed, the buffers of tiles before k are free: tiles up to k + kStages - 1 may be in flight.
+  template <typename PairFn, typename SingleFn>
+  __device__ __forceinline__ void run_pairs(PairFn&& pair_fn, SingleFn&& single_fn) {
+    int k = 0;
+    for (; k + 1 < n; k += 2) {
+      while (issued < n && issued < k + kStages) fetch_next();
+      const uint8_t* a = wait_tile(k);
+      const uint8_t* b = wait_tile(k + 1);
+      pair_fn(a, b, first + k * kAttnWarps);
+      __syncwarp();
+    }
+    if (k < n) {
+      while (issued < n && issued < k + kStages) fetch_next();
+      single_fn(wait_tile(k), first + k * kAttnWarps);
+      __syncwarp();
     }
   }
 };
@@ -382,15 +423,33 @@ __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& 
   const int g = (threadIdx.x & 31) >> 2;
   const TierParams& tp = p.main;
   const TileTables tt{tp.k_lut, tp.v_lut, tp.k_bias, tp.v_bias, k_table, v_table};
-  pipe.run([&](const uint8_t* tile, int index) {
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    qk_tq<D, G, KK>(tile, tp, tt, qf, s);
+  auto single = [&](const uint8_t* tile, int index) {
+    float s[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    qk_tq<D, G, KK>(tile, tp, tt, qf, s[0]);
     const int p0 = tp.first_pos + index * kTileTokens;
-    if (tile_needs_mask(mk, p0)) apply_mask(s, p0, g, mk);
-    uint32_t p01, p23;
-    online_softmax<D, false>(s, w, p01, p23);
-    pv_tq<D, G, VK>(tile, tp, tt, p01, p23, w);
-  });
+    if (tile_needs_mask(mk, p0)) apply_mask(s[0], p0, g, mk);
+    uint32_t pt[1][2];
+    online_softmax_n<D, false, 1>(s, w, pt);
+    pv_tq<D, G, VK>(tile, tp, tt, pt[0][0], pt[0][1], w);
+  };
+  // Tiles index and index + kAttnWarps: two independent score chains, one softmax step.
+  auto pair = [&](const uint8_t* ta, const uint8_t* tb, int index) {
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    qk_tq<D, G, KK>(ta, tp, tt, qf, s[0]);
+    qk_tq<D, G, KK>(tb, tp, tt, qf, s[1]);
+    const int pa = tp.first_pos + index * kTileTokens, pb = pa + kAttnWarps * kTileTokens;
+    if (tile_needs_mask(mk, pa)) apply_mask(s[0], pa, g, mk);
+    if (tile_needs_mask(mk, pb)) apply_mask(s[1], pb, g, mk);
+    uint32_t pt[2][2];
+    online_softmax_n<D, false, 2>(s, w, pt);
+    pv_tq<D, G, VK>(ta, tp, tt, pt[0][0], pt[0][1], w);
+    pv_tq<D, G, VK>(tb, tp, tt, pt[1][0], pt[1][1], w);
+  };
+  if constexpr (KK == kAnyKind) {
+    pipe.run(single);  // the generic decoders keep one tile in registers
+  } else {
+    pipe.run_pairs(pair, single);
+  }
 }
 
 // The common pairs get loops compiled for their kinds (K8/V3, K8/V4, K4/V4, K3/V3); others decode
