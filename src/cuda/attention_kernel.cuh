@@ -527,20 +527,39 @@ __device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const 
 
 // ------------------------------------------------------------------ block-level helpers
 
-// Unnormalised Walsh-Hadamard transform of 8 rows of D floats in shared memory (all threads).
+// Unnormalised Walsh-Hadamard transform of the 8 rows of D floats in shared memory x (all threads call
+// it; x must be complete on entry). Each warp transforms whole rows in registers: lane l holds elements
+// [l*E, l*E + E) of a row, the butterflies over the low bits of an index stay inside a lane and those over
+// the high bits are lane shuffles, so no block barrier is needed until the end.
 template <int D>
 __device__ void fwht_rows(float* x) {
-  for (int h = 1; h < D; h *= 2) {
-    for (int idx = threadIdx.x; idx < 8 * (D / 2); idx += kAttnThreads) {
-      const int r = idx / (D / 2), b = idx % (D / 2);
-      const int i = (b / h) * 2 * h + (b % h);
-      float* row = x + r * D;
-      const float a = row[i], c = row[i + h];
-      row[i] = a + c;
-      row[i + h] = a - c;
-    }
-    __syncthreads();
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int r = warp; r < kRowsPerItem; r += kAttnWarps) {
+    float* row = x + r * D + lane * E;
+    float v[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = row[i];
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+      for (int i = 0; i < E; ++i)
+        if ((i & h) == 0) {
+          const float a = v[i], c = v[i + h];
+          v[i] = a + c;
+          v[i + h] = a - c;
+        }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2)
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[i], m);
+        v[i] = (lane & m) ? other - v[i] : v[i] + other;  // this lane holds the upper element of the pair
+      }
+#pragma unroll
+    for (int i = 0; i < E; ++i) row[i] = v[i];
   }
+  __syncthreads();
 }
 
 // Writes the output rows: rot (main tier, rotated domain when `rotated`) and orig (sink tier) hold sums
@@ -761,61 +780,123 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
 
   const OutputGroup og = p.groups[it.group];
   const float* parts = p.partials + static_cast<int64_t>(og.first_part) * stride;
-  // Row maxima and sums over the parts (one warp per two rows), then each part's weight per row.
-  float* weights = sm_o[kAttnWarps - 1] + kRowsPerItem * D;  // [kMaxPartsPerGroup][rows], past the merge buffers
-  for (int r = warp; r < kRowsPerItem; r += kAttnWarps) {
-    float m = -INFINITY;
-    for (int k = lane; k < og.n_parts; k += 32) m = fmaxf(m, __ldcg(parts + k * stride + r));
+  // Dynamic shared memory of the final merge: [kMaxPartsPerGroup][rows] part weights, [rows][D] sink-tier
+  // sum, then a staging area the partials stream through.
+  float* weights = reinterpret_cast<float*>(dyn_smem);
+  float* orig = weights + kMaxPartsPerGroup * kRowsPerItem;
+  float4* staging = reinterpret_cast<float4*>(orig + kRowsPerItem * D);
+  const int staging_bytes = attention_dynamic_smem(D, MK, p.main.tile_bytes) - (kMaxPartsPerGroup + D) * kRowsPerItem * 4;
+
+  // Row maxima and sums over the parts in one round of loads: thread k takes parts k and k + 128.
+  static_assert(kMaxPartsPerGroup <= 2 * kAttnThreads);
+  float pm[2][kRowsPerItem], pl[2][kRowsPerItem];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int k = tid + j * kAttnThreads;
+#pragma unroll
+    for (int q = 0; q < kRowsPerItem / 4; ++q) {
+      float4 m4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY), l4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (k < og.n_parts) {
+        m4 = __ldcg(reinterpret_cast<const float4*>(parts + static_cast<int64_t>(k) * stride) + q);
+        l4 = __ldcg(reinterpret_cast<const float4*>(parts + static_cast<int64_t>(k) * stride + kRowsPerItem) + q);
+      }
+      pm[j][4 * q] = m4.x, pm[j][4 * q + 1] = m4.y, pm[j][4 * q + 2] = m4.z, pm[j][4 * q + 3] = m4.w;
+      pl[j][4 * q] = l4.x, pl[j][4 * q + 1] = l4.y, pl[j][4 * q + 2] = l4.z, pl[j][4 * q + 3] = l4.w;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerItem; ++r) {
+    float m = fmaxf(pm[0][r], pm[1][r]);
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) sm_m[warp][r] = m;
+  }
+  __syncthreads();
+  float row_max[kRowsPerItem];
+#pragma unroll
+  for (int r = 0; r < kRowsPerItem; ++r) {
+    row_max[r] = sm_m[0][r];
+#pragma unroll
+    for (int k = 1; k < kAttnWarps; ++k) row_max[r] = fmaxf(row_max[r], sm_m[k][r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerItem; ++r) {
     float l = 0.0f;
-    for (int k = lane; k < og.n_parts; k += 32) {
-      const float mk_ = __ldcg(parts + k * stride + r);
-      const float wk = mk_ == -INFINITY ? 0.0f : fast_exp2(mk_ - m);
-      weights[k * kRowsPerItem + r] = wk;
-      l += wk * __ldcg(parts + k * stride + kRowsPerItem + r);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int k = tid + j * kAttnThreads;
+      const float wk = pm[j][r] == -INFINITY ? 0.0f : fast_exp2(pm[j][r] - row_max[r]);
+      if (k < og.n_parts) weights[k * kRowsPerItem + r] = wk;
+      l = fmaf(wk, pl[j][r], l);
     }
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (lane == 0) {
-      sm_row_max[r] = m;
-      sm_row_sum[r] = l;
-    }
+    if (lane == 0) sm_l[warp][r] = l;
   }
   __syncthreads();
-  // Weighted sums, four dims per thread and several parts in flight (the partials sit in L2).
-  float* rot = sm_q;      // main-tier sum
-  float* orig = sm_o[1];  // sink-tier sum
-  for (int idx = tid; idx < valid_rows * D / 4; idx += kAttnThreads) {
-    const int r = idx * 4 / D;
-    float4 a_rot = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a_orig = a_rot;
-    const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem) + idx;
-    constexpr int kUnroll = 8;
-    for (int k0 = 0; k0 < og.n_parts; k0 += kUnroll) {
-      float4 v[kUnroll];
+  if (tid < kRowsPerItem) {
+    float l = 0.0f;
+    float m = sm_m[0][tid];
+    for (int k = 0; k < kAttnWarps; ++k) {
+      l += sm_l[k][tid];
+      m = fmaxf(m, sm_m[k][tid]);
+    }
+    sm_row_max[tid] = m;
+    sm_row_sum[tid] = l;
+  }
+
+  // Weighted sums: the partials (in L2) stream through the staging area in chunks of parts, every copy of
+  // a chunk in flight at once (cp.async, 16 bytes each); a thread reads back only the slots it filled, so
+  // no barrier is needed between chunks. Thread tid owns float4 columns tid, tid + 128, ... of the rows.
+  const int n_vec = valid_rows * D / 4;
+  constexpr int kVecPerThread = kRowsPerItem * D / 4 / kAttnThreads;  // upper bound: 8 rows
+  const int chunk = max(1, min(og.n_parts, staging_bytes / (n_vec * 16)));
+  float4 a_rot[kVecPerThread], a_orig[kVecPerThread];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (k0 + u < og.n_parts) v[u] = __ldcg(src + static_cast<int64_t>(k0 + u) * (stride / 4));
+  for (int j = 0; j < kVecPerThread; ++j) a_rot[j] = a_orig[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem);
+  for (int k0 = 0; k0 < og.n_parts; k0 += chunk) {
+    const int count = min(chunk, og.n_parts - k0);
+    for (int u = 0; u < count; ++u)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int k = k0 + u;
-        if (k >= og.n_parts) break;
-        const float wk = weights[k * kRowsPerItem + r];
-        if (k < og.n_sink_parts) {
-          a_orig.x = fmaf(wk, v[u].x, a_orig.x);
-          a_orig.y = fmaf(wk, v[u].y, a_orig.y);
-          a_orig.z = fmaf(wk, v[u].z, a_orig.z);
-          a_orig.w = fmaf(wk, v[u].w, a_orig.w);
-        } else {
-          a_rot.x = fmaf(wk, v[u].x, a_rot.x);
-          a_rot.y = fmaf(wk, v[u].y, a_rot.y);
-          a_rot.z = fmaf(wk, v[u].z, a_rot.z);
-          a_rot.w = fmaf(wk, v[u].w, a_rot.w);
+      for (int j = 0; j < kVecPerThread; ++j) {
+        const int idx = tid + j * kAttnThreads;
+        if (idx < n_vec) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(staging + u * n_vec + idx)),
+                       "l"(src + static_cast<int64_t>(k0 + u) * (stride / 4) + idx)
+                       : "memory");
         }
       }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    for (int u = 0; u < count; ++u) {
+      const int k = k0 + u;
+#pragma unroll
+      for (int j = 0; j < kVecPerThread; ++j) {
+        const int idx = tid + j * kAttnThreads;
+        if (idx >= n_vec) continue;
+        const float wk = weights[k * kRowsPerItem + idx * 4 / D];
+        const float4 v = staging[u * n_vec + idx];
+        const bool sink_part = k < og.n_sink_parts;
+        const float ws = sink_part ? wk : 0.0f, wr = sink_part ? 0.0f : wk;
+        a_orig[j].x = fmaf(ws, v.x, a_orig[j].x);
+        a_orig[j].y = fmaf(ws, v.y, a_orig[j].y);
+        a_orig[j].z = fmaf(ws, v.z, a_orig[j].z);
+        a_orig[j].w = fmaf(ws, v.w, a_orig[j].w);
+        a_rot[j].x = fmaf(wr, v.x, a_rot[j].x);
+        a_rot[j].y = fmaf(wr, v.y, a_rot[j].y);
+        a_rot[j].z = fmaf(wr, v.z, a_rot[j].z);
+        a_rot[j].w = fmaf(wr, v.w, a_rot[j].w);
+      }
     }
-    reinterpret_cast<float4*>(rot)[idx] = a_rot;
-    reinterpret_cast<float4*>(orig)[idx] = a_orig;
+  }
+  float* rot = sm_q;  // main-tier sum
+#pragma unroll
+  for (int j = 0; j < kVecPerThread; ++j) {
+    const int idx = tid + j * kAttnThreads;
+    if (idx < n_vec) {
+      reinterpret_cast<float4*>(rot)[idx] = a_rot[j];
+      reinterpret_cast<float4*>(orig)[idx] = a_orig[j];
+    }
   }
   if (tid == 0) p.counters[it.group] = 0;  // ready for the next launch (graph replays)
   __syncthreads();
