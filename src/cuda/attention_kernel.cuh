@@ -787,6 +787,30 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   float4* staging = reinterpret_cast<float4*>(orig + kRowsPerItem * D);
   const int staging_bytes = attention_dynamic_smem(D, MK, p.main.tile_bytes) - (kMaxPartsPerGroup + D) * kRowsPerItem * 4;
 
+  // Weighted sums: the partials (in L2) stream through the staging area in chunks of parts, every copy of
+  // a chunk in flight at once (cp.async, 16 bytes each); a thread reads back only the slots it filled, so
+  // no barrier is needed between chunks. Thread tid owns float4 columns tid, tid + 128, ... of the rows.
+  // The first chunk is requested before the maxima are read, so that both travel together.
+  const int n_vec = valid_rows * D / 4;
+  constexpr int kVecPerThread = kRowsPerItem * D / 4 / kAttnThreads;  // upper bound: 8 rows
+  const int chunk = max(1, min(og.n_parts, staging_bytes / (n_vec * 16)));
+  const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem);
+  auto request_chunk = [&](int k0) {
+    const int count = min(chunk, og.n_parts - k0);
+    for (int u = 0; u < count; ++u)
+#pragma unroll
+      for (int j = 0; j < kVecPerThread; ++j) {
+        const int idx = tid + j * kAttnThreads;
+        if (idx < n_vec) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(staging + u * n_vec + idx)),
+                       "l"(src + static_cast<int64_t>(k0 + u) * (stride / 4) + idx)
+                       : "memory");
+        }
+      }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  request_chunk(0);
+
   // Row maxima and sums over the parts in one round of loads: thread k takes parts k and k + 128.
   static_assert(kMaxPartsPerGroup <= 2 * kAttnThreads);
   float pm[2][kRowsPerItem], pl[2][kRowsPerItem];
@@ -845,29 +869,12 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     sm_row_sum[tid] = l;
   }
 
-  // Weighted sums: the partials (in L2) stream through the staging area in chunks of parts, every copy of
-  // a chunk in flight at once (cp.async, 16 bytes each); a thread reads back only the slots it filled, so
-  // no barrier is needed between chunks. Thread tid owns float4 columns tid, tid + 128, ... of the rows.
-  const int n_vec = valid_rows * D / 4;
-  constexpr int kVecPerThread = kRowsPerItem * D / 4 / kAttnThreads;  // upper bound: 8 rows
-  const int chunk = max(1, min(og.n_parts, staging_bytes / (n_vec * 16)));
   float4 a_rot[kVecPerThread], a_orig[kVecPerThread];
 #pragma unroll
   for (int j = 0; j < kVecPerThread; ++j) a_rot[j] = a_orig[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem);
   for (int k0 = 0; k0 < og.n_parts; k0 += chunk) {
     const int count = min(chunk, og.n_parts - k0);
-    for (int u = 0; u < count; ++u)
-#pragma unroll
-      for (int j = 0; j < kVecPerThread; ++j) {
-        const int idx = tid + j * kAttnThreads;
-        if (idx < n_vec) {
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(staging + u * n_vec + idx)),
-                       "l"(src + static_cast<int64_t>(k0 + u) * (stride / 4) + idx)
-                       : "memory");
-        }
-      }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     for (int u = 0; u < count; ++u) {
       const int k = k0 + u;
 #pragma unroll
@@ -888,6 +895,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
         a_rot[j].w = fmaf(wr, v.w, a_rot[j].w);
       }
     }
+    if (k0 + chunk < og.n_parts) request_chunk(k0 + chunk);  // the slots just read are free again
   }
   float* rot = sm_q;  // main-tier sum
 #pragma unroll
