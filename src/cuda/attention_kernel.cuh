@@ -4,8 +4,10 @@
 // Per block: up to 8 query rows of one KV head (the heads of a GQA group, times the queries of a causal
 // block) are scaled by softmax_scale * log2(e), rotated with the K rotation when the tier holds
 // TurboQuant codes, and kept in registers as the B operand of mma.m16n8k16. Each warp takes every 4th
-// tile of the item's range; tile records stream into the warp's ring of shared-memory buffers with
-// cp.async, 3 tiles ahead of the computation (1 for FP16/BF16 tiles, which are larger); per tile it
+// tile of the item's range; each tile record lands in the warp's ring of shared-memory buffers with one
+// bulk copy (cp.async.bulk, completion on an mbarrier per buffer), up to 3 tiles ahead of the computation
+// (1 for FP16/BF16 tiles, which are larger). The common code-kind pairs run loops compiled for their
+// kinds that take two tiles per online-softmax step. Per tile it
 //   1. decodes K (codes -> binary16 levels, in registers) and computes S^T = K . Q^T with one MMA per
 //      16 dims; per scale group the MMA sums are multiplied by the tokens' K scales;
 //   2. masks (causal, window, length) only on tiles that need it; online softmax in base 2;
@@ -14,8 +16,9 @@
 //      like K's.
 // The warps' states are merged in shared memory. An item that covers its group alone writes the output;
 // otherwise it writes a partial state and the last item of the group to finish (a counter) merges all
-// of them: maxima, sums, the rotated-domain sum (main tier) and the original-domain sum (sink tier),
-// applies the learned sink, inverse-rotates once per row and writes the output.
+// of them (maxima and sums in one round of loads, the partial sums streamed through shared memory in
+// chunks): the rotated-domain sum (main tier) and the original-domain sum (sink tier), applies the
+// learned sink, inverse-rotates once per row (a per-warp transform with shuffles) and writes the output.
 #pragma once
 
 #include <cmath>
