@@ -84,9 +84,10 @@ TEST(LlamaReal, TqLlamaHd128GreedyContinuationAndCompressedCache) {
   auto f16 = dense_cache(*model, KVType::f16);
   const auto f16_ids = greedy(*model, f16, ids, 48, pool);
   // K8/V3 with every position compressed (no sink tier): fused and standard read the same codes and
-  // must give the same tokens. (Agreement with the FP16 cache is measured, not asserted, below: the
-  // golden continuation has top-1/top-2 logit gaps down to 0.006, and 3-bit values move logits by
-  // about 0.3 on this model, so free-running greedy decoding parts from FP16 after a few tokens.)
+  // must give the same tokens. Agreement with the FP16 cache is asserted teacher-forced below, not
+  // free-running: along the golden continuation the float32 top-1/top-2 logit gaps are 0.018 at new
+  // token 9 and 0.008 at token 26; K8/V3 moves the first to -0.08 and even K8/V8 moves the second to
+  // -0.002, so no lossy cache can promise 32 identical free-running tokens on this prompt.
   TurboQuantCacheOptions o;
   auto fused = dense_cache(*model, KVType::f16);
   convert_cache_to_turboquant(fused, o);
@@ -112,7 +113,8 @@ TEST(LlamaReal, TqLlamaHd128GreedyContinuationAndCompressedCache) {
 }
 
 // Teacher-forced along the golden continuation: the K8/V3 cache (no sink tier) picks the FP16
-// cache's top-1 token at most positions and its distributions stay close.
+// cache's top-1 token at every position where that choice is clear, at most positions overall, and its
+// distributions stay close.
 TEST(LlamaReal, TqLlamaHd128CompressedCacheStaysCloseToFp16) {
   const std::string dir = shared("models/tq-llama-hd128");
   SKIP_IF_MISSING(dir + "/golden.json");
@@ -135,11 +137,21 @@ TEST(LlamaReal, TqLlamaHd128CompressedCacheStaysCloseToFp16) {
   enable_fused_attend(tq);
   const auto test = run(tq);
   double kld = 0;
-  int same = 0;
+  int same = 0, clear = 0, clear_same = 0;
   for (int i = 0; i < n; ++i) {
     std::vector<float> p(base.begin() + static_cast<size_t>(i) * V, base.begin() + static_cast<size_t>(i + 1) * V);
     std::vector<float> q(test.begin() + static_cast<size_t>(i) * V, test.begin() + static_cast<size_t>(i + 1) * V);
-    same += ops::argmax(p.data(), V) == ops::argmax(q.data(), V);
+    const int top = static_cast<int>(ops::argmax(p.data(), V));
+    same += top == static_cast<int>(ops::argmax(q.data(), V));
+    // Where the FP16 cache's choice is clear (top-1 ahead of top-2 by more than 0.25, about twice the
+    // largest logit shift 3-bit values cause on this model), the compressed cache must make the same choice.
+    float second = -INFINITY;
+    for (int j = 0; j < V; ++j)
+      if (j != top) second = std::max(second, p[j]);
+    if (p[top] - second > 0.25f) {
+      ++clear;
+      clear_same += top == static_cast<int>(ops::argmax(q.data(), V));
+    }
     ops::softmax(p.data(), p.data(), V);
     ops::softmax(q.data(), q.data(), V);
     for (int j = 0; j < V; ++j)
@@ -148,8 +160,11 @@ TEST(LlamaReal, TqLlamaHd128CompressedCacheStaysCloseToFp16) {
   kld /= n;
   RecordProperty("mean_kld", std::to_string(kld));
   RecordProperty("top1_same", std::to_string(same) + "/" + std::to_string(n));
+  RecordProperty("top1_same_where_clear", std::to_string(clear_same) + "/" + std::to_string(clear));
   EXPECT_LT(kld, 0.02);
   EXPECT_GE(same, n * 85 / 100);
+  EXPECT_GE(clear, n / 2);
+  EXPECT_EQ(clear_same, clear);
 }
 
 TEST(LlamaReal, Stories260KGgufGreedyStory) {
