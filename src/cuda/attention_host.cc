@@ -143,7 +143,12 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " (tiles of ", main.tile_bytes,
            " bytes) on this device");
   static const int sm_count = device_properties().sm_count;  // one device per process
-  shape.target_blocks = sm_count * per_sm;
+  // Split long contexts into two items per multiprocessor, not as many as fit: half as many partial
+  // states per group make the final merge cheaper, and 8 warps per multiprocessor with their tile rings
+  // still keep enough bytes in flight. Measured on the H200 (K8/V3, 1 x 128K): 4 items per SM 82.0 us,
+  // 3 per SM 73.9 us, 2 per SM 69.1 us, 1 per SM 92.7 us (docs/BENCHMARKS.md).
+  constexpr int kItemsPerSm = 2;
+  shape.target_blocks = sm_count * std::min(per_sm, kItemsPerSm);
   a.plan = plan_attention(shape, pr);
 
   a.items.reserve(std::max<size_t>(1, a.plan.items.size()) * sizeof(WorkItem));

@@ -416,9 +416,15 @@ struct TilePipeline {
   }
 };
 
-inline constexpr int kStagesTq = 4;
+// Tile buffers per warp for TurboQuant tiles (a build-time knob for experiments: -DTQ_ATTN_STAGES_TQ=N,
+// at most kMaxStages; on the H200 6 was no faster than 4 at two items per multiprocessor).
+#ifndef TQ_ATTN_STAGES_TQ
+#define TQ_ATTN_STAGES_TQ 4
+#endif
+inline constexpr int kStagesTq = TQ_ATTN_STAGES_TQ;
 inline constexpr int kStagesDense = 2;
-inline constexpr int kMaxStages = 4;
+inline constexpr int kMaxStages = 8;
+static_assert(kStagesTq >= 2 && kStagesTq <= kMaxStages);
 
 template <int D, int G, CodeKind KK, CodeKind VK>
 __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
