@@ -5,6 +5,12 @@
 #include "hwy/contrib/math/math-inl.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 #include "attn/kernels.h"
 
@@ -14,6 +20,9 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using D = hn::ScalableTag<float>;
+using D16 = hn::CappedTag<float, 16>;  // up to 16 lanes: one vector per 16 positions or dimensions
+using tq::attn_kernels::kBlockRows;
+using tq::attn_kernels::kBlockTokens;
 
 // Dot products of up to 4 query rows with one key at a time: each key vector is loaded once per 4
 // rows, partial sums stay in registers, one horizontal sum per score.
@@ -228,6 +237,336 @@ void Scale(float* HWY_RESTRICT x, int n, float a) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+
+// ------------------------------------------------------------------ fused block kernel
+
+// Work layout (floats): [kBlockRows][kBlockTokens] weights per value group (u), then
+// [dim / 4][4][64] bytes of transposed key codes (as floats: dim * 16), then
+// [kBlockRows][4][16] permuted scores.
+constexpr int kMaxValueGroups = 1024 / 16;
+
+// Level lookup of a code vector from a table of at most 16 levels held in registers.
+template <class DF>
+struct LevelTable {
+  hn::Vec<DF> lo, hi;  // levels [0, N) and [N, 2N)
+  const float* table;
+  int count;
+};
+
+template <class DF, class DI>
+HWY_INLINE hn::Vec<DF> LookupLevel(DF d, DI di, const LevelTable<DF>& L, hn::Vec<DI> code) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  if (L.count <= N) return hn::TableLookupLanes(L.lo, hn::IndicesFromVec(d, code));
+  if (L.count <= 2 * N) {
+    const auto idx = hn::IndicesFromVec(d, hn::And(code, hn::Set(di, N - 1)));
+    return hn::IfThenElse(hn::RebindMask(d, hn::Lt(code, hn::Set(di, N))), hn::TableLookupLanes(L.lo, idx),
+                          hn::TableLookupLanes(L.hi, idx));
+  }
+  return hn::GatherIndex(d, L.table, code);
+}
+
+// Codes of the N dimensions [j, j + N) of a bit-plane record (plane k at rec + k * plane_bytes).
+template <int kBits, class DI>
+HWY_INLINE hn::Vec<DI> RecordCodes(DI di, const uint8_t* HWY_RESTRICT rec, size_t plane_bytes, int j) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(DI()));
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (N == 8) {
+    // BMI2: deposit the 8 bits of plane k into bit k of 8 bytes, then widen the bytes.
+    uint64_t bytes = 0;
+    for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(rec[k * plane_bytes + j / 8], 0x0101010101010101ull << k);
+    const hn::Rebind<uint8_t, DI> du8;
+    HWY_ALIGN uint8_t lanes[8];
+    std::memcpy(lanes, &bytes, 8);
+    return hn::PromoteTo(di, hn::Load(du8, lanes));
+  }
+#endif
+  auto code = hn::Zero(di);
+  for (int k = 0; k < kBits; ++k) {
+    const uint8_t* plane = rec + k * plane_bytes;
+    hn::Mask<DI> hit;
+    if constexpr (N >= 8) {
+      hit = hn::LoadMaskBits(di, plane + j / 8);  // a mask-register load on AVX-512
+    } else {
+      const uint8_t byte = static_cast<uint8_t>(plane[j / 8] >> (j % 8));
+      hit = hn::LoadMaskBits(di, &byte);
+    }
+    code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
+  }
+  return code;
+}
+
+// Where the values of a block come from; Load(t, j) = the N values [j, j + N) of position t (before
+// the per-group scale, which is folded into the weights).
+template <int kBits>
+struct TurboQuantValues {
+  const uint8_t* v;
+  size_t stride, plane_bytes;
+  LevelTable<D16> levels;
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
+    const D16 d;
+    const hn::RebindToSigned<D16> di;
+    return LookupLevel(d, di, levels, RecordCodes<kBits>(di, v + static_cast<size_t>(t) * stride, plane_bytes, j));
+  }
+};
+struct F16Values {
+  const hwy::float16_t* v;
+  size_t stride;  // in elements
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
+    const D16 d;
+    const hn::Rebind<hwy::float16_t, D16> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, v + static_cast<size_t>(t) * stride + j));
+  }
+};
+struct FloatValues {
+  const float* v;
+  int dim;
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const { return hn::LoadU(D16(), v + static_cast<size_t>(t) * dim + j); }
+};
+
+// acc[r][j0, j0 + kV * N) = acc * alpha[r] + sum_t w[g(j)][r][t] * value(t, j) for kRows rows: the
+// kRows x kV accumulator vectors stay in registers for all n positions.
+template <int kRows, int kV, class Src>
+HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const float* HWY_RESTRICT w,
+                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim) {
+  const D16 d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  hn::Vec<D16> a[kRows][kV];
+  const float* wv[kV];  // weights of vector v: [kRows][kBlockTokens]
+  for (int v = 0; v < kV; ++v) wv[v] = w + static_cast<size_t>(group > 0 ? (j0 + v * N) / group : 0) * kBlockRows * kBlockTokens;
+  for (int r = 0; r < kRows; ++r) {
+    const auto al = hn::Set(d, alpha[r]);
+    for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
+  }
+  for (int t = 0; t < n; ++t) {
+    hn::Vec<D16> x[kV];
+    for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(hn::Set(d, wv[v][r * kBlockTokens + t]), x[v], a[r][v]);
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kV; ++v) hn::StoreU(a[r][v], d, acc + static_cast<size_t>(r) * dim + j0 + v * N);
+}
+
+template <int kRows, class Src>
+HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const float* HWY_RESTRICT w,
+                               const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  // 4 vectors of accumulators per row on 32-register targets, 2 on 16-register ones.
+  constexpr int kV = HWY_MAX_BYTES >= 64 ? 4 : 2;
+  int j = 0;
+  for (; j + kV * N <= dim; j += kV * N) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim);
+  for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim);
+}
+
+template <class Src>
+HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int group, const float* w, const float* alpha,
+                              float* acc) {
+  switch (rows) {
+    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc);
+    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc);
+    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc);
+    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc);
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Uniform 8-bit keys with VNNI (vpdpbusd: 64 u8 x s8 products per instruction). The query is split
+// per group into two int8 parts, q ~= step * (256 * hi + lo), so that per position and group
+//   sum_j q_j * level_j = step * (256 * sum_j hi_j code_j + sum_j lo_j code_j - umax * sum_j (256 hi_j + lo_j))
+// in exact 32-bit integers, and only the split of q rounds (|error| <= step / 2 per element).
+// vpdpbusd sums 4 adjacent bytes, so the codes of 4 dimensions x 64 positions are first transposed to
+// 4-byte (dimension) groups per position; the positions then come out in the order
+// lane 4L + i of vector k = position 16L + 4k + i, which a 4x4 transpose of 128-bit blocks undoes.
+HWY_INLINE void Transpose4x4Blocks(__m512& x0, __m512& x1, __m512& x2, __m512& x3) {
+  const __m512 t0 = _mm512_shuffle_f32x4(x0, x1, 0x44), t1 = _mm512_shuffle_f32x4(x0, x1, 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(x2, x3, 0x44), t3 = _mm512_shuffle_f32x4(x2, x3, 0xEE);
+  x0 = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  x1 = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  x2 = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  x3 = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+// Highway 1.0.3's AVX3_DL target string names avxvnni (VEX) but not avx512vnni, hence the attribute.
+__attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq::attn_kernels::BlockJob& J,
+                                                                         float* HWY_RESTRICT work) {
+  const int dim = J.dim, rows = J.rows, group = J.k_group, groups = dim / group;
+  const size_t Ts = static_cast<size_t>(J.T);
+  const int n16 = (J.n + 15) / 16 * 16;
+  const __mmask64 live = n16 >= 64 ? ~0ull : (1ull << n16) - 1;
+  // Transposed codes: [dim / 4][4 position vectors][64 bytes].
+  auto* codes = reinterpret_cast<__m512i*>(work);
+  for (int jq = 0; jq < dim / 4; ++jq) {
+    const uint8_t* c = J.k_region + static_cast<size_t>(4 * jq) * Ts + J.t0;
+    const __m512i r0 = _mm512_maskz_loadu_epi8(live, c), r1 = _mm512_maskz_loadu_epi8(live, c + Ts);
+    const __m512i r2 = _mm512_maskz_loadu_epi8(live, c + 2 * Ts), r3 = _mm512_maskz_loadu_epi8(live, c + 3 * Ts);
+    const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
+    const __m512i e = _mm512_unpacklo_epi8(r2, r3), f = _mm512_unpackhi_epi8(r2, r3);
+    codes[jq * 4 + 0] = _mm512_unpacklo_epi16(a, e);
+    codes[jq * 4 + 1] = _mm512_unpackhi_epi16(a, e);
+    codes[jq * 4 + 2] = _mm512_unpacklo_epi16(b, f);
+    codes[jq * 4 + 3] = _mm512_unpackhi_epi16(b, f);
+  }
+  // Scales of the 64 positions per group, in the same permuted order: [groups][4][16].
+  const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + Ts * dim);
+  HWY_ALIGN float scale_perm[kMaxValueGroups][4][16];
+  for (int g = 0; g < groups; ++g) {
+    __m512 s[4];
+    for (int k = 0; k < 4; ++k)
+      s[k] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>(live >> (16 * k)), sc16 + g * Ts + J.t0 + 16 * k));
+    Transpose4x4Blocks(s[0], s[1], s[2], s[3]);
+    for (int k = 0; k < 4; ++k) _mm512_store_ps(scale_perm[g][k], s[k]);
+  }
+  HWY_ALIGN float perm[kBlockRows][4][16];  // scores in the permuted order
+  for (int k = 0; k < 4; ++k) {
+    // Position vector k holds positions 16L + 4k + i, L = 0..3: in a short block the positions past
+    // n16 read as zero codes and scales and score 0 (the caller masks them).
+    __m512 score[kBlockRows];
+    for (int r = 0; r < kBlockRows; ++r) score[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; ++g) {
+      __m512i hi[kBlockRows], lo[kBlockRows];
+      for (int r = 0; r < kBlockRows; ++r) {
+        hi[r] = _mm512_setzero_si512();
+        lo[r] = _mm512_set1_epi32(r < rows ? -J.q_offset[r * groups + g] : 0);
+      }
+      for (int jq = g * group / 4; jq < (g + 1) * group / 4; ++jq) {
+        const __m512i c = codes[jq * 4 + k];
+        for (int r = 0; r < kBlockRows; ++r) {
+          if (r >= rows) break;
+          int32_t qh, ql;
+          std::memcpy(&qh, J.q_hi + static_cast<size_t>(r) * dim + 4 * jq, 4);
+          std::memcpy(&ql, J.q_lo + static_cast<size_t>(r) * dim + 4 * jq, 4);
+          hi[r] = _mm512_dpbusd_epi32(hi[r], c, _mm512_set1_epi32(qh));
+          lo[r] = _mm512_dpbusd_epi32(lo[r], c, _mm512_set1_epi32(ql));
+        }
+      }
+      const __m512 sc = _mm512_load_ps(scale_perm[g][k]);
+      for (int r = 0; r < rows; ++r) {
+        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
+        const __m512 w = _mm512_mul_ps(sc, _mm512_set1_ps(J.q_step[r * groups + g]));
+        score[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), w, score[r]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) _mm512_store_ps(perm[r][k], score[r]);
+  }
+  for (int r = 0; r < rows; ++r) {
+    __m512 x0 = _mm512_load_ps(perm[r][0]), x1 = _mm512_load_ps(perm[r][1]);
+    __m512 x2 = _mm512_load_ps(perm[r][2]), x3 = _mm512_load_ps(perm[r][3]);
+    Transpose4x4Blocks(x0, x1, x2, x3);
+    float* s = J.scores + r * kBlockTokens;
+    _mm512_store_ps(s, x0);
+    _mm512_store_ps(s + 16, x1);
+    _mm512_store_ps(s + 32, x2);
+    _mm512_store_ps(s + 48, x3);
+  }
+}
+#endif
+
+void AttendBlock(const tq::attn_kernels::BlockJob& J) {
+  using tq::attn_kernels::BlockKeys;
+  using tq::attn_kernels::BlockValues;
+  const D16 d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  const int rows = J.rows, dim = J.dim, n = J.n;
+  const int n16 = (n + 15) / 16 * 16;
+  float* HWY_RESTRICT s = J.scores;  // [kBlockRows][kBlockTokens]
+  float* HWY_RESTRICT w = J.work;    // [value groups][kBlockRows][kBlockTokens]
+
+  // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
+  if (J.keys == BlockKeys::u8_columns) {
+#if HWY_TARGET == HWY_AVX3_DL
+    if (J.q_hi != nullptr) {
+      ScoreU8Vnni(J, w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+    } else
+#endif
+    {
+      const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * dim);
+      for (int t = 0; t < n16; t += 16)
+        ScoreColumnsU8(J.q, rows, J.qsum, J.k_region, scales, J.T, J.t0 + t, dim, J.k_group, J.k_umax, s + t, kBlockTokens);
+    }
+  } else if (J.keys == BlockKeys::f16_columns) {
+    for (int t = 0; t < n16; t += 16)
+      ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
+  }
+
+  // 2. Masking and the online-softmax update: p = exp(s - m_new) in place, alpha rescales the old state.
+  HWY_ALIGN float alpha[kBlockRows];
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const auto lowest = hn::Set(d, -87.0f);  // below this exp underflows
+  for (int r = 0; r < rows; ++r) {
+    float* sr = s + r * kBlockTokens;
+    const int lo = J.lo[r], hi = J.hi[r];
+    if (lo >= hi) {  // this row sees none of the block
+      for (int t = 0; t < n16; ++t) sr[t] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
+    for (int t = 0; t < lo; ++t) sr[t] = neg_inf;
+    for (int t = hi; t < n16; ++t) sr[t] = neg_inf;
+    auto mx = hn::Set(d, neg_inf);
+    for (int t = 0; t < n16; t += N) mx = hn::Max(mx, hn::Load(d, sr + t));
+    const float block_max = hn::GetLane(hn::MaxOfLanes(d, mx));
+    const float m_old = J.m[r];
+    const float m_new = block_max > m_old ? block_max : m_old;
+    alpha[r] = m_old == neg_inf ? 0.0f : std::exp(m_old - m_new);
+    const auto sh = hn::Set(d, m_new);
+    auto sum = hn::Zero(d);
+    for (int t = 0; t < n16; t += N) {
+      const auto z = hn::Sub(hn::Load(d, sr + t), sh);
+      const auto e = hn::IfThenZeroElse(hn::Lt(z, lowest), hn::Exp(d, hn::Max(z, lowest)));
+      sum = hn::Add(sum, e);
+      hn::Store(e, d, sr + t);
+    }
+    J.m[r] = m_new;
+    J.l[r] = J.l[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(d, sum));
+    if (J.acc_other != nullptr && alpha[r] != 1.0f) Scale(J.acc_other + static_cast<size_t>(r) * dim, dim, alpha[r]);
+  }
+
+  // 3. Values: weights per value group (the group's scale folded in), then the accumulation.
+  switch (J.values) {
+    case BlockValues::turboquant_records: {
+      const int groups = dim / J.v_group;
+      const hn::Rebind<hwy::float16_t, D16> dh;
+      HWY_ALIGN uint16_t sc16[kBlockTokens];
+      for (int g = 0; g < groups; ++g) {
+        for (int t = 0; t < n; ++t) std::memcpy(&sc16[t], J.v + static_cast<size_t>(t) * J.v_stride + J.v_code_bytes + 2 * g, 2);
+        for (int t = n; t < n16; ++t) sc16[t] = 0;
+        for (int t = 0; t < n16; t += N) {
+          const auto sc = hn::PromoteTo(d, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(sc16) + t));
+          for (int r = 0; r < rows; ++r)
+            hn::Store(hn::Mul(sc, hn::Load(d, s + r * kBlockTokens + t)), d, w + (g * kBlockRows + r) * kBlockTokens + t);
+        }
+      }
+      HWY_ALIGN float lv[32] = {};
+      const int count = 1 << J.v_bits;
+      for (int i = 0; i < count; ++i) lv[i] = J.v_levels[i];
+      const LevelTable<D16> L{hn::Load(d, lv), hn::Load(d, lv + N), J.v_levels, count};
+      const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+      switch (J.v_bits) {
+        case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
+        case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
+        case 3: return AccumulateAll(TurboQuantValues<3>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
+        default: return AccumulateAll(TurboQuantValues<4>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
+      }
+    }
+    case BlockValues::f16_records:
+      return AccumulateAll(F16Values{reinterpret_cast<const hwy::float16_t*>(J.v), J.v_stride / 2}, rows, n, dim, 0, s, alpha,
+                           J.acc);
+    case BlockValues::floats: {
+      AccumulateAll(FloatValues{J.v_tile, dim}, rows, n, dim, 0, s, alpha, J.acc);
+      // Head dimensions that are not a multiple of the vector length: the last few dimensions.
+      for (int j = dim / N * N; j < dim; ++j)
+        for (int r = 0; r < rows; ++r) {
+          float a = J.acc[static_cast<size_t>(r) * dim + j] * alpha[r];
+          for (int t = 0; t < n; ++t) a += s[r * kBlockTokens + t] * J.v_tile[static_cast<size_t>(t) * dim + j];
+          J.acc[static_cast<size_t>(r) * dim + j] = a;
+        }
+      return;
+    }
+  }
+}
+
+bool BlockUsesInt8Keys() { return HWY_TARGET == HWY_AVX3_DL; }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
 HWY_AFTER_NAMESPACE();
@@ -259,5 +598,13 @@ void accumulate_tile(float* acc, int rows, const float* p, int ld_p, const float
 }
 void exp_shifted(float* x, int n, float shift) { HWY_DYNAMIC_DISPATCH(ExpShifted)(x, n, shift); }
 void scale(float* x, int n, float a) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, a); }
+HWY_EXPORT(AttendBlock);
+HWY_EXPORT(BlockUsesInt8Keys);
+void attend_block(const BlockJob& job) { HWY_DYNAMIC_DISPATCH(AttendBlock)(job); }
+bool block_uses_int8_keys() { return HWY_DYNAMIC_DISPATCH(BlockUsesInt8Keys)(); }
+size_t block_work_floats(int dim) {
+  // value-group weights [64 groups][kBlockRows][kBlockTokens], then transposed key codes (dim * 64 bytes)
+  return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim) * 16;
+}
 }  // namespace tq::attn_kernels
 #endif

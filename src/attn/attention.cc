@@ -151,7 +151,7 @@ void attend_standard_head(const KVCache& cache, const AttentionRequest& r, const
 
 // ------------------------------------------------------------------ fused
 
-constexpr int kTile = 16;  // positions decoded and scored together
+constexpr int kTile = 16;  // positions of a decoded key tile (formats scored by the caller)
 
 // Online-softmax state of one work item for its rows.
 struct PartialState {
@@ -174,11 +174,18 @@ struct RequestPlan {
   int total = 0;                       // positions held
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
   std::vector<float> q_orig_sum, q_rot_sum;  // [n_kv][rows][dim / group]: sums over K groups (K8 scoring)
+  // K8 scoring with 8-bit dot products (see BlockJob): the main K format's queries split per K group,
+  // q ~= q_step * (256 * q_hi + q_lo); empty when the main K format is not uniform 8-bit.
+  std::vector<int8_t> q_hi, q_lo;  // [n_kv][rows][dim]
+  std::vector<float> q_step;       // [n_kv][rows][dim / group]
+  std::vector<int32_t> q_offset;   // [n_kv][rows][dim / group]: umax * sum of (256 * q_hi + q_lo)
 };
 
 struct Scratch {
-  AlignedVector<float> k_tile, v_tile;  // [kTile][dim] (K: [dim][kTile] for column segments)
-  AlignedVector<float> scores;          // [rows][kTile]
+  AlignedVector<float> k_tile;  // [kTile][dim] (K: [dim][kTile] for column segments)
+  AlignedVector<float> v_tile;  // [kBlockTokens][dim]
+  AlignedVector<float> scores;  // [kBlockRows][kBlockTokens]
+  AlignedVector<float> work;    // [block_work_floats(dim)]
 };
 
 // Software prefetch of a segment's K and V bytes for a range of heads (one hint per cache line).
@@ -193,8 +200,25 @@ void prefetch_segment(const Segment& g, int head_begin, int head_end) {
   }
 }
 
+bool is_u8_columns(const Segment& g) {
+  const RecordPlan& kp = g.k_format->plan();
+  return g.k_columns && kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform;
+}
+
+// Values the block kernel decodes itself (in registers); the others are decoded to a float tile first.
+bool values_in_registers(const RecordPlan& vp, int dim) {
+  if (dim % 16 != 0) return false;
+  if (vp.type == KVType::f16) return true;
+  return vp.type == KVType::turboquant && vp.bits <= 4 && vp.group_size % 16 == 0 && vp.layout == PackLayout::planes;
+}
+
 void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequest& r, const AttentionParams& p,
               const Shape& s, Scratch& scratch, std::vector<PartialState>& states) {
+  using attn_kernels::BlockJob;
+  using attn_kernels::BlockKeys;
+  using attn_kernels::BlockValues;
+  using attn_kernels::kBlockRows;
+  using attn_kernels::kBlockTokens;
   const int dim = s.dim, rows = r.n_q * s.group;
   for (int h = item.head_begin; h < item.head_end; ++h) {
     PartialState& st = states[item.first_state + (h - item.head_begin)];
@@ -206,70 +230,139 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   const int last_q = r.pos0 + r.n_q - 1;
   const int oldest_visible = p.window > 0 ? r.pos0 - p.window + 1 : 0;
   float* sc = scratch.scores.data();
+  // Segments of both value domains in this item: a rescale of the softmax state applies to both.
+  bool mixed_domains = false;
+  for (int si = item.seg_begin; si < item.seg_end; ++si)
+    mixed_domains = mixed_domains || plan.segs[si].v_format->rotated() != plan.segs[item.seg_begin].v_format->rotated();
 
   for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
     // The next segment's records for these heads stream in while this one is computed.
     if (si + 1 < item.seg_end) prefetch_segment(plan.segs[si + 1], item.head_begin, item.head_end);
+    const RecordPlan& kp = g.k_format->plan();
+    const RecordPlan& vp = g.v_format->plan();
+    const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
+    const bool int8_keys = u8 && !plan.q_hi.empty() && kp.group_size % 4 == 0;
+    const bool v_registers = values_in_registers(vp, dim);
+    // Level table of the value codes (uniform grids: code - umax).
+    float v_levels[16] = {};
+    if (v_registers && vp.type == KVType::turboquant)
+      for (int c = 0; c < (1 << vp.bits); ++c) v_levels[c] = vp.uniform ? static_cast<float>(c) - vp.uniform_max : vp.levels[c];
+    const int k_groups = kp.group_size > 0 ? dim / kp.group_size : 0;
     for (int h = item.head_begin; h < item.head_end; ++h) {
-    PartialState& st = states[item.first_state + (h - item.head_begin)];
-    const float* q_orig = plan.q_orig.data() + static_cast<size_t>(h) * rows * dim;
-    const float* q_rot = plan.q_rot.data() + static_cast<size_t>(h) * rows * dim;
-    for (int t0 = 0; t0 < g.n_tokens; t0 += kTile) {
-      const int nt = std::min(kTile, g.n_tokens - t0);
-      const int p_first = g.first_pos + t0, p_last = p_first + nt - 1;
-      if (p_first > last_q || p_last < oldest_visible) continue;  // no row sees any of these
-      const float* q = g.k_format->rotated() ? q_rot : q_orig;
-      const RecordPlan& kp = g.k_format->plan();
-      if (g.k_columns && kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform) {
-        // Scores straight from the byte codes: the -umax offset and the scales apply per group.
-        const float* qsum = (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
-                            static_cast<size_t>(h) * rows * (dim / kp.group_size);
-        attn_kernels::score_columns_u8(q, rows, qsum, g.k_region(h),
-                                       reinterpret_cast<const uint16_t*>(g.k_region(h) + static_cast<size_t>(g.block_tokens) * kp.code_bytes),
-                                       g.block_tokens, t0, dim, kp.group_size, kp.uniform_max, sc, kTile);
-      } else if (g.k_columns && kp.type == KVType::f16) {
-        attn_kernels::score_columns_f16(q, rows, reinterpret_cast<const uint16_t*>(g.k_region(h)), g.block_tokens, t0, dim,
-                                        sc, kTile);
-      } else if (g.k_columns) {
-        kernels::decode_columns(kp, g.k_region(h), g.block_tokens, t0, scratch.k_tile.data());
-        attn_kernels::score_columns(q, rows, scratch.k_tile.data(), dim, sc, kTile);
-      } else {
-        kernels::decode_records(g.k_format->plan(), g.k_record(h, t0), g.k_stride, nt, scratch.k_tile.data());
-        attn_kernels::score_tile(q, rows, scratch.k_tile.data(), nt, dim, sc, kTile);
+      PartialState& st = states[item.first_state + (h - item.head_begin)];
+      const float* q_all = (g.k_format->rotated() ? plan.q_rot : plan.q_orig).data() + static_cast<size_t>(h) * rows * dim;
+      const float* qsum_all = u8 ? (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
+                                       static_cast<size_t>(h) * rows * k_groups
+                                 : nullptr;
+      float* acc_all = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
+      float* acc_other_all = g.v_format->rotated() ? st.acc_orig.data() : st.acc_rot.data();
+      for (int c0 = 0; c0 < g.n_tokens; c0 += kBlockTokens) {
+        const int n = std::min(kBlockTokens, g.n_tokens - c0);
+        const int p_first = g.first_pos + c0, p_last = p_first + n - 1;
+        if (p_first > last_q || p_last < oldest_visible) continue;  // no row sees any of these
+        if (!v_registers)
+          kernels::decode_records(vp, g.v_record(h, c0), g.v_stride, n, scratch.v_tile.data());
+        for (int r0 = 0; r0 < rows; r0 += kBlockRows) {
+          BlockJob job;
+          job.rows = std::min(kBlockRows, rows - r0);
+          job.dim = dim;
+          job.n = n;
+          bool any = false;
+          for (int i = 0; i < job.rows; ++i) {
+            const int qpos = r.pos0 + (r0 + i) / s.group;
+            job.hi[i] = std::clamp(qpos - p_first + 1, 0, n);
+            job.lo[i] = p.window > 0 ? std::clamp(qpos - p.window + 1 - p_first, 0, n) : 0;
+            any = any || job.lo[i] < job.hi[i];
+          }
+          if (!any) continue;
+          const float* q = q_all + static_cast<size_t>(r0) * dim;
+          job.q = q;
+          job.scores = sc;
+          job.work = scratch.work.data();
+          if (u8) {
+            job.keys = BlockKeys::u8_columns;
+            job.qsum = qsum_all + static_cast<size_t>(r0) * k_groups;
+            if (int8_keys) {
+              const size_t at = (static_cast<size_t>(h) * rows + r0) * dim, at_g = (static_cast<size_t>(h) * rows + r0) * k_groups;
+              job.q_hi = plan.q_hi.data() + at;
+              job.q_lo = plan.q_lo.data() + at;
+              job.q_step = plan.q_step.data() + at_g;
+              job.q_offset = plan.q_offset.data() + at_g;
+            }
+            job.k_group = kp.group_size;
+            job.k_umax = kp.uniform_max;
+          } else if (f16_columns) {
+            job.keys = BlockKeys::f16_columns;
+          } else {
+            job.keys = BlockKeys::scores;
+            for (int t = 0; t < n; t += kTile) {
+              const int nt = std::min(kTile, n - t);
+              if (g.k_columns) {
+                kernels::decode_columns(kp, g.k_region(h), g.block_tokens, c0 + t, scratch.k_tile.data());
+                attn_kernels::score_columns(q, job.rows, scratch.k_tile.data(), dim, sc + t, kBlockTokens);
+              } else {
+                kernels::decode_records(kp, g.k_record(h, c0 + t), g.k_stride, nt, scratch.k_tile.data());
+                attn_kernels::score_tile(q, job.rows, scratch.k_tile.data(), nt, dim, sc + t, kBlockTokens);
+              }
+            }
+          }
+          if (g.k_columns) {
+            job.k_region = g.k_region(h);
+            job.T = g.block_tokens;
+            job.t0 = c0;
+          }
+          if (v_registers) {
+            job.values = vp.type == KVType::f16 ? BlockValues::f16_records : BlockValues::turboquant_records;
+            job.v = g.v_record(h, c0);
+            job.v_stride = g.v_stride;
+            job.v_bits = vp.bits;
+            job.v_group = vp.group_size;
+            job.v_code_bytes = vp.code_bytes;
+            job.v_levels = v_levels;
+          } else {
+            job.values = BlockValues::floats;
+            job.v_tile = scratch.v_tile.data();
+          }
+          job.m = st.m.data() + r0;
+          job.l = st.l.data() + r0;
+          job.acc = acc_all + static_cast<size_t>(r0) * dim;
+          if (mixed_domains) job.acc_other = acc_other_all + static_cast<size_t>(r0) * dim;
+          attn_kernels::attend_block(job);
+        }
       }
-      bool any = false;
-      for (int row = 0; row < rows; ++row) {
-        const int qpos = r.pos0 + row / s.group;
-        float* sr = sc + static_cast<size_t>(row) * kTile;
-        float tile_max = kNegInf;
-        for (int t = 0; t < nt; ++t) {
-          if (!visible(p_first + t, qpos, p.window)) sr[t] = kNegInf;
-          tile_max = std::max(tile_max, sr[t]);
-        }
-        if (tile_max == kNegInf) {
-          for (int t = 0; t < nt; ++t) sr[t] = 0.0f;
-          continue;
-        }
-        any = true;
-        const float m_new = std::max(st.m[row], tile_max);
-        if (m_new > st.m[row] && st.m[row] != kNegInf) {
-          const float alpha = std::exp(st.m[row] - m_new);
-          st.l[row] *= alpha;
-          attn_kernels::scale(st.acc_orig.data() + static_cast<size_t>(row) * dim, dim, alpha);
-          attn_kernels::scale(st.acc_rot.data() + static_cast<size_t>(row) * dim, dim, alpha);
-        }
-        st.m[row] = m_new;
-        attn_kernels::exp_shifted(sr, nt, m_new);
-        for (int t = 0; t < nt; ++t) st.l[row] += sr[t];
-      }
-      if (!any) continue;
-      kernels::decode_records(g.v_format->plan(), g.v_record(h, t0), g.v_stride, nt, scratch.v_tile.data());
-      float* acc = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
-      attn_kernels::accumulate_tile(acc, rows, sc, kTile, scratch.v_tile.data(), nt, dim);
-    }
     }
   }
+}
+
+// Splits the queries of the main K format's uniform 8-bit groups into two int8 parts per element:
+// per (row, group), step = max|q| / (127 * 256), q / step = 256 * hi + lo with hi = round(q / (256 step))
+// and lo the rounded remainder (|q - step * (256 hi + lo)| <= step / 2).
+void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int group, float umax, RequestPlan& plan) {
+  const int groups = dim / group;
+  plan.q_hi.assign(static_cast<size_t>(n_rows) * dim, 0);
+  plan.q_lo.assign(plan.q_hi.size(), 0);
+  plan.q_step.assign(static_cast<size_t>(n_rows) * groups, 0.0f);
+  plan.q_offset.assign(plan.q_step.size(), 0);
+  for (int row = 0; row < n_rows; ++row)
+    for (int gi = 0; gi < groups; ++gi) {
+      const float* x = q.data() + static_cast<size_t>(row) * dim + gi * group;
+      float amax = 0.0f;
+      for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
+      if (amax == 0.0f) continue;  // all parts zero, step 0
+      const double step = static_cast<double>(amax) / (127.0 * 256.0);
+      int64_t sum = 0;
+      for (int j = 0; j < group; ++j) {
+        const double u = x[j] / step;  // in [-127 * 256, 127 * 256]
+        const int hi = static_cast<int>(std::clamp(std::nearbyint(u / 256.0), -127.0, 127.0));
+        const int lo = static_cast<int>(std::clamp(std::nearbyint(u - 256.0 * hi), -128.0, 127.0));
+        plan.q_hi[static_cast<size_t>(row) * dim + gi * group + j] = static_cast<int8_t>(hi);
+        plan.q_lo[static_cast<size_t>(row) * dim + gi * group + j] = static_cast<int8_t>(lo);
+        sum += 256 * hi + lo;
+      }
+      plan.q_step[static_cast<size_t>(row) * groups + gi] = static_cast<float>(step);
+      plan.q_offset[static_cast<size_t>(row) * groups + gi] = static_cast<int32_t>(static_cast<int64_t>(umax) * sum);
+    }
 }
 
 void attend_fused(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& p,
@@ -280,14 +373,12 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
 
   // Per request: its segments and the queries, scaled, in both domains.
   std::vector<RequestPlan> plans(requests.size());
-  int max_rows = 0;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const auto& r = requests[ri];
     RequestPlan& plan = plans[ri];
     cache.segments(r.seq, plan.segs);
     for (const auto& g : plan.segs) plan.total += g.n_tokens;
     const int rows = r.n_q * s.group;
-    max_rows = std::max(max_rows, rows);
     plan.q_orig.resize(static_cast<size_t>(s.n_kv) * rows * dim);
     for (int h = 0; h < s.n_kv; ++h)
       for (int row = 0; row < rows; ++row) {
@@ -309,6 +400,12 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       sums(plan.q_orig, plan.q_orig_sum);
       sums(plan.q_rot, plan.q_rot_sum);
     }
+    const RecordPlan& kp = cache.k_format().plan();
+    // The 8-bit dot products need exact integer offsets (umax integral) and groups of whole 4-byte words.
+    if (kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform && kp.group_size % 4 == 0 &&
+        kp.uniform_max == std::floor(kp.uniform_max) && attn_kernels::block_uses_int8_keys())
+      split_queries_int8(cache.k_format().rotated() ? plan.q_rot : plan.q_orig, s.n_kv * rows, dim, kp.group_size,
+                         kp.uniform_max, plan);
   }
 
   // Work items: (request, KV head, slice of positions). Decode steps split long contexts so that
@@ -345,8 +442,9 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   std::vector<Scratch> scratch(pool.size());
   for (auto& sc : scratch) {
     sc.k_tile.resize(static_cast<size_t>(kTile) * dim);
-    sc.v_tile.resize(static_cast<size_t>(kTile) * dim);
-    sc.scores.resize(static_cast<size_t>(max_rows) * kTile);
+    sc.v_tile.resize(static_cast<size_t>(attn_kernels::kBlockTokens) * dim);
+    sc.scores.resize(static_cast<size_t>(attn_kernels::kBlockRows) * attn_kernels::kBlockTokens);
+    sc.work.resize(attn_kernels::block_work_floats(dim));
   }
   pool.parallel_for(items.size(), [&](size_t b, size_t e, int thread) {
     for (size_t i = b; i < e; ++i) {

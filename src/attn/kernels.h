@@ -30,4 +30,74 @@ void exp_shifted(float* x, int n, float shift);
 // x[i] *= a for i < n.
 void scale(float* x, int n, float a);
 
+// ------------------------------------------------------------------ fused block kernel
+//
+// One call does the whole inner loop of fused attention for up to kBlockRows query rows of one KV
+// head against up to kBlockTokens consecutive positions: scores (straight from the stored keys),
+// visibility masking, the online-softmax update and the value accumulation (values decoded in
+// registers). The accumulators stay in registers across the block's positions.
+
+constexpr int kBlockRows = 4;
+constexpr int kBlockTokens = 64;
+
+enum class BlockKeys : int {
+  u8_columns,   // uniform 8-bit TurboQuant column region (codes [dim][T], scales [dim/group][T] binary16)
+  f16_columns,  // FP16 column region [dim][T]
+  scores,       // scores already computed by the caller into BlockJob::scores
+};
+
+enum class BlockValues : int {
+  turboquant_records,  // token-major TurboQuant records, 1..4 bits (bit planes, then binary16 scales)
+  f16_records,         // token-major FP16 records
+  floats,              // values already decoded by the caller into BlockJob::v_tile
+};
+
+struct BlockJob {
+  int rows = 0;  // 1..kBlockRows
+  int dim = 0;
+  int n = 0;     // positions in the block, 1..kBlockTokens
+  int lo[kBlockRows] = {}, hi[kBlockRows] = {};  // row r sees the block's positions [lo[r], hi[r])
+
+  BlockKeys keys = BlockKeys::scores;
+  const float* q = nullptr;     // [rows][dim] queries in the keys' domain, softmax scale applied
+  const float* qsum = nullptr;  // u8: [rows][dim / k_group] sums of q over each key group
+  // u8, optional (used by targets with 8-bit dot products): q ~= q_step * (256 * q_hi + q_lo) per group,
+  // q_offset = k_umax * sum over the group of (256 * q_hi + q_lo).
+  const int8_t* q_hi = nullptr;     // [rows][dim]
+  const int8_t* q_lo = nullptr;     // [rows][dim]
+  const float* q_step = nullptr;    // [rows][dim / k_group]
+  const int32_t* q_offset = nullptr;  // [rows][dim / k_group]
+  const uint8_t* k_region = nullptr;  // column region of T positions; the block starts at column t0
+  int T = 0, t0 = 0;                  // t0: multiple of 16
+  int k_group = 0;
+  float k_umax = 0;
+
+  BlockValues values = BlockValues::floats;
+  const uint8_t* v = nullptr;  // record of the block's first position; records v_stride bytes apart
+  size_t v_stride = 0;
+  int v_bits = 0, v_group = 0;
+  size_t v_code_bytes = 0;     // scales follow the codes in a record
+  const float* v_levels = nullptr;  // [1 << v_bits] level table (uniform grids too)
+  const float* v_tile = nullptr;    // floats: [n][dim]
+
+  // Online-softmax state of the rows, updated in place: running maximum, denominator, accumulators.
+  float* m = nullptr;    // [rows]
+  float* l = nullptr;    // [rows]
+  float* acc = nullptr;  // [rows][dim]
+  // The rows' accumulators of the other value domain (original / rotated: the sink tier and the main
+  // tier share m and l), rescaled with them; or nullptr.
+  float* acc_other = nullptr;  // [rows][dim]
+
+  float* scores = nullptr;  // [kBlockRows][kBlockTokens]; the input for keys == scores
+  float* work = nullptr;    // [block_work_floats(dim)]
+};
+
+// Floats of BlockJob::work a block of head dimension dim needs.
+size_t block_work_floats(int dim);
+
+void attend_block(const BlockJob& job);
+
+// Whether the chosen target scores u8 keys with 8-bit dot products (then q_hi/q_lo/q_step/q_offset are used).
+bool block_uses_int8_keys();
+
 }  // namespace tq::attn_kernels
