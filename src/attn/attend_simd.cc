@@ -461,6 +461,70 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// TurboQuant values on AVX-512, 64 dimensions (one value group or part of one) per step: the codes
+// of all 64 dimensions of a position become one byte vector from kBits 64-bit mask loads and kBits
+// masked byte operations; vpermps reads only bits [3:0] of each 32-bit index, so the same vector,
+// shifted by 0/8/16/24 bits, indexes the level table for dimensions 4i, 4i + 1, 4i + 2, 4i + 3.
+// The accumulators therefore hold the dimensions of a 64-dimension chunk permuted: vector v, lane i
+// = dimension 4i + v (unpermute_values restores the order once, after the last block).
+template <int kBits, int kRows>
+HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J, const float* HWY_RESTRICT w,
+                                             const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT levels16) {
+  const int dim = J.dim, n = J.n;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+  const __m512 levels = _mm512_load_ps(levels16);
+  for (int c = 0; c < dim / 64; ++c) {
+    const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
+    __m512 a[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
+    }
+    const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
+    for (int t = 0; t < n; ++t, rec += J.v_stride) {
+      uint64_t bits;
+      std::memcpy(&bits, rec, 8);
+      __m512i code = _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(1));
+      for (int k = 1; k < kBits; ++k) {
+        std::memcpy(&bits, rec + k * plane_bytes, 8);
+        code = _mm512_mask_add_epi8(code, _cvtu64_mask64(bits), code, _mm512_set1_epi8(static_cast<char>(1 << k)));
+      }
+      const __m512 x0 = _mm512_permutexvar_ps(code, levels);
+      const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
+      const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
+      const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 wt = _mm512_set1_ps(wc[r * kBlockTokens + t]);
+        a[r][0] = _mm512_fmadd_ps(wt, x0, a[r][0]);
+        a[r][1] = _mm512_fmadd_ps(wt, x1, a[r][1]);
+        a[r][2] = _mm512_fmadd_ps(wt, x2, a[r][2]);
+        a[r][3] = _mm512_fmadd_ps(wt, x3, a[r][3]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+  }
+}
+
+template <int kBits>
+HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJob& J, const float* w, const float* alpha,
+                                                 const float* levels16) {
+  switch (J.rows) {
+    case 1: return AccumulateTurboQuantPermuted<kBits, 1>(J, w, alpha, levels16);
+    case 2: return AccumulateTurboQuantPermuted<kBits, 2>(J, w, alpha, levels16);
+    case 3: return AccumulateTurboQuantPermuted<kBits, 3>(J, w, alpha, levels16);
+    default: return AccumulateTurboQuantPermuted<kBits, 4>(J, w, alpha, levels16);
+  }
+}
+#define TQ_PERMUTED_VALUES 1
+#else
+#define TQ_PERMUTED_VALUES 0
+#endif
+
+// Whether this target accumulates TurboQuant values of this group size in the permuted order.
+HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && v_group % 64 == 0; }
+
 void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   using tq::attn_kernels::BlockKeys;
   using tq::attn_kernels::BlockValues;
@@ -541,6 +605,18 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       for (int i = 0; i < count; ++i) lv[i] = J.v_levels[i];
       const LevelTable<D16> L{hn::Load(d, lv), hn::Load(d, lv + N), J.v_levels, count};
       const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+#if TQ_PERMUTED_VALUES
+      if (PermutesValues(J.v_group)) {
+        switch (J.v_bits) {
+          case 1: AccumulateTurboQuantPermutedRows<1>(J, w, alpha, lv); break;
+          case 2: AccumulateTurboQuantPermutedRows<2>(J, w, alpha, lv); break;
+          case 3: AccumulateTurboQuantPermutedRows<3>(J, w, alpha, lv); break;
+          default: AccumulateTurboQuantPermutedRows<4>(J, w, alpha, lv); break;
+        }
+        if (dim % 64 == 0) return;
+        // The last dimensions (dim not a multiple of 64) in the natural order below.
+      }
+#endif
       switch (J.v_bits) {
         case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
         case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
@@ -566,6 +642,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 }
 
 bool BlockUsesInt8Keys() { return HWY_TARGET == HWY_AVX3_DL; }
+bool BlockPermutesValues(int v_group) { return PermutesValues(v_group); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
@@ -602,6 +679,18 @@ HWY_EXPORT(AttendBlock);
 HWY_EXPORT(BlockUsesInt8Keys);
 void attend_block(const BlockJob& job) { HWY_DYNAMIC_DISPATCH(AttendBlock)(job); }
 bool block_uses_int8_keys() { return HWY_DYNAMIC_DISPATCH(BlockUsesInt8Keys)(); }
+HWY_EXPORT(BlockPermutesValues);
+bool block_permutes_values(int v_group) { return HWY_DYNAMIC_DISPATCH(BlockPermutesValues)(v_group); }
+void unpermute_values(float* acc, int rows, int dim) {
+  float chunk[64];
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c + 64 <= dim; c += 64) {
+      float* x = acc + static_cast<size_t>(r) * dim + c;
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 16; ++i) chunk[4 * i + v] = x[16 * v + i];
+      std::memcpy(x, chunk, sizeof(chunk));
+    }
+}
 size_t block_work_floats(int dim) {
   // value-group weights [64 groups][kBlockRows][kBlockTokens], then transposed key codes (dim * 64 bytes)
   return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim) * 16;

@@ -238,7 +238,9 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
     // The next segment's records for these heads stream in while this one is computed.
-    if (si + 1 < item.seg_end) prefetch_segment(plan.segs[si + 1], item.head_begin, item.head_end);
+    static const int pf_mode = getenv("PFMODE") ? atoi(getenv("PFMODE")) : 0;
+    static const int pf_dist = getenv("PFDIST") ? atoi(getenv("PFDIST")) : 1;
+    if (pf_mode == 0 && si + 1 < item.seg_end) prefetch_segment(plan.segs[si + 1], item.head_begin, item.head_end);
     const RecordPlan& kp = g.k_format->plan();
     const RecordPlan& vp = g.v_format->plan();
     const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
@@ -250,6 +252,7 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
       for (int c = 0; c < (1 << vp.bits); ++c) v_levels[c] = vp.uniform ? static_cast<float>(c) - vp.uniform_max : vp.levels[c];
     const int k_groups = kp.group_size > 0 ? dim / kp.group_size : 0;
     for (int h = item.head_begin; h < item.head_end; ++h) {
+      if (pf_mode == 1 && si + pf_dist < item.seg_end) prefetch_segment(plan.segs[si + pf_dist], h, h + 1);
       PartialState& st = states[item.first_state + (h - item.head_begin)];
       const float* q_all = (g.k_format->rotated() ? plan.q_rot : plan.q_orig).data() + static_cast<size_t>(h) * rows * dim;
       const float* qsum_all = u8 ? (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
@@ -350,17 +353,17 @@ void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int 
       float amax = 0.0f;
       for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
       if (amax == 0.0f) continue;  // all parts zero, step 0
-      const double step = static_cast<double>(amax) / (127.0 * 256.0);
-      int64_t sum = 0;
+      const float step = amax / (127.0f * 256.0f), inv_step = 1.0f / step;
+      int32_t sum = 0;
       for (int j = 0; j < group; ++j) {
-        const double u = x[j] / step;  // in [-127 * 256, 127 * 256]
-        const int hi = static_cast<int>(std::clamp(std::nearbyint(u / 256.0), -127.0, 127.0));
-        const int lo = static_cast<int>(std::clamp(std::nearbyint(u - 256.0 * hi), -128.0, 127.0));
+        const float u = x[j] * inv_step;  // in [-127 * 256, 127 * 256] up to rounding
+        const int hi = std::clamp(static_cast<int>(std::lrintf(u * (1.0f / 256.0f))), -127, 127);
+        const int lo = std::clamp(static_cast<int>(std::lrintf(u - 256.0f * static_cast<float>(hi))), -128, 127);
         plan.q_hi[static_cast<size_t>(row) * dim + gi * group + j] = static_cast<int8_t>(hi);
         plan.q_lo[static_cast<size_t>(row) * dim + gi * group + j] = static_cast<int8_t>(lo);
         sum += 256 * hi + lo;
       }
-      plan.q_step[static_cast<size_t>(row) * groups + gi] = static_cast<float>(step);
+      plan.q_step[static_cast<size_t>(row) * groups + gi] = step;
       plan.q_offset[static_cast<size_t>(row) * groups + gi] = static_cast<int32_t>(static_cast<int64_t>(umax) * sum);
     }
 }
@@ -389,16 +392,20 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       }
     plan.q_rot = plan.q_orig;
     if (k_rot) k_rot->forward(plan.q_rot.data(), static_cast<size_t>(s.n_kv) * rows);
-    const int kg = cache.k_format().plan().group_size;
-    if (kg > 0) {
-      const int groups = dim / kg;
-      auto sums = [&](const AlignedVector<float>& qv, std::vector<float>& out) {
-        out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
-        for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
-          for (int j = 0; j < dim; ++j) out[row * groups + j / kg] += qv[row * dim + j];
-      };
-      sums(plan.q_orig, plan.q_orig_sum);
-      sums(plan.q_rot, plan.q_rot_sum);
+    // Group sums of the queries for K8 scoring, in the domain of the main K format (the only one scored
+    // from byte codes).
+    const RecordPlan& main_k = cache.k_format().plan();
+    if (main_k.type == KVType::turboquant && main_k.bits == 8 && main_k.uniform) {
+      const int kg = main_k.group_size, groups = dim / kg;
+      const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
+      std::vector<float>& out = cache.k_format().rotated() ? plan.q_rot_sum : plan.q_orig_sum;
+      out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
+      for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
+        for (int gi = 0; gi < groups; ++gi) {
+          float sum = 0.0f;
+          for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
+          out[row * groups + gi] = sum;
+        }
     }
     const RecordPlan& kp = cache.k_format().plan();
     // The 8-bit dot products need exact integer offsets (umax integral) and groups of whole 4-byte words.
@@ -439,19 +446,27 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   }
 
   std::vector<PartialState> states(n_states);
-  std::vector<Scratch> scratch(pool.size());
-  for (auto& sc : scratch) {
-    sc.k_tile.resize(static_cast<size_t>(kTile) * dim);
-    sc.v_tile.resize(static_cast<size_t>(attn_kernels::kBlockTokens) * dim);
-    sc.scores.resize(static_cast<size_t>(attn_kernels::kBlockRows) * attn_kernels::kBlockTokens);
-    sc.work.resize(attn_kernels::block_work_floats(dim));
-  }
-  pool.parallel_for(items.size(), [&](size_t b, size_t e, int thread) {
+  pool.parallel_for(items.size(), [&](size_t b, size_t e, int) {
+    // Scratch per OS thread, kept between calls: a decode step is too short to allocate and clear
+    // ~100 KB of tiles every time.
+    thread_local Scratch scratch;
+    const size_t k_tile = static_cast<size_t>(kTile) * dim, v_tile = static_cast<size_t>(attn_kernels::kBlockTokens) * dim;
+    if (scratch.k_tile.size() < k_tile) scratch.k_tile.resize(k_tile);
+    if (scratch.v_tile.size() < v_tile) scratch.v_tile.resize(v_tile);
+    scratch.scores.resize(static_cast<size_t>(attn_kernels::kBlockRows) * attn_kernels::kBlockTokens);
+    if (scratch.work.size() < attn_kernels::block_work_floats(dim)) scratch.work.resize(attn_kernels::block_work_floats(dim));
     for (size_t i = b; i < e; ++i) {
       const WorkItem& it = items[i];
-      run_item(it, plans[it.request], requests[it.request], p, s, scratch[thread], states);
+      run_item(it, plans[it.request], requests[it.request], p, s, scratch, states);
     }
   });
+
+  // Accumulators filled in the permuted order of the block kernel back to dimension order (only the
+  // main tier's TurboQuant values write acc_rot; the sink tier is never rotated).
+  const RecordPlan& v_main = cache.v_format().plan();
+  if (v_main.type == KVType::turboquant && values_in_registers(v_main, dim) &&
+      attn_kernels::block_permutes_values(v_main.group_size))
+    for (auto& st : states) attn_kernels::unpermute_values(st.acc_rot.data(), static_cast<int>(st.acc_rot.size() / dim), dim);
 
   // Merge the slices of each (request, KV head): rescale to the common maximum and add; the learned
   // sink adds exp(sink - m) to the denominator only.

@@ -97,6 +97,12 @@ size_t block_work_floats(int dim);
 
 void attend_block(const BlockJob& job);
 
+// Whether the chosen target accumulates TurboQuant values (BlockValues::turboquant_records) of this
+// group size with the dimensions of each 64-dimension chunk permuted (vector v, lane i holds dimension
+// 4i + v); then unpermute_values(acc, rows, dim) restores the order of the finished accumulators.
+bool block_permutes_values(int v_group);
+void unpermute_values(float* acc, int rows, int dim);
+
 // Whether the chosen target scores u8 keys with 8-bit dot products (then q_hi/q_lo/q_step/q_offset are used).
 bool block_uses_int8_keys();
 
