@@ -245,6 +245,15 @@ void Scale(float* HWY_RESTRICT x, int n, float a) {
 // [kBlockRows][4][16] permuted scores.
 constexpr int kMaxValueGroups = 1024 / 16;
 
+// Lines [part * L / parts, (part + 1) * L / parts) of the L cache lines at base: the next block's
+// bytes are prefetched a slice at a time inside the loops (locality 1: into L2; a whole block at once
+// stalls the loads and evicts the block being computed from L1).
+HWY_INLINE void PrefetchSlice(const uint8_t* base, size_t bytes, int part, int parts) {
+  if (base == nullptr) return;
+  const size_t lines = (bytes + 63) / 64;
+  for (size_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) __builtin_prefetch(base + 64 * i, 0, 1);
+}
+
 // Level lookup of a code vector from a table of at most 16 levels held in registers.
 template <class DF>
 struct LevelTable {
@@ -327,7 +336,8 @@ struct FloatValues {
 // kRows x kV accumulator vectors stay in registers for all n positions.
 template <int kRows, int kV, class Src>
 HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const float* HWY_RESTRICT w,
-                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim) {
+                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim,
+                                const uint8_t* pf = nullptr, size_t pf_bytes = 0) {
   const D16 d;
   constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
   hn::Vec<D16> a[kRows][kV];
@@ -338,6 +348,7 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
     for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
   }
   for (int t = 0; t < n; ++t) {
+    PrefetchSlice(pf, pf_bytes, t, n);
     hn::Vec<D16> x[kV];
     for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
     for (int r = 0; r < kRows; ++r)
@@ -349,23 +360,29 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
 
 template <int kRows, class Src>
 HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const float* HWY_RESTRICT w,
-                               const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc) {
+                               const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, const uint8_t* pf,
+                               size_t pf_bytes) {
   constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
   // 4 vectors of accumulators per row on 32-register targets, 2 on 16-register ones.
   constexpr int kV = HWY_MAX_BYTES >= 64 ? 4 : 2;
+  const int chunks = dim / (kV * N);
   int j = 0;
-  for (; j + kV * N <= dim; j += kV * N) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim);
+  for (int c = 0; j + kV * N <= dim; j += kV * N, ++c) {
+    // This chunk's share of the next block's values, prefetched while it runs.
+    const size_t from = pf_bytes * c / chunks / 64 * 64, to = pf_bytes * (c + 1) / chunks;
+    AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, pf ? pf + from : nullptr, to > from ? to - from : 0);
+  }
   for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim);
 }
 
 template <class Src>
 HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int group, const float* w, const float* alpha,
-                              float* acc) {
+                              float* acc, const uint8_t* pf = nullptr, size_t pf_bytes = 0) {
   switch (rows) {
-    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc);
-    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc);
-    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc);
-    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc);
+    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
+    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
+    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
+    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
   }
 }
 
@@ -386,6 +403,45 @@ HWY_INLINE void Transpose4x4Blocks(__m512& x0, __m512& x1, __m512& x2, __m512& x
   x3 = _mm512_shuffle_f32x4(t1, t3, 0xDD);
 }
 
+template <int kR>
+__attribute__((target(HWY_TARGET_STR ",avx512vnni"))) HWY_INLINE void ScoreU8VnniRows(
+    const tq::attn_kernels::BlockJob& J, const __m512i* HWY_RESTRICT codes, const float (*HWY_RESTRICT scale_perm)[4][16],
+    int r0, float (*HWY_RESTRICT perm)[4][16]) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  for (int g = 0; g < groups; ++g) {
+    __m512i hi[kR][4], lo[kR][4];
+    for (int r = 0; r < kR; ++r) {
+      const __m512i offset = _mm512_set1_epi32(-J.q_offset[(r0 + r) * groups + g]);
+      for (int k = 0; k < 4; ++k) {
+        hi[r][k] = _mm512_setzero_si512();
+        lo[r][k] = offset;
+      }
+    }
+    for (int jq = g * group / 4; jq < (g + 1) * group / 4; ++jq) {
+      __m512i c[4];
+      for (int k = 0; k < 4; ++k) c[k] = _mm512_load_si512(codes + jq * 4 + k);
+      for (int r = 0; r < kR; ++r) {
+        int32_t qh, ql;
+        std::memcpy(&qh, J.q_hi + static_cast<size_t>(r0 + r) * dim + 4 * jq, 4);
+        std::memcpy(&ql, J.q_lo + static_cast<size_t>(r0 + r) * dim + 4 * jq, 4);
+        const __m512i vh = _mm512_set1_epi32(qh), vl = _mm512_set1_epi32(ql);
+        for (int k = 0; k < 4; ++k) {
+          hi[r][k] = _mm512_dpbusd_epi32(hi[r][k], c[k], vh);
+          lo[r][k] = _mm512_dpbusd_epi32(lo[r][k], c[k], vl);
+        }
+      }
+    }
+    for (int r = 0; r < kR; ++r) {
+      const __m512 step = _mm512_set1_ps(J.q_step[(r0 + r) * groups + g]);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[r][k], 8), lo[r][k]);
+        const __m512 w = _mm512_mul_ps(_mm512_load_ps(scale_perm[g][k]), step);
+        _mm512_store_ps(perm[r0 + r][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), w, _mm512_load_ps(perm[r0 + r][k])));
+      }
+    }
+  }
+}
+
 // Highway 1.0.3's AVX3_DL target string names avxvnni (VEX) but not avx512vnni, hence the attribute.
 __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq::attn_kernels::BlockJob& J,
                                                                          float* HWY_RESTRICT work) {
@@ -395,10 +451,26 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
   const __mmask64 live = n16 >= 64 ? ~0ull : (1ull << n16) - 1;
   // Transposed codes: [dim / 4][4 position vectors][64 bytes].
   auto* codes = reinterpret_cast<__m512i*>(work);
+  const bool full = n16 == 64;
+  // Prefetches of the next block's keys spread over this loop (about 4 lines per step).
+  const size_t pf_lines = J.prefetch_k ? (J.prefetch_k_bytes + 63) / 64 : 0;
+  const size_t pf_per_step = (pf_lines + dim / 4 - 1) / (dim / 4);
   for (int jq = 0; jq < dim / 4; ++jq) {
+    for (size_t i = jq * pf_per_step; i < (jq + 1) * pf_per_step && i < pf_lines; ++i)
+      __builtin_prefetch(J.prefetch_k + 64 * i, 0, 1);
     const uint8_t* c = J.k_region + static_cast<size_t>(4 * jq) * Ts + J.t0;
-    const __m512i r0 = _mm512_maskz_loadu_epi8(live, c), r1 = _mm512_maskz_loadu_epi8(live, c + Ts);
-    const __m512i r2 = _mm512_maskz_loadu_epi8(live, c + 2 * Ts), r3 = _mm512_maskz_loadu_epi8(live, c + 3 * Ts);
+    __m512i r0, r1, r2, r3;
+    if (full) {  // plain loads where the block is whole (masked loads are slower on some cores)
+      r0 = _mm512_loadu_si512(c);
+      r1 = _mm512_loadu_si512(c + Ts);
+      r2 = _mm512_loadu_si512(c + 2 * Ts);
+      r3 = _mm512_loadu_si512(c + 3 * Ts);
+    } else {
+      r0 = _mm512_maskz_loadu_epi8(live, c);
+      r1 = _mm512_maskz_loadu_epi8(live, c + Ts);
+      r2 = _mm512_maskz_loadu_epi8(live, c + 2 * Ts);
+      r3 = _mm512_maskz_loadu_epi8(live, c + 3 * Ts);
+    }
     const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
     const __m512i e = _mm512_unpacklo_epi8(r2, r3), f = _mm512_unpackhi_epi8(r2, r3);
     codes[jq * 4 + 0] = _mm512_unpacklo_epi16(a, e);
@@ -416,37 +488,16 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
     Transpose4x4Blocks(s[0], s[1], s[2], s[3]);
     for (int k = 0; k < 4; ++k) _mm512_store_ps(scale_perm[g][k], s[k]);
   }
-  HWY_ALIGN float perm[kBlockRows][4][16];  // scores in the permuted order
-  for (int k = 0; k < 4; ++k) {
-    // Position vector k holds positions 16L + 4k + i, L = 0..3: in a short block the positions past
-    // n16 read as zero codes and scales and score 0 (the caller masks them).
-    __m512 score[kBlockRows];
-    for (int r = 0; r < kBlockRows; ++r) score[r] = _mm512_setzero_ps();
-    for (int g = 0; g < groups; ++g) {
-      __m512i hi[kBlockRows], lo[kBlockRows];
-      for (int r = 0; r < kBlockRows; ++r) {
-        hi[r] = _mm512_setzero_si512();
-        lo[r] = _mm512_set1_epi32(r < rows ? -J.q_offset[r * groups + g] : 0);
-      }
-      for (int jq = g * group / 4; jq < (g + 1) * group / 4; ++jq) {
-        const __m512i c = codes[jq * 4 + k];
-        for (int r = 0; r < kBlockRows; ++r) {
-          if (r >= rows) break;
-          int32_t qh, ql;
-          std::memcpy(&qh, J.q_hi + static_cast<size_t>(r) * dim + 4 * jq, 4);
-          std::memcpy(&ql, J.q_lo + static_cast<size_t>(r) * dim + 4 * jq, 4);
-          hi[r] = _mm512_dpbusd_epi32(hi[r], c, _mm512_set1_epi32(qh));
-          lo[r] = _mm512_dpbusd_epi32(lo[r], c, _mm512_set1_epi32(ql));
-        }
-      }
-      const __m512 sc = _mm512_load_ps(scale_perm[g][k]);
-      for (int r = 0; r < rows; ++r) {
-        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
-        const __m512 w = _mm512_mul_ps(sc, _mm512_set1_ps(J.q_step[r * groups + g]));
-        score[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), w, score[r]);
-      }
+  HWY_ALIGN float perm[kBlockRows][4][16] = {};  // scores in the permuted order
+  // Position vector k holds positions 16L + 4k + i, L = 0..3: in a short block the positions past n16
+  // read as zero codes and scales and score 0 (the caller masks them). Rows go in pairs so that each
+  // query broadcast feeds 4 position vectors: 2 rows x 4 vectors x 2 parts = 16 accumulators.
+  for (int r0 = 0; r0 < rows; r0 += 2) {
+    if (r0 + 1 < rows) {
+      ScoreU8VnniRows<2>(J, codes, scale_perm, r0, perm);
+    } else {
+      ScoreU8VnniRows<1>(J, codes, scale_perm, r0, perm);
     }
-    for (int r = 0; r < rows; ++r) _mm512_store_ps(perm[r][k], score[r]);
   }
   for (int r = 0; r < rows; ++r) {
     __m512 x0 = _mm512_load_ps(perm[r][0]), x1 = _mm512_load_ps(perm[r][1]);
@@ -483,6 +534,7 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
     }
     const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
     for (int t = 0; t < n; ++t, rec += J.v_stride) {
+      if (c == 0) PrefetchSlice(J.prefetch_v, J.prefetch_v_bytes, t, n);
       uint64_t bits;
       std::memcpy(&bits, rec, 8);
       __m512i code = _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(1));
@@ -495,11 +547,21 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
       const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
       const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
       for (int r = 0; r < kRows; ++r) {
+#if 1
+        // The weight as an embedded-broadcast memory operand: the load port broadcasts, so the vector
+        // pipes only see the multiply-adds.
+        const float* wp = wc + r * kBlockTokens + t;
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
+#else
         const __m512 wt = _mm512_set1_ps(wc[r * kBlockTokens + t]);
         a[r][0] = _mm512_fmadd_ps(wt, x0, a[r][0]);
         a[r][1] = _mm512_fmadd_ps(wt, x1, a[r][1]);
         a[r][2] = _mm512_fmadd_ps(wt, x2, a[r][2]);
         a[r][3] = _mm512_fmadd_ps(wt, x3, a[r][3]);
+#endif
       }
     }
     for (int r = 0; r < kRows; ++r)
@@ -544,12 +606,19 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 #endif
     {
       const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * dim);
-      for (int t = 0; t < n16; t += 16)
+      for (int t = 0; t < n16; t += 16) {
+        PrefetchSlice(J.prefetch_k, J.prefetch_k_bytes, t / 16, n16 / 16);
         ScoreColumnsU8(J.q, rows, J.qsum, J.k_region, scales, J.T, J.t0 + t, dim, J.k_group, J.k_umax, s + t, kBlockTokens);
+      }
     }
-  } else if (J.keys == BlockKeys::f16_columns) {
-    for (int t = 0; t < n16; t += 16)
+  } else {
+    if (J.keys == BlockKeys::scores) PrefetchSlice(J.prefetch_k, J.prefetch_k_bytes, 0, 1);
+  }
+  if (J.keys == BlockKeys::f16_columns) {
+    for (int t = 0; t < n16; t += 16) {
+      PrefetchSlice(J.prefetch_k, J.prefetch_k_bytes, t / 16, n16 / 16);
       ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
+    }
   }
 
   // 2. Masking and the online-softmax update: p = exp(s - m_new) in place, alpha rescales the old state.
@@ -618,17 +687,17 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       }
 #endif
       switch (J.v_bits) {
-        case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
-        case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
-        case 3: return AccumulateAll(TurboQuantValues<3>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
-        default: return AccumulateAll(TurboQuantValues<4>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc);
+        case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
+        case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
+        case 3: return AccumulateAll(TurboQuantValues<3>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
+        default: return AccumulateAll(TurboQuantValues<4>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
       }
     }
     case BlockValues::f16_records:
       return AccumulateAll(F16Values{reinterpret_cast<const hwy::float16_t*>(J.v), J.v_stride / 2}, rows, n, dim, 0, s, alpha,
-                           J.acc);
+                           J.acc, J.prefetch_v, J.prefetch_v_bytes);
     case BlockValues::floats: {
-      AccumulateAll(FloatValues{J.v_tile, dim}, rows, n, dim, 0, s, alpha, J.acc);
+      AccumulateAll(FloatValues{J.v_tile, dim}, rows, n, dim, 0, s, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
       // Head dimensions that are not a multiple of the vector length: the last few dimensions.
       for (int j = dim / N * N; j < dim; ++j)
         for (int r = 0; r < rows; ++r) {

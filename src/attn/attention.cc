@@ -188,18 +188,6 @@ struct Scratch {
   AlignedVector<float> work;    // [block_work_floats(dim)]
 };
 
-// Software prefetch of a segment's K and V bytes for a range of heads (one hint per cache line).
-void prefetch_segment(const Segment& g, int head_begin, int head_end) {
-  const size_t k_bytes = static_cast<size_t>(g.k_columns ? g.block_tokens : g.n_tokens) * g.k_format->record_bytes();
-  const size_t v_bytes = static_cast<size_t>(g.n_tokens) * g.v_stride;
-  for (int h = head_begin; h < head_end; ++h) {
-    const uint8_t* k = g.k_region(h);
-    const uint8_t* v = g.v_record(h, 0);
-    for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(k + off, 0, 1);
-    for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(v + off, 0, 1);
-  }
-}
-
 bool is_u8_columns(const Segment& g) {
   const RecordPlan& kp = g.k_format->plan();
   return g.k_columns && kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform;
@@ -238,9 +226,6 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
     // The next segment's records for these heads stream in while this one is computed.
-    static const int pf_mode = getenv("PFMODE") ? atoi(getenv("PFMODE")) : 0;
-    static const int pf_dist = getenv("PFDIST") ? atoi(getenv("PFDIST")) : 1;
-    if (pf_mode == 0 && si + 1 < item.seg_end) prefetch_segment(plan.segs[si + 1], item.head_begin, item.head_end);
     const RecordPlan& kp = g.k_format->plan();
     const RecordPlan& vp = g.v_format->plan();
     const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
@@ -252,7 +237,6 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
       for (int c = 0; c < (1 << vp.bits); ++c) v_levels[c] = vp.uniform ? static_cast<float>(c) - vp.uniform_max : vp.levels[c];
     const int k_groups = kp.group_size > 0 ? dim / kp.group_size : 0;
     for (int h = item.head_begin; h < item.head_end; ++h) {
-      if (pf_mode == 1 && si + pf_dist < item.seg_end) prefetch_segment(plan.segs[si + pf_dist], h, h + 1);
       PartialState& st = states[item.first_state + (h - item.head_begin)];
       const float* q_all = (g.k_format->rotated() ? plan.q_rot : plan.q_orig).data() + static_cast<size_t>(h) * rows * dim;
       const float* qsum_all = u8 ? (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
@@ -326,6 +310,20 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
           } else {
             job.values = BlockValues::floats;
             job.v_tile = scratch.v_tile.data();
+          }
+          // The kernel prefetches the next (segment, head) block while it computes this one, spread
+          // over its loops: one block ahead is far enough, and a whole segment of prefetches at once
+          // stalls the loads and evicts the block being computed.
+          if (c0 + kBlockTokens >= g.n_tokens && r0 + kBlockRows >= rows) {
+            const bool next_head = h + 1 < item.head_end;
+            const Segment* ng = next_head ? &g : (si + 1 < item.seg_end ? &plan.segs[si + 1] : nullptr);
+            const int nh = next_head ? h + 1 : item.head_begin;
+            if (ng != nullptr) {
+              job.prefetch_k = ng->k_region(nh);
+              job.prefetch_k_bytes = static_cast<size_t>(ng->k_columns ? ng->block_tokens : ng->n_tokens) * ng->k_format->record_bytes();
+              job.prefetch_v = ng->v_record(nh, 0);
+              job.prefetch_v_bytes = static_cast<size_t>(ng->n_tokens) * ng->v_stride;
+            }
           }
           job.m = st.m.data() + r0;
           job.l = st.l.data() + r0;

@@ -88,6 +88,12 @@ struct BlockJob {
   // tier share m and l), rescaled with them; or nullptr.
   float* acc_other = nullptr;  // [rows][dim]
 
+  // The next block's bytes (or nullptr), prefetched into the caches while this one is computed.
+  const uint8_t* prefetch_k = nullptr;
+  size_t prefetch_k_bytes = 0;
+  const uint8_t* prefetch_v = nullptr;
+  size_t prefetch_v_bytes = 0;
+
   float* scores = nullptr;  // [kBlockRows][kBlockTokens]; the input for keys == scores
   float* work = nullptr;    // [block_work_floats(dim)]
 };
