@@ -245,14 +245,25 @@ void Scale(float* HWY_RESTRICT x, int n, float a) {
 // [kBlockRows][4][16] permuted scores.
 constexpr int kMaxValueGroups = 1024 / 16;
 
-// Lines [part * L / parts, (part + 1) * L / parts) of the L cache lines at base: the next block's
-// bytes are prefetched a slice at a time inside the loops (locality 1: into L2; a whole block at once
-// stalls the loads and evicts the block being computed from L1).
-HWY_INLINE void PrefetchSlice(const uint8_t* base, size_t bytes, int part, int parts) {
-  if (base == nullptr) return;
-  const size_t lines = (bytes + 63) / 64;
-  for (size_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) __builtin_prefetch(base + 64 * i, 0, 1);
-}
+// The next block's bytes, prefetched a slice at a time inside the loops of this one (all at once
+// stalls the loads and evicts the block being computed). Into L1 (locality 3) or L2 (locality 1).
+struct Prefetch {
+  const uint8_t* base = nullptr;
+  size_t bytes = 0;
+  bool l1 = false;
+  // Lines [part * L / parts, (part + 1) * L / parts) of the L cache lines.
+  HWY_INLINE void Slice(size_t part, size_t parts) const {
+    if (base == nullptr) return;
+    const size_t lines = (bytes + 63) / 64;
+    for (size_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) {
+      if (l1) {
+        __builtin_prefetch(base + 64 * i, 0, 3);
+      } else {
+        __builtin_prefetch(base + 64 * i, 0, 1);
+      }
+    }
+  }
+};
 
 // Level lookup of a code vector from a table of at most 16 levels held in registers.
 template <class DF>
@@ -336,8 +347,8 @@ struct FloatValues {
 // kRows x kV accumulator vectors stay in registers for all n positions.
 template <int kRows, int kV, class Src>
 HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const float* HWY_RESTRICT w,
-                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim,
-                                const uint8_t* pf = nullptr, size_t pf_bytes = 0) {
+                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim, const Prefetch& pf,
+                                int chunk, int chunks) {
   const D16 d;
   constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
   hn::Vec<D16> a[kRows][kV];
@@ -348,7 +359,7 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
     for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
   }
   for (int t = 0; t < n; ++t) {
-    PrefetchSlice(pf, pf_bytes, t, n);
+    pf.Slice(static_cast<size_t>(chunk) * n + t, static_cast<size_t>(chunks) * n);
     hn::Vec<D16> x[kV];
     for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
     for (int r = 0; r < kRows; ++r)
@@ -360,29 +371,24 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
 
 template <int kRows, class Src>
 HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const float* HWY_RESTRICT w,
-                               const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, const uint8_t* pf,
-                               size_t pf_bytes) {
+                               const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, const Prefetch& pf) {
   constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
   // 4 vectors of accumulators per row on 32-register targets, 2 on 16-register ones.
   constexpr int kV = HWY_MAX_BYTES >= 64 ? 4 : 2;
   const int chunks = dim / (kV * N);
   int j = 0;
-  for (int c = 0; j + kV * N <= dim; j += kV * N, ++c) {
-    // This chunk's share of the next block's values, prefetched while it runs.
-    const size_t from = pf_bytes * c / chunks / 64 * 64, to = pf_bytes * (c + 1) / chunks;
-    AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, pf ? pf + from : nullptr, to > from ? to - from : 0);
-  }
-  for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim);
+  for (int c = 0; j + kV * N <= dim; j += kV * N, ++c) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, pf, c, chunks);
+  for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim, Prefetch(), 0, 1);
 }
 
 template <class Src>
 HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int group, const float* w, const float* alpha,
-                              float* acc, const uint8_t* pf = nullptr, size_t pf_bytes = 0) {
+                              float* acc, const Prefetch& pf) {
   switch (rows) {
-    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
-    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
-    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
-    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc, pf, pf_bytes);
+    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc, pf);
+    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc, pf);
+    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc, pf);
+    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc, pf);
   }
 }
 
@@ -444,7 +450,8 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) HWY_INLINE void ScoreU8Vnn
 
 // Highway 1.0.3's AVX3_DL target string names avxvnni (VEX) but not avx512vnni, hence the attribute.
 __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq::attn_kernels::BlockJob& J,
-                                                                         float* HWY_RESTRICT work) {
+                                                                         float* HWY_RESTRICT work,
+                                                                         const Prefetch& pf) {
   const int dim = J.dim, rows = J.rows, group = J.k_group, groups = dim / group;
   const size_t Ts = static_cast<size_t>(J.T);
   const int n16 = (J.n + 15) / 16 * 16;
@@ -452,12 +459,8 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
   // Transposed codes: [dim / 4][4 position vectors][64 bytes].
   auto* codes = reinterpret_cast<__m512i*>(work);
   const bool full = n16 == 64;
-  // Prefetches of the next block's keys spread over this loop (about 4 lines per step).
-  const size_t pf_lines = J.prefetch_k ? (J.prefetch_k_bytes + 63) / 64 : 0;
-  const size_t pf_per_step = (pf_lines + dim / 4 - 1) / (dim / 4);
   for (int jq = 0; jq < dim / 4; ++jq) {
-    for (size_t i = jq * pf_per_step; i < (jq + 1) * pf_per_step && i < pf_lines; ++i)
-      __builtin_prefetch(J.prefetch_k + 64 * i, 0, 1);
+    pf.Slice(jq, dim / 4);
     const uint8_t* c = J.k_region + static_cast<size_t>(4 * jq) * Ts + J.t0;
     __m512i r0, r1, r2, r3;
     if (full) {  // plain loads where the block is whole (masked loads are slower on some cores)
@@ -521,7 +524,8 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
 // = dimension 4i + v (unpermute_values restores the order once, after the last block).
 template <int kBits, int kRows>
 HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J, const float* HWY_RESTRICT w,
-                                             const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT levels16) {
+                                             const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT levels16,
+                                             const Prefetch& pf) {
   const int dim = J.dim, n = J.n;
   const size_t plane_bytes = static_cast<size_t>(dim) / 8;
   const __m512 levels = _mm512_load_ps(levels16);
@@ -534,7 +538,7 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
     }
     const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
     for (int t = 0; t < n; ++t, rec += J.v_stride) {
-      if (c == 0) PrefetchSlice(J.prefetch_v, J.prefetch_v_bytes, t, n);
+      pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
       uint64_t bits;
       std::memcpy(&bits, rec, 8);
       __m512i code = _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(1));
@@ -571,12 +575,12 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
 
 template <int kBits>
 HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJob& J, const float* w, const float* alpha,
-                                                 const float* levels16) {
+                                                 const float* levels16, const Prefetch& pf) {
   switch (J.rows) {
-    case 1: return AccumulateTurboQuantPermuted<kBits, 1>(J, w, alpha, levels16);
-    case 2: return AccumulateTurboQuantPermuted<kBits, 2>(J, w, alpha, levels16);
-    case 3: return AccumulateTurboQuantPermuted<kBits, 3>(J, w, alpha, levels16);
-    default: return AccumulateTurboQuantPermuted<kBits, 4>(J, w, alpha, levels16);
+    case 1: return AccumulateTurboQuantPermuted<kBits, 1>(J, w, alpha, levels16, pf);
+    case 2: return AccumulateTurboQuantPermuted<kBits, 2>(J, w, alpha, levels16, pf);
+    case 3: return AccumulateTurboQuantPermuted<kBits, 3>(J, w, alpha, levels16, pf);
+    default: return AccumulateTurboQuantPermuted<kBits, 4>(J, w, alpha, levels16, pf);
   }
 }
 #define TQ_PERMUTED_VALUES 1
@@ -597,26 +601,38 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   float* HWY_RESTRICT s = J.scores;  // [kBlockRows][kBlockTokens]
   float* HWY_RESTRICT w = J.work;    // [value groups][kBlockRows][kBlockTokens]
 
+  // Prefetch plan for the next block: while the keys are scored its keys go into L2 and while the
+  // values accumulate its values (measured best for dense FP16). The VNNI scorer's transposition loop
+  // has little arithmetic to hide latency behind, so there the order is swapped and both go to L1:
+  // the next values during this block's scoring, the next keys during its value loop.
+  bool vnni_keys = false;
+#if HWY_TARGET == HWY_AVX3_DL
+  vnni_keys = J.keys == BlockKeys::u8_columns && J.q_hi != nullptr;
+#endif
+  const Prefetch next_k{J.prefetch_k, J.prefetch_k_bytes, vnni_keys}, next_v{J.prefetch_v, J.prefetch_v_bytes, vnni_keys};
+  const Prefetch& during_keys = vnni_keys ? next_v : next_k;
+  const Prefetch& during_values = vnni_keys ? next_k : next_v;
+
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
   if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3_DL
     if (J.q_hi != nullptr) {
-      ScoreU8Vnni(J, w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+      ScoreU8Vnni(J, w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens, during_keys);
     } else
 #endif
     {
       const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * dim);
       for (int t = 0; t < n16; t += 16) {
-        PrefetchSlice(J.prefetch_k, J.prefetch_k_bytes, t / 16, n16 / 16);
+        during_keys.Slice(t / 16, n16 / 16);
         ScoreColumnsU8(J.q, rows, J.qsum, J.k_region, scales, J.T, J.t0 + t, dim, J.k_group, J.k_umax, s + t, kBlockTokens);
       }
     }
   } else {
-    if (J.keys == BlockKeys::scores) PrefetchSlice(J.prefetch_k, J.prefetch_k_bytes, 0, 1);
+    if (J.keys == BlockKeys::scores) during_keys.Slice(0, 1);
   }
   if (J.keys == BlockKeys::f16_columns) {
     for (int t = 0; t < n16; t += 16) {
-      PrefetchSlice(J.prefetch_k, J.prefetch_k_bytes, t / 16, n16 / 16);
+      during_keys.Slice(t / 16, n16 / 16);
       ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
     }
   }
@@ -677,27 +693,27 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 #if TQ_PERMUTED_VALUES
       if (PermutesValues(J.v_group)) {
         switch (J.v_bits) {
-          case 1: AccumulateTurboQuantPermutedRows<1>(J, w, alpha, lv); break;
-          case 2: AccumulateTurboQuantPermutedRows<2>(J, w, alpha, lv); break;
-          case 3: AccumulateTurboQuantPermutedRows<3>(J, w, alpha, lv); break;
-          default: AccumulateTurboQuantPermutedRows<4>(J, w, alpha, lv); break;
+          case 1: AccumulateTurboQuantPermutedRows<1>(J, w, alpha, lv, during_values); break;
+          case 2: AccumulateTurboQuantPermutedRows<2>(J, w, alpha, lv, during_values); break;
+          case 3: AccumulateTurboQuantPermutedRows<3>(J, w, alpha, lv, during_values); break;
+          default: AccumulateTurboQuantPermutedRows<4>(J, w, alpha, lv, during_values); break;
         }
         if (dim % 64 == 0) return;
         // The last dimensions (dim not a multiple of 64) in the natural order below.
       }
 #endif
       switch (J.v_bits) {
-        case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
-        case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
-        case 3: return AccumulateAll(TurboQuantValues<3>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
-        default: return AccumulateAll(TurboQuantValues<4>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
+        case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        case 3: return AccumulateAll(TurboQuantValues<3>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        default: return AccumulateAll(TurboQuantValues<4>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
       }
     }
     case BlockValues::f16_records:
       return AccumulateAll(F16Values{reinterpret_cast<const hwy::float16_t*>(J.v), J.v_stride / 2}, rows, n, dim, 0, s, alpha,
-                           J.acc, J.prefetch_v, J.prefetch_v_bytes);
+                           J.acc, during_values);
     case BlockValues::floats: {
-      AccumulateAll(FloatValues{J.v_tile, dim}, rows, n, dim, 0, s, alpha, J.acc, J.prefetch_v, J.prefetch_v_bytes);
+      AccumulateAll(FloatValues{J.v_tile, dim}, rows, n, dim, 0, s, alpha, J.acc, during_values);
       // Head dimensions that are not a multiple of the vector length: the last few dimensions.
       for (int j = dim / N * N; j < dim; ++j)
         for (int r = 0; r < rows; ++r) {
