@@ -4,6 +4,7 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -726,6 +727,57 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   }
 }
 
+// Query split for the VNNI scorer (see kernels.h, split_queries_int8).
+void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group, float umax, int8_t* HWY_RESTRICT q_hi,
+                      int8_t* HWY_RESTRICT q_lo, float* HWY_RESTRICT q_step, int32_t* HWY_RESTRICT q_offset) {
+  const D16 d;
+  const hn::RebindToSigned<D16> di;
+  const hn::Rebind<int8_t, D16> di8;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  const int groups = dim / group;
+  for (int row = 0; row < rows; ++row)
+    for (int g = 0; g < groups; ++g) {
+      const size_t at = static_cast<size_t>(row) * dim + static_cast<size_t>(g) * group;
+      const float* x = q + at;
+      auto mx = hn::Zero(d);
+      int j = 0;
+      for (; j + N <= group; j += N) mx = hn::Max(mx, hn::Abs(hn::LoadU(d, x + j)));
+      float amax = hn::GetLane(hn::MaxOfLanes(d, mx));
+      for (; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
+      const size_t gi = static_cast<size_t>(row) * groups + g;
+      if (amax == 0.0f) {  // all parts zero
+        std::memset(q_hi + at, 0, group);
+        std::memset(q_lo + at, 0, group);
+        q_step[gi] = 0.0f;
+        q_offset[gi] = 0;
+        continue;
+      }
+      const float step = amax / (127.0f * 256.0f), inv_step = 1.0f / step;
+      auto sum = hn::Zero(di);
+      j = 0;
+      for (; j + N <= group; j += N) {
+        const auto u = hn::Mul(hn::LoadU(d, x + j), hn::Set(d, inv_step));  // |u| <= 127 * 256 up to rounding
+        const auto hi = hn::Clamp(hn::Round(hn::Mul(u, hn::Set(d, 1.0f / 256.0f))), hn::Set(d, -127.0f), hn::Set(d, 127.0f));
+        const auto lo = hn::Clamp(hn::Round(hn::NegMulAdd(hi, hn::Set(d, 256.0f), u)), hn::Set(d, -128.0f), hn::Set(d, 127.0f));
+        const auto hi_i = hn::ConvertTo(di, hi), lo_i = hn::ConvertTo(di, lo);
+        hn::StoreU(hn::DemoteTo(di8, hi_i), di8, q_hi + at + j);
+        hn::StoreU(hn::DemoteTo(di8, lo_i), di8, q_lo + at + j);
+        sum = hn::Add(sum, hn::Add(hn::ShiftLeft<8>(hi_i), lo_i));
+      }
+      int32_t total = hn::GetLane(hn::SumOfLanes(di, sum));
+      for (; j < group; ++j) {
+        const float u = x[j] * inv_step;
+        const float hi = std::clamp(std::nearbyint(u / 256.0f), -127.0f, 127.0f);
+        const float lo = std::clamp(std::nearbyint(u - 256.0f * hi), -128.0f, 127.0f);
+        q_hi[at + j] = static_cast<int8_t>(hi);
+        q_lo[at + j] = static_cast<int8_t>(lo);
+        total += 256 * static_cast<int32_t>(hi) + static_cast<int32_t>(lo);
+      }
+      q_step[gi] = step;
+      q_offset[gi] = static_cast<int32_t>(umax) * total;
+    }
+}
+
 bool BlockUsesInt8Keys() { return HWY_TARGET == HWY_AVX3_DL; }
 bool BlockPermutesValues(int v_group) { return PermutesValues(v_group); }
 
@@ -765,6 +817,11 @@ HWY_EXPORT(BlockUsesInt8Keys);
 void attend_block(const BlockJob& job) { HWY_DYNAMIC_DISPATCH(AttendBlock)(job); }
 bool block_uses_int8_keys() { return HWY_DYNAMIC_DISPATCH(BlockUsesInt8Keys)(); }
 HWY_EXPORT(BlockPermutesValues);
+HWY_EXPORT(SplitQueriesInt8);
+void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_hi, int8_t* q_lo, float* q_step,
+                        int32_t* q_offset) {
+  HWY_DYNAMIC_DISPATCH(SplitQueriesInt8)(q, rows, dim, group, umax, q_hi, q_lo, q_step, q_offset);
+}
 bool block_permutes_values(int v_group) { return HWY_DYNAMIC_DISPATCH(BlockPermutesValues)(v_group); }
 void unpermute_values(float* acc, int rows, int dim) {
   float chunk[64];

@@ -239,9 +239,8 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
     for (int h = item.head_begin; h < item.head_end; ++h) {
       PartialState& st = states[item.first_state + (h - item.head_begin)];
       const float* q_all = (g.k_format->rotated() ? plan.q_rot : plan.q_orig).data() + static_cast<size_t>(h) * rows * dim;
-      const float* qsum_all = u8 ? (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
-                                       static_cast<size_t>(h) * rows * k_groups
-                                 : nullptr;
+      const std::vector<float>& qsums = g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum;
+      const float* qsum_all = u8 && !qsums.empty() ? qsums.data() + static_cast<size_t>(h) * rows * k_groups : nullptr;
       float* acc_all = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
       float* acc_other_all = g.v_format->rotated() ? st.acc_orig.data() : st.acc_rot.data();
       for (int c0 = 0; c0 < g.n_tokens; c0 += kBlockTokens) {
@@ -269,7 +268,7 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
           job.work = scratch.work.data();
           if (u8) {
             job.keys = BlockKeys::u8_columns;
-            job.qsum = qsum_all + static_cast<size_t>(r0) * k_groups;
+            job.qsum = qsum_all != nullptr ? qsum_all + static_cast<size_t>(r0) * k_groups : nullptr;
             if (int8_keys) {
               const size_t at = (static_cast<size_t>(h) * rows + r0) * dim, at_g = (static_cast<size_t>(h) * rows + r0) * k_groups;
               job.q_hi = plan.q_hi.data() + at;
@@ -336,34 +335,15 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   }
 }
 
-// Splits the queries of the main K format's uniform 8-bit groups into two int8 parts per element:
-// per (row, group), step = max|q| / (127 * 256), q / step = 256 * hi + lo with hi = round(q / (256 step))
-// and lo the rounded remainder (|q - step * (256 hi + lo)| <= step / 2).
+// The main K format's queries split for the 8-bit dot products (see attn_kernels::split_queries_int8).
 void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int group, float umax, RequestPlan& plan) {
   const int groups = dim / group;
-  plan.q_hi.assign(static_cast<size_t>(n_rows) * dim, 0);
-  plan.q_lo.assign(plan.q_hi.size(), 0);
-  plan.q_step.assign(static_cast<size_t>(n_rows) * groups, 0.0f);
-  plan.q_offset.assign(plan.q_step.size(), 0);
-  for (int row = 0; row < n_rows; ++row)
-    for (int gi = 0; gi < groups; ++gi) {
-      const float* x = q.data() + static_cast<size_t>(row) * dim + gi * group;
-      float amax = 0.0f;
-      for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
-      if (amax == 0.0f) continue;  // all parts zero, step 0
-      const float step = amax / (127.0f * 256.0f), inv_step = 1.0f / step;
-      int32_t sum = 0;
-      for (int j = 0; j < group; ++j) {
-        const float u = x[j] * inv_step;  // in [-127 * 256, 127 * 256] up to rounding
-        const int hi = std::clamp(static_cast<int>(std::lrintf(u * (1.0f / 256.0f))), -127, 127);
-        const int lo = std::clamp(static_cast<int>(std::lrintf(u - 256.0f * static_cast<float>(hi))), -128, 127);
-        plan.q_hi[static_cast<size_t>(row) * dim + gi * group + j] = static_cast<int8_t>(hi);
-        plan.q_lo[static_cast<size_t>(row) * dim + gi * group + j] = static_cast<int8_t>(lo);
-        sum += 256 * hi + lo;
-      }
-      plan.q_step[static_cast<size_t>(row) * groups + gi] = step;
-      plan.q_offset[static_cast<size_t>(row) * groups + gi] = static_cast<int32_t>(static_cast<int64_t>(umax) * sum);
-    }
+  plan.q_hi.resize(static_cast<size_t>(n_rows) * dim);
+  plan.q_lo.resize(plan.q_hi.size());
+  plan.q_step.resize(static_cast<size_t>(n_rows) * groups);
+  plan.q_offset.resize(plan.q_step.size());
+  attn_kernels::split_queries_int8(q.data(), n_rows, dim, group, umax, plan.q_hi.data(), plan.q_lo.data(), plan.q_step.data(),
+                                   plan.q_offset.data());
 }
 
 void attend_fused(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& p,
@@ -390,27 +370,30 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       }
     plan.q_rot = plan.q_orig;
     if (k_rot) k_rot->forward(plan.q_rot.data(), static_cast<size_t>(s.n_kv) * rows);
-    // Group sums of the queries for K8 scoring, in the domain of the main K format (the only one scored
-    // from byte codes).
-    const RecordPlan& main_k = cache.k_format().plan();
-    if (main_k.type == KVType::turboquant && main_k.bits == 8 && main_k.uniform) {
-      const int kg = main_k.group_size, groups = dim / kg;
-      const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
-      std::vector<float>& out = cache.k_format().rotated() ? plan.q_rot_sum : plan.q_orig_sum;
-      out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
-      for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
-        for (int gi = 0; gi < groups; ++gi) {
-          float sum = 0.0f;
-          for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
-          out[row * groups + gi] = sum;
-        }
-    }
     const RecordPlan& kp = cache.k_format().plan();
-    // The 8-bit dot products need exact integer offsets (umax integral) and groups of whole 4-byte words.
+    // The 8-bit dot products need exact integer offsets (umax integral) and groups of whole 4-byte words;
+    // the float scorer needs the group sums instead.
     if (kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform && kp.group_size % 4 == 0 &&
-        kp.uniform_max == std::floor(kp.uniform_max) && attn_kernels::block_uses_int8_keys())
+        kp.uniform_max == std::floor(kp.uniform_max) && attn_kernels::block_uses_int8_keys()) {
       split_queries_int8(cache.k_format().rotated() ? plan.q_rot : plan.q_orig, s.n_kv * rows, dim, kp.group_size,
                          kp.uniform_max, plan);
+    } else {
+      // Group sums of the queries for K8 scoring, in the domain of the main K format (the only one scored
+      // from byte codes).
+      const RecordPlan& main_k = cache.k_format().plan();
+      if (main_k.type == KVType::turboquant && main_k.bits == 8 && main_k.uniform) {
+        const int kg = main_k.group_size, groups = dim / kg;
+        const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
+        std::vector<float>& out = cache.k_format().rotated() ? plan.q_rot_sum : plan.q_orig_sum;
+        out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
+        for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
+          for (int gi = 0; gi < groups; ++gi) {
+            float sum = 0.0f;
+            for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
+            out[row * groups + gi] = sum;
+          }
+      }
+    }
   }
 
   // Work items: (request, KV head, slice of positions). Decode steps split long contexts so that

@@ -109,6 +109,12 @@ void attend_block(const BlockJob& job);
 bool block_permutes_values(int v_group);
 void unpermute_values(float* acc, int rows, int dim);
 
+// The query split of BlockJob for rows x dim queries q and key groups of `group`: per (row, group),
+// step = max|q| / (127 * 256), q / step = 256 * hi + lo rounded (|q - step * (256 hi + lo)| <= step / 2),
+// offset = umax * sum(256 hi + lo). q_hi, q_lo: [rows][dim]; q_step, q_offset: [rows][dim / group].
+void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_hi, int8_t* q_lo, float* q_step,
+                        int32_t* q_offset);
+
 // Whether the chosen target scores u8 keys with 8-bit dot products (then q_hi/q_lo/q_step/q_offset are used).
 bool block_uses_int8_keys();
 
