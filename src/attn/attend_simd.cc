@@ -757,8 +757,13 @@ void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group,
       j = 0;
       for (; j + N <= group; j += N) {
         const auto u = hn::Mul(hn::LoadU(d, x + j), hn::Set(d, inv_step));  // |u| <= 127 * 256 up to rounding
-        const auto hi = hn::Clamp(hn::Round(hn::Mul(u, hn::Set(d, 1.0f / 256.0f))), hn::Set(d, -127.0f), hn::Set(d, 127.0f));
-        const auto lo = hn::Clamp(hn::Round(hn::NegMulAdd(hi, hn::Set(d, 256.0f), u)), hn::Set(d, -128.0f), hn::Set(d, 127.0f));
+        // hi = round(u / 256) is within [-127, 127]; the remainder rounds into [-128, 128], and a
+        // remainder of 128 moves to the next hi (hi < 127 there since u <= 127 * 256).
+        auto hi = hn::Round(hn::Mul(u, hn::Set(d, 1.0f / 256.0f)));
+        auto lo = hn::Round(hn::NegMulAdd(hi, hn::Set(d, 256.0f), u));
+        const auto carry = hn::Gt(lo, hn::Set(d, 127.0f));
+        hi = hn::Add(hi, hn::IfThenElseZero(carry, hn::Set(d, 1.0f)));
+        lo = hn::Sub(lo, hn::IfThenElseZero(carry, hn::Set(d, 256.0f)));
         const auto hi_i = hn::ConvertTo(di, hi), lo_i = hn::ConvertTo(di, lo);
         hn::StoreU(hn::DemoteTo(di8, hi_i), di8, q_hi + at + j);
         hn::StoreU(hn::DemoteTo(di8, lo_i), di8, q_lo + at + j);
@@ -767,8 +772,12 @@ void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group,
       int32_t total = hn::GetLane(hn::SumOfLanes(di, sum));
       for (; j < group; ++j) {
         const float u = x[j] * inv_step;
-        const float hi = std::clamp(std::nearbyint(u / 256.0f), -127.0f, 127.0f);
-        const float lo = std::clamp(std::nearbyint(u - 256.0f * hi), -128.0f, 127.0f);
+        float hi = std::nearbyint(u / 256.0f);
+        float lo = std::nearbyint(u - 256.0f * hi);
+        if (lo > 127.0f) {
+          hi += 1.0f;
+          lo -= 256.0f;
+        }
         q_hi[at + j] = static_cast<int8_t>(hi);
         q_lo[at + j] = static_cast<int8_t>(lo);
         total += 256 * static_cast<int32_t>(hi) + static_cast<int32_t>(lo);
