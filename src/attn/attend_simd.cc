@@ -395,9 +395,11 @@ HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int grou
 
 #if HWY_TARGET == HWY_AVX3_DL
 // Uniform 8-bit keys with VNNI (vpdpbusd: 64 u8 x s8 products per instruction). The query is split
-// per group into two int8 parts, q ~= step * (256 * hi + lo), so that per position and group
-//   sum_j q_j * level_j = step * (256 * sum_j hi_j code_j + sum_j lo_j code_j - umax * sum_j (256 hi_j + lo_j))
-// in exact 32-bit integers, and only the split of q rounds (|error| <= step / 2 per element).
+// per group into three int8 parts, q ~= step * (65536 a + 256 b + c), so that per position and group
+//   sum_j q_j * level_j = step * sum_parts weight * sum_j part_j * (code_j - umax)
+// with each part's sum exact in 32-bit integers; only the split of q rounds (2^-23 of the group's
+// largest element: two parts, 2^-15, measured up to 1.5e-4 relative error at the output, beyond the
+// 1e-4 contract for sharp softmaxes).
 // vpdpbusd sums 4 adjacent bytes, so the codes of 4 dimensions x 64 positions are first transposed to
 // 4-byte (dimension) groups per position; the positions then come out in the order
 // lane 4L + i of vector k = position 16L + 4k + i, which a 4x4 transpose of 128-bit blocks undoes.
@@ -416,34 +418,35 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) HWY_INLINE void ScoreU8Vnn
     int r0, float (*HWY_RESTRICT perm)[4][16]) {
   const int dim = J.dim, group = J.k_group, groups = dim / group;
   for (int g = 0; g < groups; ++g) {
-    __m512i hi[kR][4], lo[kR][4];
-    for (int r = 0; r < kR; ++r) {
-      const __m512i offset = _mm512_set1_epi32(-J.q_offset[(r0 + r) * groups + g]);
-      for (int k = 0; k < 4; ++k) {
-        hi[r][k] = _mm512_setzero_si512();
-        lo[r][k] = offset;
+    // Per row, position vector and part: sum_j part_j * (code_j - umax), the offset subtracted up front.
+    __m512i acc[kR][4][3];
+    for (int r = 0; r < kR; ++r)
+      for (int part = 0; part < 3; ++part) {
+        const __m512i offset = _mm512_set1_epi32(-J.q_offset[((r0 + r) * groups + g) * 3 + part]);
+        for (int k = 0; k < 4; ++k) acc[r][k][part] = offset;
       }
-    }
     for (int jq = g * group / 4; jq < (g + 1) * group / 4; ++jq) {
       __m512i c[4];
       for (int k = 0; k < 4; ++k) c[k] = _mm512_load_si512(codes + jq * 4 + k);
       for (int r = 0; r < kR; ++r) {
-        int32_t qh, ql;
-        std::memcpy(&qh, J.q_hi + static_cast<size_t>(r0 + r) * dim + 4 * jq, 4);
-        std::memcpy(&ql, J.q_lo + static_cast<size_t>(r0 + r) * dim + 4 * jq, 4);
-        const __m512i vh = _mm512_set1_epi32(qh), vl = _mm512_set1_epi32(ql);
-        for (int k = 0; k < 4; ++k) {
-          hi[r][k] = _mm512_dpbusd_epi32(hi[r][k], c[k], vh);
-          lo[r][k] = _mm512_dpbusd_epi32(lo[r][k], c[k], vl);
+        const int8_t* qp = J.q_parts + static_cast<size_t>(r0 + r) * 3 * dim + 4 * jq;
+        for (int part = 0; part < 3; ++part) {
+          int32_t word;
+          std::memcpy(&word, qp + part * dim, 4);
+          const __m512i vq = _mm512_set1_epi32(word);
+          for (int k = 0; k < 4; ++k) acc[r][k][part] = _mm512_dpbusd_epi32(acc[r][k][part], c[k], vq);
         }
       }
     }
     for (int r = 0; r < kR; ++r) {
       const __m512 step = _mm512_set1_ps(J.q_step[(r0 + r) * groups + g]);
       for (int k = 0; k < 4; ++k) {
-        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[r][k], 8), lo[r][k]);
+        // 65536 a + (256 b + c): the second term is exact in 32 bits, the sum is formed in float.
+        const __m512 high = _mm512_cvtepi32_ps(acc[r][k][0]);
+        const __m512 low = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(acc[r][k][1], 8), acc[r][k][2]));
+        const __m512 dot = _mm512_fmadd_ps(high, _mm512_set1_ps(65536.0f), low);
         const __m512 w = _mm512_mul_ps(_mm512_load_ps(scale_perm[g][k]), step);
-        _mm512_store_ps(perm[r0 + r][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), w, _mm512_load_ps(perm[r0 + r][k])));
+        _mm512_store_ps(perm[r0 + r][k], _mm512_fmadd_ps(dot, w, _mm512_load_ps(perm[r0 + r][k])));
       }
     }
   }
@@ -494,15 +497,9 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
   }
   HWY_ALIGN float perm[kBlockRows][4][16] = {};  // scores in the permuted order
   // Position vector k holds positions 16L + 4k + i, L = 0..3: in a short block the positions past n16
-  // read as zero codes and scales and score 0 (the caller masks them). Rows go in pairs so that each
-  // query broadcast feeds 4 position vectors: 2 rows x 4 vectors x 2 parts = 16 accumulators.
-  for (int r0 = 0; r0 < rows; r0 += 2) {
-    if (r0 + 1 < rows) {
-      ScoreU8VnniRows<2>(J, codes, scale_perm, r0, perm);
-    } else {
-      ScoreU8VnniRows<1>(J, codes, scale_perm, r0, perm);
-    }
-  }
+  // read as zero codes and scales and score 0 (the caller masks them). One row at a time: each query
+  // broadcast feeds 4 position vectors, 4 vectors x 3 parts = 12 accumulators.
+  for (int r0 = 0; r0 < rows; ++r0) ScoreU8VnniRows<1>(J, codes, scale_perm, r0, perm);
   for (int r = 0; r < rows; ++r) {
     __m512 x0 = _mm512_load_ps(perm[r][0]), x1 = _mm512_load_ps(perm[r][1]);
     __m512 x2 = _mm512_load_ps(perm[r][2]), x3 = _mm512_load_ps(perm[r][3]);
@@ -608,7 +605,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   // the next values during this block's scoring, the next keys during its value loop.
   bool vnni_keys = false;
 #if HWY_TARGET == HWY_AVX3_DL
-  vnni_keys = J.keys == BlockKeys::u8_columns && J.q_hi != nullptr;
+  vnni_keys = J.keys == BlockKeys::u8_columns && J.q_parts != nullptr;
 #endif
   const Prefetch next_k{J.prefetch_k, J.prefetch_k_bytes, vnni_keys}, next_v{J.prefetch_v, J.prefetch_v_bytes, vnni_keys};
   const Prefetch& during_keys = vnni_keys ? next_v : next_k;
@@ -617,7 +614,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
   if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3_DL
-    if (J.q_hi != nullptr) {
+    if (J.q_parts != nullptr) {
       ScoreU8Vnni(J, w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens, during_keys);
     } else
 #endif
@@ -728,8 +725,8 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 }
 
 // Query split for the VNNI scorer (see kernels.h, split_queries_int8).
-void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group, float umax, int8_t* HWY_RESTRICT q_hi,
-                      int8_t* HWY_RESTRICT q_lo, float* HWY_RESTRICT q_step, int32_t* HWY_RESTRICT q_offset) {
+void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group, float umax, int8_t* HWY_RESTRICT q_parts,
+                      float* HWY_RESTRICT q_step, int32_t* HWY_RESTRICT q_offset) {
   const D16 d;
   const hn::RebindToSigned<D16> di;
   const hn::Rebind<int8_t, D16> di8;
@@ -737,8 +734,10 @@ void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group,
   const int groups = dim / group;
   for (int row = 0; row < rows; ++row)
     for (int g = 0; g < groups; ++g) {
-      const size_t at = static_cast<size_t>(row) * dim + static_cast<size_t>(g) * group;
-      const float* x = q + at;
+      const float* x = q + static_cast<size_t>(row) * dim + static_cast<size_t>(g) * group;
+      int8_t* pa = q_parts + static_cast<size_t>(row) * 3 * dim + static_cast<size_t>(g) * group;
+      int8_t* pb = pa + dim;
+      int8_t* pc = pb + dim;
       auto mx = hn::Zero(d);
       int j = 0;
       for (; j + N <= group; j += N) mx = hn::Max(mx, hn::Abs(hn::LoadU(d, x + j)));
@@ -746,44 +745,56 @@ void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group,
       for (; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
       const size_t gi = static_cast<size_t>(row) * groups + g;
       if (amax == 0.0f) {  // all parts zero
-        std::memset(q_hi + at, 0, group);
-        std::memset(q_lo + at, 0, group);
+        std::memset(pa, 0, group);
+        std::memset(pb, 0, group);
+        std::memset(pc, 0, group);
         q_step[gi] = 0.0f;
-        q_offset[gi] = 0;
+        q_offset[3 * gi] = q_offset[3 * gi + 1] = q_offset[3 * gi + 2] = 0;
         continue;
       }
-      const float step = amax / (127.0f * 256.0f), inv_step = 1.0f / step;
-      auto sum = hn::Zero(di);
+      const float step = amax / (127.0f * 65536.0f), inv_step = 1.0f / step;
+      // U = round(q / step), |U| <= 127 * 65536 (< 2^23, exact in float). a = floor((U + 32768) / 65536)
+      // leaves r = U - 65536 a in [-32768, 32767]; b = floor((r + 128) / 256) and c = r - 256 b then lie
+      // in [-128, 128] x [-128, 127] except b = 128 (r >= 32640), which carries into a (a < 127 there).
+      auto sum_a = hn::Zero(di), sum_b = hn::Zero(di), sum_c = hn::Zero(di);
+      const auto lim = hn::Set(di, 127 * 65536);
       j = 0;
       for (; j + N <= group; j += N) {
-        const auto u = hn::Mul(hn::LoadU(d, x + j), hn::Set(d, inv_step));  // |u| <= 127 * 256 up to rounding
-        // hi = round(u / 256) is within [-127, 127]; the remainder rounds into [-128, 128], and a
-        // remainder of 128 moves to the next hi (hi < 127 there since u <= 127 * 256).
-        auto hi = hn::Round(hn::Mul(u, hn::Set(d, 1.0f / 256.0f)));
-        auto lo = hn::Round(hn::NegMulAdd(hi, hn::Set(d, 256.0f), u));
-        const auto carry = hn::Gt(lo, hn::Set(d, 127.0f));
-        hi = hn::Add(hi, hn::IfThenElseZero(carry, hn::Set(d, 1.0f)));
-        lo = hn::Sub(lo, hn::IfThenElseZero(carry, hn::Set(d, 256.0f)));
-        const auto hi_i = hn::ConvertTo(di, hi), lo_i = hn::ConvertTo(di, lo);
-        hn::StoreU(hn::DemoteTo(di8, hi_i), di8, q_hi + at + j);
-        hn::StoreU(hn::DemoteTo(di8, lo_i), di8, q_lo + at + j);
-        sum = hn::Add(sum, hn::Add(hn::ShiftLeft<8>(hi_i), lo_i));
+        const auto U = hn::Min(hn::Max(hn::ConvertTo(di, hn::Round(hn::Mul(hn::LoadU(d, x + j), hn::Set(d, inv_step)))),
+                                       hn::Neg(lim)), lim);
+        auto a = hn::ShiftRight<16>(hn::Add(U, hn::Set(di, 32768)));
+        auto r = hn::Sub(U, hn::ShiftLeft<16>(a));
+        const auto carry = hn::Gt(r, hn::Set(di, 32639));
+        a = hn::Add(a, hn::IfThenElseZero(carry, hn::Set(di, 1)));
+        r = hn::Sub(r, hn::IfThenElseZero(carry, hn::Set(di, 65536)));
+        const auto b = hn::ShiftRight<8>(hn::Add(r, hn::Set(di, 128)));
+        const auto c = hn::Sub(r, hn::ShiftLeft<8>(b));
+        hn::StoreU(hn::DemoteTo(di8, a), di8, pa + j);
+        hn::StoreU(hn::DemoteTo(di8, b), di8, pb + j);
+        hn::StoreU(hn::DemoteTo(di8, c), di8, pc + j);
+        sum_a = hn::Add(sum_a, a);
+        sum_b = hn::Add(sum_b, b);
+        sum_c = hn::Add(sum_c, c);
       }
-      int32_t total = hn::GetLane(hn::SumOfLanes(di, sum));
+      int32_t total[3] = {hn::GetLane(hn::SumOfLanes(di, sum_a)), hn::GetLane(hn::SumOfLanes(di, sum_b)),
+                          hn::GetLane(hn::SumOfLanes(di, sum_c))};
       for (; j < group; ++j) {
-        const float u = x[j] * inv_step;
-        float hi = std::nearbyint(u / 256.0f);
-        float lo = std::nearbyint(u - 256.0f * hi);
-        if (lo > 127.0f) {
-          hi += 1.0f;
-          lo -= 256.0f;
+        const int32_t U = std::clamp(static_cast<int32_t>(std::nearbyint(x[j] * inv_step)), -127 * 65536, 127 * 65536);
+        int32_t a = (U + 32768) >> 16, r = U - a * 65536;
+        if (r >= 32640) {
+          a += 1;
+          r -= 65536;
         }
-        q_hi[at + j] = static_cast<int8_t>(hi);
-        q_lo[at + j] = static_cast<int8_t>(lo);
-        total += 256 * static_cast<int32_t>(hi) + static_cast<int32_t>(lo);
+        const int32_t b = (r + 128) >> 8, c = r - 256 * b;
+        pa[j] = static_cast<int8_t>(a);
+        pb[j] = static_cast<int8_t>(b);
+        pc[j] = static_cast<int8_t>(c);
+        total[0] += a;
+        total[1] += b;
+        total[2] += c;
       }
       q_step[gi] = step;
-      q_offset[gi] = static_cast<int32_t>(umax) * total;
+      for (int part = 0; part < 3; ++part) q_offset[3 * gi + part] = static_cast<int32_t>(umax) * total[part];
     }
 }
 
@@ -827,9 +838,9 @@ void attend_block(const BlockJob& job) { HWY_DYNAMIC_DISPATCH(AttendBlock)(job);
 bool block_uses_int8_keys() { return HWY_DYNAMIC_DISPATCH(BlockUsesInt8Keys)(); }
 HWY_EXPORT(BlockPermutesValues);
 HWY_EXPORT(SplitQueriesInt8);
-void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_hi, int8_t* q_lo, float* q_step,
+void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_parts, float* q_step,
                         int32_t* q_offset) {
-  HWY_DYNAMIC_DISPATCH(SplitQueriesInt8)(q, rows, dim, group, umax, q_hi, q_lo, q_step, q_offset);
+  HWY_DYNAMIC_DISPATCH(SplitQueriesInt8)(q, rows, dim, group, umax, q_parts, q_step, q_offset);
 }
 bool block_permutes_values(int v_group) { return HWY_DYNAMIC_DISPATCH(BlockPermutesValues)(v_group); }
 void unpermute_values(float* acc, int rows, int dim) {

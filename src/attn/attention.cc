@@ -175,10 +175,10 @@ struct RequestPlan {
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
   std::vector<float> q_orig_sum, q_rot_sum;  // [n_kv][rows][dim / group]: sums over K groups (K8 scoring)
   // K8 scoring with 8-bit dot products (see BlockJob): the main K format's queries split per K group,
-  // q ~= q_step * (256 * q_hi + q_lo); empty when the main K format is not uniform 8-bit.
-  std::vector<int8_t> q_hi, q_lo;  // [n_kv][rows][dim]
+  // q ~= q_step * (65536 a + 256 b + c); empty when the main K format is not uniform 8-bit.
+  std::vector<int8_t> q_parts;     // [n_kv][rows][3][dim]
   std::vector<float> q_step;       // [n_kv][rows][dim / group]
-  std::vector<int32_t> q_offset;   // [n_kv][rows][dim / group]: umax * sum of (256 * q_hi + q_lo)
+  std::vector<int32_t> q_offset;   // [n_kv][rows][dim / group][3]: umax * sum of each part
 };
 
 struct Scratch {
@@ -229,7 +229,7 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
     const RecordPlan& kp = g.k_format->plan();
     const RecordPlan& vp = g.v_format->plan();
     const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
-    const bool int8_keys = u8 && !plan.q_hi.empty() && kp.group_size % 4 == 0;
+    const bool int8_keys = u8 && !plan.q_parts.empty() && kp.group_size % 4 == 0;
     const bool v_registers = values_in_registers(vp, dim);
     // Level table of the value codes (uniform grids: code - umax).
     float v_levels[16] = {};
@@ -271,10 +271,9 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
             job.qsum = qsum_all != nullptr ? qsum_all + static_cast<size_t>(r0) * k_groups : nullptr;
             if (int8_keys) {
               const size_t at = (static_cast<size_t>(h) * rows + r0) * dim, at_g = (static_cast<size_t>(h) * rows + r0) * k_groups;
-              job.q_hi = plan.q_hi.data() + at;
-              job.q_lo = plan.q_lo.data() + at;
+              job.q_parts = plan.q_parts.data() + 3 * at;
               job.q_step = plan.q_step.data() + at_g;
-              job.q_offset = plan.q_offset.data() + at_g;
+              job.q_offset = plan.q_offset.data() + 3 * at_g;
             }
             job.k_group = kp.group_size;
             job.k_umax = kp.uniform_max;
@@ -338,11 +337,10 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
 // The main K format's queries split for the 8-bit dot products (see attn_kernels::split_queries_int8).
 void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int group, float umax, RequestPlan& plan) {
   const int groups = dim / group;
-  plan.q_hi.resize(static_cast<size_t>(n_rows) * dim);
-  plan.q_lo.resize(plan.q_hi.size());
+  plan.q_parts.resize(static_cast<size_t>(n_rows) * 3 * dim);
   plan.q_step.resize(static_cast<size_t>(n_rows) * groups);
-  plan.q_offset.resize(plan.q_step.size());
-  attn_kernels::split_queries_int8(q.data(), n_rows, dim, group, umax, plan.q_hi.data(), plan.q_lo.data(), plan.q_step.data(),
+  plan.q_offset.resize(plan.q_step.size() * 3);
+  attn_kernels::split_queries_int8(q.data(), n_rows, dim, group, umax, plan.q_parts.data(), plan.q_step.data(),
                                    plan.q_offset.data());
 }
 

@@ -27,6 +27,8 @@ struct Case {
   std::vector<int> lengths = {1};  // one sequence per entry
   int n_q = 1;                     // queries per sequence (the last n_q positions)
   bool reference = true;
+  float q_scale = 1.0f;            // > 1: sharper softmax
+  float q_outlier = 1.0f;          // dimension 5 of every query scaled by this
 };
 
 std::string name(const Case& c) {
@@ -62,7 +64,8 @@ void check_case(const Case& c, ThreadPool& pool) {
   p.sinks = c.sinks ? sinks.data() : nullptr;
 
   const size_t per_seq = static_cast<size_t>(c.n_q) * c.n_heads * c.dim;
-  const auto q = gaussian(per_seq * c.lengths.size(), rng);
+  auto q = gaussian(per_seq * c.lengths.size(), rng, c.q_scale);
+  for (size_t i = 5; i < q.size(); i += c.dim) q[i] *= c.q_outlier;
   std::vector<float> fused(q.size()), standard(q.size()), reference(q.size());
   std::vector<AttentionRequest> reqs;
   for (size_t i = 0; i < c.lengths.size(); ++i) {
@@ -102,6 +105,20 @@ TEST(Attention, FusedStandardAndReferenceAgreeAcrossBitsShapesAndContexts) {
         c.reference = len <= 1000 || (b[0] == 8 && b[1] == 3);
         check_case(c, pool);
       }
+}
+
+// Large queries make the softmax sharp, where score errors show most; an outlier dimension sets the
+// scale of its group (K8 scoring with integer dot products rounds the query relative to it).
+TEST(Attention, SharpSoftmaxAndQueryOutliers) {
+  ThreadPool pool(2);
+  for (const auto& sh : kShapes)
+    for (float outlier : {1.0f, 30.0f}) {
+      Case c{8, 3, sh.n_heads, sh.n_kv, sh.dim};
+      c.lengths = {2000};
+      c.q_scale = 3.0f;
+      c.q_outlier = outlier;
+      check_case(c, pool);
+    }
 }
 
 TEST(Attention, SinkTierCrossedMidSequence) {
@@ -343,9 +360,9 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
           }
           AlignedVector<float> scores(attn_kernels::kBlockRows * attn_kernels::kBlockTokens), work(attn_kernels::block_work_floats(dim));
           std::vector<float> qsum(static_cast<size_t>(rows) * (dim / group), 0.0f);
-          std::vector<int8_t> q_hi(q.size()), q_lo(q.size());
+          std::vector<int8_t> q_parts(3 * q.size());
           std::vector<float> q_step(qsum.size());
-          std::vector<int32_t> q_offset(qsum.size());
+          std::vector<int32_t> q_offset(3 * qsum.size());
           job.q = q.data();
           if (k_kind == 0) {
             job.keys = BlockKeys::u8_columns;
@@ -353,10 +370,9 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
               for (int j = 0; j < dim; ++j) qsum[r * (dim / group) + j / group] += q[r * dim + j];
             job.qsum = qsum.data();
             if (attn_kernels::block_uses_int8_keys()) {
-              attn_kernels::split_queries_int8(q.data(), rows, dim, group, kf.plan().uniform_max, q_hi.data(), q_lo.data(),
+              attn_kernels::split_queries_int8(q.data(), rows, dim, group, kf.plan().uniform_max, q_parts.data(),
                                                q_step.data(), q_offset.data());
-              job.q_hi = q_hi.data();
-              job.q_lo = q_lo.data();
+              job.q_parts = q_parts.data();
               job.q_step = q_step.data();
               job.q_offset = q_offset.data();
             }
@@ -424,27 +440,32 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
         }
 }
 
-// The query split: |q - step * (256 hi + lo)| <= step / 2 and the offsets are umax times the sums.
-TEST_P(BlockTargets, QuerySplitIsWithinHalfAStep) {
+// The query split: |q - step * (65536 a + 256 b + c)| <= step and the offsets are umax times the sums.
+TEST_P(BlockTargets, QuerySplitIsWithinAStep) {
   SplitMix64 rng(12);
   for (int group : {32, 64}) {
     const int rows = 5, dim = 128, groups = dim / group;
     auto q = gaussian(static_cast<size_t>(rows) * dim, rng);
     std::fill(q.begin() + dim, q.begin() + dim + group, 0.0f);  // a group of zeros
-    std::vector<int8_t> hi(q.size()), lo(q.size());
+    q[3 * dim + 7] = 40.0f;                                       // an outlier sets a group's step
+    std::vector<int8_t> parts(3 * q.size());
     std::vector<float> step(static_cast<size_t>(rows) * groups);
-    std::vector<int32_t> offset(step.size());
-    attn_kernels::split_queries_int8(q.data(), rows, dim, group, 127.0f, hi.data(), lo.data(), step.data(), offset.data());
+    std::vector<int32_t> offset(3 * step.size());
+    attn_kernels::split_queries_int8(q.data(), rows, dim, group, 127.0f, parts.data(), step.data(), offset.data());
     for (int r = 0; r < rows; ++r)
       for (int g = 0; g < groups; ++g) {
         const float st = step[r * groups + g];
-        int64_t sum = 0;
+        int64_t sum[3] = {0, 0, 0};
         for (int j = g * group; j < (g + 1) * group; ++j) {
-          const int Q = 256 * hi[r * dim + j] + lo[r * dim + j];
-          sum += Q;
-          EXPECT_LE(std::fabs(q[r * dim + j] - st * Q), 0.5f * st * 1.0001f + 1e-30f) << r << " " << j;
+          const int a = parts[(r * 3 + 0) * dim + j], b = parts[(r * 3 + 1) * dim + j], c = parts[(r * 3 + 2) * dim + j];
+          EXPECT_GE(a, -127);
+          sum[0] += a;
+          sum[1] += b;
+          sum[2] += c;
+          const double approx = static_cast<double>(st) * (65536.0 * a + 256.0 * b + c);
+          EXPECT_LE(std::fabs(q[r * dim + j] - approx), 1.0001 * st) << r << " " << j;
         }
-        EXPECT_EQ(offset[r * groups + g], 127 * sum);
+        for (int part = 0; part < 3; ++part) EXPECT_EQ(offset[(r * groups + g) * 3 + part], 127 * sum[part]);
       }
   }
 }
