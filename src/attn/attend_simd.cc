@@ -549,7 +549,6 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
       const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
       const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
       for (int r = 0; r < kRows; ++r) {
-#if 1
         // The weight as an embedded-broadcast memory operand: the load port broadcasts, so the vector
         // pipes only see the multiply-adds.
         const float* wp = wc + r * kBlockTokens + t;
@@ -557,13 +556,6 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
         __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
         __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
         __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
-#else
-        const __m512 wt = _mm512_set1_ps(wc[r * kBlockTokens + t]);
-        a[r][0] = _mm512_fmadd_ps(wt, x0, a[r][0]);
-        a[r][1] = _mm512_fmadd_ps(wt, x1, a[r][1]);
-        a[r][2] = _mm512_fmadd_ps(wt, x2, a[r][2]);
-        a[r][3] = _mm512_fmadd_ps(wt, x3, a[r][3]);
-#endif
       }
     }
     for (int r = 0; r < kRows; ++r)
@@ -571,9 +563,74 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
   }
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// The same accumulation with the code bytes made by one byte permute and one GF(2) affine transform
+// instead of kBits mask loads and masked adds: for each 64-dimension chunk, qword m of `matrix` holds
+// the plane bytes of dimensions 8m..8m+7 as rows (plane k in byte 7 - k, the other bytes zero), and
+// gf2p8affineqb with the constant byte 1 << (j % 8) at byte j picks bit j % 8 of every plane row into
+// bit k of byte j: the code of dimension j. Needs the record's planes within 64 bytes.
+template <int kBits, int kRows>
+__attribute__((target(HWY_TARGET_STR ",gfni"))) void AccumulateTurboQuantGfni(
+    const tq::attn_kernels::BlockJob& J, const float* HWY_RESTRICT w, const float* HWY_RESTRICT alpha,
+    const float* HWY_RESTRICT levels16, const Prefetch& pf) {
+  const int dim = J.dim, n = J.n;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+  const __m512 levels = _mm512_load_ps(levels16);
+  const __mmask64 record_bytes = kBits * plane_bytes >= 64 ? ~0ull : (1ull << (kBits * plane_bytes)) - 1;
+  const __m512i bit_of_byte = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull));
+  __mmask64 rows_mask = 0;  // bytes 7 - k of every qword, k < kBits
+  for (int m = 0; m < 8; ++m)
+    for (int k = 0; k < kBits; ++k) rows_mask |= 1ull << (8 * m + 7 - k);
+  for (int c = 0; c < dim / 64; ++c) {
+    HWY_ALIGN uint8_t index_bytes[64] = {};
+    for (int m = 0; m < 8; ++m)
+      for (int k = 0; k < kBits; ++k) index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * plane_bytes + 8 * c + m);
+    const __m512i index = _mm512_load_si512(index_bytes);
+    const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
+    __m512 a[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
+    }
+    const uint8_t* HWY_RESTRICT rec = J.v;
+    for (int t = 0; t < n; ++t, rec += J.v_stride) {
+      pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
+      const __m512i planes = _mm512_maskz_loadu_epi8(record_bytes, rec);
+      const __m512i matrix = _mm512_maskz_permutexvar_epi8(rows_mask, index, planes);
+      const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
+      const __m512 x0 = _mm512_permutexvar_ps(code, levels);
+      const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
+      const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
+      const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+      for (int r = 0; r < kRows; ++r) {
+        const float* wp = wc + r * kBlockTokens + t;
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+  }
+}
+#endif
+
 template <int kBits>
 HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJob& J, const float* w, const float* alpha,
                                                  const float* levels16, const Prefetch& pf) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // Highway's AVX3_DL target does not require GFNI (every CPU with AVX3_DL measured here has it).
+  static const bool gfni = __builtin_cpu_supports("gfni");
+  if (gfni && kBits * (J.dim / 8) <= 64) {
+    switch (J.rows) {
+      case 1: return AccumulateTurboQuantGfni<kBits, 1>(J, w, alpha, levels16, pf);
+      case 2: return AccumulateTurboQuantGfni<kBits, 2>(J, w, alpha, levels16, pf);
+      case 3: return AccumulateTurboQuantGfni<kBits, 3>(J, w, alpha, levels16, pf);
+      default: return AccumulateTurboQuantGfni<kBits, 4>(J, w, alpha, levels16, pf);
+    }
+  }
+#endif
   switch (J.rows) {
     case 1: return AccumulateTurboQuantPermuted<kBits, 1>(J, w, alpha, levels16, pf);
     case 2: return AccumulateTurboQuantPermuted<kBits, 2>(J, w, alpha, levels16, pf);
