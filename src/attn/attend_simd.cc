@@ -646,6 +646,69 @@ HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJo
 // Whether this target accumulates TurboQuant values of this group size in the permuted order.
 HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && v_group % 64 == 0; }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// TurboQuant keys of 1..4 bits from a column region of 64 positions (planes [dim][bits][8 bytes]): per
+// dimension, the codes of all 64 positions from one byte permute and one GF(2) affine transform (see
+// AccumulateTurboQuantGfni), the levels by vpermps per 16 positions, and one multiply-add per query
+// row; the group's scales multiply the group's partial scores.
+template <int kBits, int kRows>
+__attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J,
+                                                                          const Prefetch& pf) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  constexpr size_t kPlane = 8;  // bytes per plane for 64 positions
+  const __m512 levels = _mm512_loadu_ps(J.k_levels);
+  const __m512i bit_of_byte = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull));
+  HWY_ALIGN uint8_t index_bytes[64] = {};
+  __mmask64 rows_mask = 0;
+  for (int m = 0; m < 8; ++m)
+    for (int k = 0; k < kBits; ++k) {
+      index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * kPlane + m);
+      rows_mask |= 1ull << (8 * m + 7 - k);
+    }
+  const __m512i index = _mm512_load_si512(index_bytes);
+  const __mmask64 dim_bytes = (1ull << (kBits * kPlane)) - 1;
+  const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
+  __m512 score[kRows][4];
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      pf.Slice(j, dim);
+      const __m512i planes = _mm512_maskz_loadu_epi8(dim_bytes, J.k_region + static_cast<size_t>(j) * kBits * kPlane);
+      const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, _mm512_maskz_permutexvar_epi8(rows_mask, index, planes), 0);
+      __m512 x[4];
+      x[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(code)), levels);
+      x[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 1)), levels);
+      x[2] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 2)), levels);
+      x[3] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 3)), levels);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
+      }
+    }
+    for (int u = 0; u < 4; ++u) {
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + J.t0 + 16 * u)));
+      for (int r = 0; r < kRows; ++r) score[r][u] = _mm512_fmadd_ps(acc[r][u], sc, score[r][u]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(J.scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
+
+template <int kBits>
+HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
+  switch (J.rows) {
+    case 1: return ScoreTqColumnsGfni<kBits, 1>(J, pf);
+    case 2: return ScoreTqColumnsGfni<kBits, 2>(J, pf);
+    case 3: return ScoreTqColumnsGfni<kBits, 3>(J, pf);
+    default: return ScoreTqColumnsGfni<kBits, 4>(J, pf);
+  }
+}
+#endif
+
 void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   using tq::attn_kernels::BlockKeys;
   using tq::attn_kernels::BlockValues;
@@ -680,6 +743,29 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       for (int t = 0; t < n16; t += 16) {
         during_keys.Slice(t / 16, n16 / 16);
         ScoreColumnsU8(J.q, rows, J.qsum, J.k_region, scales, J.T, J.t0 + t, dim, J.k_group, J.k_umax, s + t, kBlockTokens);
+      }
+    }
+  } else if (J.keys == BlockKeys::tq_columns) {
+    bool done = false;
+#if HWY_TARGET == HWY_AVX3_DL
+    static const bool gfni = __builtin_cpu_supports("gfni");
+    if (gfni && J.T == 64 && J.t0 == 0) {
+      switch (J.k_plan->bits) {
+        case 1: ScoreTqColumnsGfniRows<1>(J, during_keys); break;
+        case 2: ScoreTqColumnsGfniRows<2>(J, during_keys); break;
+        case 3: ScoreTqColumnsGfniRows<3>(J, during_keys); break;
+        default: ScoreTqColumnsGfniRows<4>(J, during_keys); break;
+      }
+      done = true;
+    }
+#endif
+    if (!done) {
+      // Decoded 16 positions at a time into a tile ([dim][16] floats after the weights in work).
+      float* tile = w + static_cast<size_t>(std::max(dim / 16, 1)) * kBlockRows * kBlockTokens;
+      for (int t = 0; t < n16; t += 16) {
+        during_keys.Slice(t / 16, n16 / 16);
+        tq::kernels::decode_columns(*J.k_plan, J.k_region, J.T, J.t0 + t, tile);
+        ScoreColumns(J.q, rows, tile, dim, s + t, kBlockTokens);
       }
     }
   } else {

@@ -231,6 +231,12 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
     const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
     const bool int8_keys = u8 && !plan.q_parts.empty() && kp.group_size % 4 == 0;
     const bool v_registers = values_in_registers(vp, dim);
+    // TurboQuant keys of up to 4 bits are decoded by the block kernel (level table below).
+    const bool tq_columns = g.k_columns && kp.type == KVType::turboquant && kp.bits <= 4 &&
+                            kp.layout == PackLayout::planes && kp.group_size % 16 == 0 && dim % 16 == 0;
+    float k_levels[16] = {};
+    if (tq_columns)
+      for (int c = 0; c < (1 << kp.bits); ++c) k_levels[c] = kp.uniform ? static_cast<float>(c) - kp.uniform_max : kp.levels[c];
     // Level table of the value codes (uniform grids: code - umax).
     float v_levels[16] = {};
     if (v_registers && vp.type == KVType::turboquant)
@@ -279,6 +285,11 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
             job.k_umax = kp.uniform_max;
           } else if (f16_columns) {
             job.keys = BlockKeys::f16_columns;
+          } else if (tq_columns) {
+            job.keys = BlockKeys::tq_columns;
+            job.k_plan = &kp;
+            job.k_levels = k_levels;
+            job.k_group = kp.group_size;
           } else {
             job.keys = BlockKeys::scores;
             for (int t = 0; t < n; t += kTile) {

@@ -297,7 +297,7 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
   const int T = 64;
   int cases = 0;
   for (int dim : {64, 128, 256})
-    for (int k_kind = 0; k_kind < 3; ++k_kind)
+    for (int k_kind = 0; k_kind < 4; ++k_kind)
       for (int v_kind = 0; v_kind < 3; ++v_kind)
         for (int v_bits : {2, 3, 4}) {
           if (v_kind != 0 && v_bits != 3) continue;
@@ -309,9 +309,9 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
                        " n " + std::to_string(n));
           // Keys: a uniform 8-bit TurboQuant or FP16 column region; the decoded keys for the reference.
           VectorFormatSpec kspec;
-          if (k_kind == 0) {
+          if (k_kind == 0 || k_kind == 3) {  // uniform 8-bit, or 2..4-bit Lloyd-Max planes
             kspec.type = KVType::turboquant;
-            kspec.quantizer = QuantizerOptions::defaults(8);
+            kspec.quantizer = QuantizerOptions::defaults(k_kind == 0 ? 8 : 2 + cases % 3);
             kspec.quantizer.group_size = group;
           }
           const VectorFormat kf(dim, kspec);
@@ -364,6 +364,7 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
           std::vector<float> q_step(qsum.size());
           std::vector<int32_t> q_offset(3 * qsum.size());
           job.q = q.data();
+          float k_levels[16] = {};
           if (k_kind == 0) {
             job.keys = BlockKeys::u8_columns;
             for (int r = 0; r < rows; ++r)
@@ -380,6 +381,12 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
             job.k_umax = kf.plan().uniform_max;
           } else if (k_kind == 1) {
             job.keys = BlockKeys::f16_columns;
+          } else if (k_kind == 3) {
+            job.keys = BlockKeys::tq_columns;
+            job.k_plan = &kf.plan();
+            for (int c = 0; c < (1 << kf.plan().bits); ++c) k_levels[c] = kf.plan().levels[c];
+            job.k_levels = k_levels;
+            job.k_group = group;
           } else {
             job.keys = BlockKeys::scores;  // the caller's scores: the FP16 keys scored in float
             for (int r = 0; r < rows; ++r)

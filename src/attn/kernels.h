@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kv/vector_format.h"
+
 namespace tq::attn_kernels {
 
 // s[r * ld_s + t] = <q[r], k[t]> for r < rows, t < tokens. q: [rows][dim], k: [tokens][dim].
@@ -43,6 +45,8 @@ constexpr int kBlockTokens = 64;
 enum class BlockKeys : int {
   u8_columns,   // uniform 8-bit TurboQuant column region (codes [dim][T], scales [dim/group][T] binary16)
   f16_columns,  // FP16 column region [dim][T]
+  tq_columns,   // TurboQuant column region of 1..4 bits (planes [dim][bits][T/8], scales [dim/group][T]
+                // binary16); k_plan and k_levels say how to decode it
   scores,       // scores already computed by the caller into BlockJob::scores
 };
 
@@ -71,6 +75,8 @@ struct BlockJob {
   int T = 0, t0 = 0;                  // t0: multiple of 16
   int k_group = 0;
   float k_umax = 0;
+  const RecordPlan* k_plan = nullptr;  // tq_columns
+  const float* k_levels = nullptr;     // tq_columns: [1 << bits] level table
 
   BlockValues values = BlockValues::floats;
   const uint8_t* v = nullptr;  // record of the block's first position; records v_stride bytes apart
