@@ -13,6 +13,12 @@
 #include <immintrin.h>
 #endif
 
+// GCC 12 reports the _mm512_undefined_* pass-through operands inside its own AVX-512 intrinsics as
+// "may be used uninitialized" wherever the raw intrinsics below inline.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include "attn/kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -638,8 +644,10 @@ HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJo
     default: return AccumulateTurboQuantPermuted<kBits, 4>(J, w, alpha, levels16, pf);
   }
 }
+#undef TQ_PERMUTED_VALUES
 #define TQ_PERMUTED_VALUES 1
 #else
+#undef TQ_PERMUTED_VALUES
 #define TQ_PERMUTED_VALUES 0
 #endif
 
