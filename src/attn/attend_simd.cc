@@ -4,7 +4,20 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
+
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
+
+// GCC 12 reports the _mm512_undefined_* pass-through operands inside its own AVX-512 intrinsics as
+// "may be used uninitialized" wherever the raw intrinsics below inline.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "attn/kernels.h"
 
@@ -14,6 +27,9 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using D = hn::ScalableTag<float>;
+using D16 = hn::CappedTag<float, 16>;  // up to 16 lanes: one vector per 16 positions or dimensions
+using tq::attn_kernels::kBlockRows;
+using tq::attn_kernels::kBlockTokens;
 
 // Dot products of up to 4 query rows with one key at a time: each key vector is loaded once per 4
 // rows, partial sums stay in registers, one horizontal sum per score.
@@ -228,6 +244,766 @@ void Scale(float* HWY_RESTRICT x, int n, float a) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+
+// ------------------------------------------------------------------ fused block kernel
+
+// Work layout (floats): [kBlockRows][kBlockTokens] weights per value group (u), then
+// [dim / 4][4][64] bytes of transposed key codes (as floats: dim * 16), then
+// [kBlockRows][4][16] permuted scores.
+constexpr int kMaxValueGroups = 1024 / 16;
+
+// The next block's bytes, prefetched a slice at a time inside the loops of this one (all at once
+// stalls the loads and evicts the block being computed). Into L1 (locality 3) or L2 (locality 1).
+struct Prefetch {
+  const uint8_t* base = nullptr;
+  size_t bytes = 0;
+  bool l1 = false;
+  // Lines [part * L / parts, (part + 1) * L / parts) of the L cache lines.
+  HWY_INLINE void Slice(size_t part, size_t parts) const {
+    if (base == nullptr) return;
+    const size_t lines = (bytes + 63) / 64;
+    for (size_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) {
+      if (l1) {
+        __builtin_prefetch(base + 64 * i, 0, 3);
+      } else {
+        __builtin_prefetch(base + 64 * i, 0, 1);
+      }
+    }
+  }
+};
+
+// Level lookup of a code vector from a table of at most 16 levels held in registers.
+template <class DF>
+struct LevelTable {
+  hn::Vec<DF> lo, hi;  // levels [0, N) and [N, 2N)
+  const float* table;
+  int count;
+};
+
+template <class DF, class DI>
+HWY_INLINE hn::Vec<DF> LookupLevel(DF d, DI di, const LevelTable<DF>& L, hn::Vec<DI> code) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  if (L.count <= N) return hn::TableLookupLanes(L.lo, hn::IndicesFromVec(d, code));
+  if (L.count <= 2 * N) {
+    const auto idx = hn::IndicesFromVec(d, hn::And(code, hn::Set(di, N - 1)));
+    return hn::IfThenElse(hn::RebindMask(d, hn::Lt(code, hn::Set(di, N))), hn::TableLookupLanes(L.lo, idx),
+                          hn::TableLookupLanes(L.hi, idx));
+  }
+  return hn::GatherIndex(d, L.table, code);
+}
+
+// Codes of the N dimensions [j, j + N) of a bit-plane record (plane k at rec + k * plane_bytes).
+template <int kBits, class DI>
+HWY_INLINE hn::Vec<DI> RecordCodes(DI di, const uint8_t* HWY_RESTRICT rec, size_t plane_bytes, int j) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(DI()));
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (N == 8) {
+    // BMI2: deposit the 8 bits of plane k into bit k of 8 bytes, then widen the bytes.
+    uint64_t bytes = 0;
+    for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(rec[k * plane_bytes + j / 8], 0x0101010101010101ull << k);
+    const hn::Rebind<uint8_t, DI> du8;
+    HWY_ALIGN uint8_t lanes[8];
+    std::memcpy(lanes, &bytes, 8);
+    return hn::PromoteTo(di, hn::Load(du8, lanes));
+  }
+#endif
+  auto code = hn::Zero(di);
+  for (int k = 0; k < kBits; ++k) {
+    const uint8_t* plane = rec + k * plane_bytes;
+    hn::Mask<DI> hit;
+    if constexpr (N >= 8) {
+      hit = hn::LoadMaskBits(di, plane + j / 8);  // a mask-register load on AVX-512
+    } else {
+      const uint8_t byte = static_cast<uint8_t>(plane[j / 8] >> (j % 8));
+      hit = hn::LoadMaskBits(di, &byte);
+    }
+    code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
+  }
+  return code;
+}
+
+// Where the values of a block come from; Load(t, j) = the N values [j, j + N) of position t (before
+// the per-group scale, which is folded into the weights).
+template <int kBits>
+struct TurboQuantValues {
+  const uint8_t* v;
+  size_t stride, plane_bytes;
+  LevelTable<D16> levels;
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
+    const D16 d;
+    const hn::RebindToSigned<D16> di;
+    return LookupLevel(d, di, levels, RecordCodes<kBits>(di, v + static_cast<size_t>(t) * stride, plane_bytes, j));
+  }
+};
+struct F16Values {
+  const hwy::float16_t* v;
+  size_t stride;  // in elements
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
+    const D16 d;
+    const hn::Rebind<hwy::float16_t, D16> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, v + static_cast<size_t>(t) * stride + j));
+  }
+};
+struct FloatValues {
+  const float* v;
+  int dim;
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const { return hn::LoadU(D16(), v + static_cast<size_t>(t) * dim + j); }
+};
+
+// acc[r][j0, j0 + kV * N) = acc * alpha[r] + sum_t w[g(j)][r][t] * value(t, j) for kRows rows: the
+// kRows x kV accumulator vectors stay in registers for all n positions.
+template <int kRows, int kV, class Src>
+HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const float* HWY_RESTRICT w,
+                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim, const Prefetch& pf,
+                                int chunk, int chunks) {
+  const D16 d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  hn::Vec<D16> a[kRows][kV];
+  const float* wv[kV];  // weights of vector v: [kRows][kBlockTokens]
+  for (int v = 0; v < kV; ++v) wv[v] = w + static_cast<size_t>(group > 0 ? (j0 + v * N) / group : 0) * kBlockRows * kBlockTokens;
+  for (int r = 0; r < kRows; ++r) {
+    const auto al = hn::Set(d, alpha[r]);
+    for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
+  }
+  for (int t = 0; t < n; ++t) {
+    pf.Slice(static_cast<size_t>(chunk) * n + t, static_cast<size_t>(chunks) * n);
+    hn::Vec<D16> x[kV];
+    for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(hn::Set(d, wv[v][r * kBlockTokens + t]), x[v], a[r][v]);
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kV; ++v) hn::StoreU(a[r][v], d, acc + static_cast<size_t>(r) * dim + j0 + v * N);
+}
+
+template <int kRows, class Src>
+HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const float* HWY_RESTRICT w,
+                               const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, const Prefetch& pf) {
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  // 4 vectors of accumulators per row on 32-register targets, 2 on 16-register ones.
+  constexpr int kV = HWY_MAX_BYTES >= 64 ? 4 : 2;
+  const int chunks = dim / (kV * N);
+  int j = 0;
+  for (int c = 0; j + kV * N <= dim; j += kV * N, ++c) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, pf, c, chunks);
+  for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim, Prefetch(), 0, 1);
+}
+
+template <class Src>
+HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int group, const float* w, const float* alpha,
+                              float* acc, const Prefetch& pf) {
+  switch (rows) {
+    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc, pf);
+    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc, pf);
+    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc, pf);
+    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc, pf);
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Uniform 8-bit keys with VNNI (vpdpbusd: 64 u8 x s8 products per instruction). The query is split
+// per group into three int8 parts, q ~= step * (65536 a + 256 b + c), so that per position and group
+//   sum_j q_j * level_j = step * sum_parts weight * sum_j part_j * (code_j - umax)
+// with each part's sum exact in 32-bit integers; only the split of q rounds (2^-23 of the group's
+// largest element: two parts, 2^-15, measured up to 1.5e-4 relative error at the output, beyond the
+// 1e-4 contract for sharp softmaxes).
+// vpdpbusd sums 4 adjacent bytes, so the codes of 4 dimensions x 64 positions are first transposed to
+// 4-byte (dimension) groups per position; the positions then come out in the order
+// lane 4L + i of vector k = position 16L + 4k + i, which a 4x4 transpose of 128-bit blocks undoes.
+HWY_INLINE void Transpose4x4Blocks(__m512& x0, __m512& x1, __m512& x2, __m512& x3) {
+  const __m512 t0 = _mm512_shuffle_f32x4(x0, x1, 0x44), t1 = _mm512_shuffle_f32x4(x0, x1, 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(x2, x3, 0x44), t3 = _mm512_shuffle_f32x4(x2, x3, 0xEE);
+  x0 = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  x1 = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  x2 = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  x3 = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+template <int kR>
+__attribute__((target(HWY_TARGET_STR ",avx512vnni"))) HWY_INLINE void ScoreU8VnniRows(
+    const tq::attn_kernels::BlockJob& J, const __m512i* HWY_RESTRICT codes, const float (*HWY_RESTRICT scale_perm)[4][16],
+    int r0, float (*HWY_RESTRICT perm)[4][16]) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  for (int g = 0; g < groups; ++g) {
+    // Per row, position vector and part: sum_j part_j * (code_j - umax), the offset subtracted up front.
+    __m512i acc[kR][4][3];
+    for (int r = 0; r < kR; ++r)
+      for (int part = 0; part < 3; ++part) {
+        const __m512i offset = _mm512_set1_epi32(-J.q_offset[((r0 + r) * groups + g) * 3 + part]);
+        for (int k = 0; k < 4; ++k) acc[r][k][part] = offset;
+      }
+    for (int jq = g * group / 4; jq < (g + 1) * group / 4; ++jq) {
+      __m512i c[4];
+      for (int k = 0; k < 4; ++k) c[k] = _mm512_load_si512(codes + jq * 4 + k);
+      for (int r = 0; r < kR; ++r) {
+        const int8_t* qp = J.q_parts + static_cast<size_t>(r0 + r) * 3 * dim + 4 * jq;
+        for (int part = 0; part < 3; ++part) {
+          int32_t word;
+          std::memcpy(&word, qp + part * dim, 4);
+          const __m512i vq = _mm512_set1_epi32(word);
+          for (int k = 0; k < 4; ++k) acc[r][k][part] = _mm512_dpbusd_epi32(acc[r][k][part], c[k], vq);
+        }
+      }
+    }
+    for (int r = 0; r < kR; ++r) {
+      const __m512 step = _mm512_set1_ps(J.q_step[(r0 + r) * groups + g]);
+      for (int k = 0; k < 4; ++k) {
+        // 65536 a + (256 b + c): the second term is exact in 32 bits, the sum is formed in float.
+        const __m512 high = _mm512_cvtepi32_ps(acc[r][k][0]);
+        const __m512 low = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(acc[r][k][1], 8), acc[r][k][2]));
+        const __m512 dot = _mm512_fmadd_ps(high, _mm512_set1_ps(65536.0f), low);
+        const __m512 w = _mm512_mul_ps(_mm512_load_ps(scale_perm[g][k]), step);
+        _mm512_store_ps(perm[r0 + r][k], _mm512_fmadd_ps(dot, w, _mm512_load_ps(perm[r0 + r][k])));
+      }
+    }
+  }
+}
+
+// Highway 1.0.3's AVX3_DL target string names avxvnni (VEX) but not avx512vnni, hence the attribute.
+__attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq::attn_kernels::BlockJob& J,
+                                                                         float* HWY_RESTRICT work,
+                                                                         const Prefetch& pf) {
+  const int dim = J.dim, rows = J.rows, group = J.k_group, groups = dim / group;
+  const size_t Ts = static_cast<size_t>(J.T);
+  const int n16 = (J.n + 15) / 16 * 16;
+  const __mmask64 live = n16 >= 64 ? ~0ull : (1ull << n16) - 1;
+  // Transposed codes: [dim / 4][4 position vectors][64 bytes].
+  auto* codes = reinterpret_cast<__m512i*>(work);
+  const bool full = n16 == 64;
+  for (int jq = 0; jq < dim / 4; ++jq) {
+    pf.Slice(jq, dim / 4);
+    const uint8_t* c = J.k_region + static_cast<size_t>(4 * jq) * Ts + J.t0;
+    __m512i r0, r1, r2, r3;
+    if (full) {  // plain loads where the block is whole (masked loads are slower on some cores)
+      r0 = _mm512_loadu_si512(c);
+      r1 = _mm512_loadu_si512(c + Ts);
+      r2 = _mm512_loadu_si512(c + 2 * Ts);
+      r3 = _mm512_loadu_si512(c + 3 * Ts);
+    } else {
+      r0 = _mm512_maskz_loadu_epi8(live, c);
+      r1 = _mm512_maskz_loadu_epi8(live, c + Ts);
+      r2 = _mm512_maskz_loadu_epi8(live, c + 2 * Ts);
+      r3 = _mm512_maskz_loadu_epi8(live, c + 3 * Ts);
+    }
+    const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
+    const __m512i e = _mm512_unpacklo_epi8(r2, r3), f = _mm512_unpackhi_epi8(r2, r3);
+    codes[jq * 4 + 0] = _mm512_unpacklo_epi16(a, e);
+    codes[jq * 4 + 1] = _mm512_unpackhi_epi16(a, e);
+    codes[jq * 4 + 2] = _mm512_unpacklo_epi16(b, f);
+    codes[jq * 4 + 3] = _mm512_unpackhi_epi16(b, f);
+  }
+  // Scales of the 64 positions per group, in the same permuted order: [groups][4][16].
+  const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + Ts * dim);
+  HWY_ALIGN float scale_perm[kMaxValueGroups][4][16];
+  for (int g = 0; g < groups; ++g) {
+    __m512 s[4];
+    for (int k = 0; k < 4; ++k)
+      s[k] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>(live >> (16 * k)), sc16 + g * Ts + J.t0 + 16 * k));
+    Transpose4x4Blocks(s[0], s[1], s[2], s[3]);
+    for (int k = 0; k < 4; ++k) _mm512_store_ps(scale_perm[g][k], s[k]);
+  }
+  HWY_ALIGN float perm[kBlockRows][4][16] = {};  // scores in the permuted order
+  // Position vector k holds positions 16L + 4k + i, L = 0..3: in a short block the positions past n16
+  // read as zero codes and scales and score 0 (the caller masks them). One row at a time: each query
+  // broadcast feeds 4 position vectors, 4 vectors x 3 parts = 12 accumulators.
+  for (int r0 = 0; r0 < rows; ++r0) ScoreU8VnniRows<1>(J, codes, scale_perm, r0, perm);
+  for (int r = 0; r < rows; ++r) {
+    __m512 x0 = _mm512_load_ps(perm[r][0]), x1 = _mm512_load_ps(perm[r][1]);
+    __m512 x2 = _mm512_load_ps(perm[r][2]), x3 = _mm512_load_ps(perm[r][3]);
+    Transpose4x4Blocks(x0, x1, x2, x3);
+    float* s = J.scores + r * kBlockTokens;
+    _mm512_store_ps(s, x0);
+    _mm512_store_ps(s + 16, x1);
+    _mm512_store_ps(s + 32, x2);
+    _mm512_store_ps(s + 48, x3);
+  }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// TurboQuant values on AVX-512, 64 dimensions (one value group or part of one) per step: the codes
+// of all 64 dimensions of a position become one byte vector from kBits 64-bit mask loads and kBits
+// masked byte operations; vpermps reads only bits [3:0] of each 32-bit index, so the same vector,
+// shifted by 0/8/16/24 bits, indexes the level table for dimensions 4i, 4i + 1, 4i + 2, 4i + 3.
+// The accumulators therefore hold the dimensions of a 64-dimension chunk permuted: vector v, lane i
+// = dimension 4i + v (unpermute_values restores the order once, after the last block).
+template <int kBits, int kRows>
+HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J, const float* HWY_RESTRICT w,
+                                             const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT levels16,
+                                             const Prefetch& pf) {
+  const int dim = J.dim, n = J.n;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+  const __m512 levels = _mm512_load_ps(levels16);
+  for (int c = 0; c < dim / 64; ++c) {
+    const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
+    __m512 a[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
+    }
+    const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
+    for (int t = 0; t < n; ++t, rec += J.v_stride) {
+      pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
+      uint64_t bits;
+      std::memcpy(&bits, rec, 8);
+      __m512i code = _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(1));
+      for (int k = 1; k < kBits; ++k) {
+        std::memcpy(&bits, rec + k * plane_bytes, 8);
+        code = _mm512_mask_add_epi8(code, _cvtu64_mask64(bits), code, _mm512_set1_epi8(static_cast<char>(1 << k)));
+      }
+      const __m512 x0 = _mm512_permutexvar_ps(code, levels);
+      const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
+      const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
+      const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+      for (int r = 0; r < kRows; ++r) {
+        // The weight as an embedded-broadcast memory operand: the load port broadcasts, so the vector
+        // pipes only see the multiply-adds.
+        const float* wp = wc + r * kBlockTokens + t;
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+// The same accumulation with the code bytes made by one byte permute and one GF(2) affine transform
+// instead of kBits mask loads and masked adds: for each 64-dimension chunk, qword m of `matrix` holds
+// the plane bytes of dimensions 8m..8m+7 as rows (plane k in byte 7 - k, the other bytes zero), and
+// gf2p8affineqb with the constant byte 1 << (j % 8) at byte j picks bit j % 8 of every plane row into
+// bit k of byte j: the code of dimension j. Needs the record's planes within 64 bytes.
+template <int kBits, int kRows>
+__attribute__((target(HWY_TARGET_STR ",gfni"))) void AccumulateTurboQuantGfni(
+    const tq::attn_kernels::BlockJob& J, const float* HWY_RESTRICT w, const float* HWY_RESTRICT alpha,
+    const float* HWY_RESTRICT levels16, const Prefetch& pf) {
+  const int dim = J.dim, n = J.n;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+  const __m512 levels = _mm512_load_ps(levels16);
+  const __mmask64 record_bytes = kBits * plane_bytes >= 64 ? ~0ull : (1ull << (kBits * plane_bytes)) - 1;
+  const __m512i bit_of_byte = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull));
+  __mmask64 rows_mask = 0;  // bytes 7 - k of every qword, k < kBits
+  for (int m = 0; m < 8; ++m)
+    for (int k = 0; k < kBits; ++k) rows_mask |= 1ull << (8 * m + 7 - k);
+  for (int c = 0; c < dim / 64; ++c) {
+    HWY_ALIGN uint8_t index_bytes[64] = {};
+    for (int m = 0; m < 8; ++m)
+      for (int k = 0; k < kBits; ++k) index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * plane_bytes + 8 * c + m);
+    const __m512i index = _mm512_load_si512(index_bytes);
+    const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
+    __m512 a[kRows][4];
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
+    }
+    const uint8_t* HWY_RESTRICT rec = J.v;
+    for (int t = 0; t < n; ++t, rec += J.v_stride) {
+      pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
+      const __m512i planes = _mm512_maskz_loadu_epi8(record_bytes, rec);
+      const __m512i matrix = _mm512_maskz_permutexvar_epi8(rows_mask, index, planes);
+      const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
+      const __m512 x0 = _mm512_permutexvar_ps(code, levels);
+      const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
+      const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
+      const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+      for (int r = 0; r < kRows; ++r) {
+        const float* wp = wc + r * kBlockTokens + t;
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
+        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+  }
+}
+#endif
+
+template <int kBits>
+HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJob& J, const float* w, const float* alpha,
+                                                 const float* levels16, const Prefetch& pf) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // Highway's AVX3_DL target does not require GFNI (every CPU with AVX3_DL measured here has it).
+  static const bool gfni = __builtin_cpu_supports("gfni");
+  if (gfni && kBits * (J.dim / 8) <= 64) {
+    switch (J.rows) {
+      case 1: return AccumulateTurboQuantGfni<kBits, 1>(J, w, alpha, levels16, pf);
+      case 2: return AccumulateTurboQuantGfni<kBits, 2>(J, w, alpha, levels16, pf);
+      case 3: return AccumulateTurboQuantGfni<kBits, 3>(J, w, alpha, levels16, pf);
+      default: return AccumulateTurboQuantGfni<kBits, 4>(J, w, alpha, levels16, pf);
+    }
+  }
+#endif
+  switch (J.rows) {
+    case 1: return AccumulateTurboQuantPermuted<kBits, 1>(J, w, alpha, levels16, pf);
+    case 2: return AccumulateTurboQuantPermuted<kBits, 2>(J, w, alpha, levels16, pf);
+    case 3: return AccumulateTurboQuantPermuted<kBits, 3>(J, w, alpha, levels16, pf);
+    default: return AccumulateTurboQuantPermuted<kBits, 4>(J, w, alpha, levels16, pf);
+  }
+}
+#undef TQ_PERMUTED_VALUES
+#define TQ_PERMUTED_VALUES 1
+#else
+#undef TQ_PERMUTED_VALUES
+#define TQ_PERMUTED_VALUES 0
+#endif
+
+// Whether this target accumulates TurboQuant values of this group size in the permuted order.
+HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && v_group % 64 == 0; }
+
+#if HWY_TARGET == HWY_AVX3_DL
+// TurboQuant keys of 1..4 bits from a column region of 64 positions (planes [dim][bits][8 bytes]): per
+// dimension, the codes of all 64 positions from one byte permute and one GF(2) affine transform (see
+// AccumulateTurboQuantGfni), the levels by vpermps per 16 positions, and one multiply-add per query
+// row; the group's scales multiply the group's partial scores.
+template <int kBits, int kRows>
+__attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J,
+                                                                          const Prefetch& pf) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  constexpr size_t kPlane = 8;  // bytes per plane for 64 positions
+  const __m512 levels = _mm512_loadu_ps(J.k_levels);
+  const __m512i bit_of_byte = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull));
+  HWY_ALIGN uint8_t index_bytes[64] = {};
+  __mmask64 rows_mask = 0;
+  for (int m = 0; m < 8; ++m)
+    for (int k = 0; k < kBits; ++k) {
+      index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * kPlane + m);
+      rows_mask |= 1ull << (8 * m + 7 - k);
+    }
+  const __m512i index = _mm512_load_si512(index_bytes);
+  const __mmask64 dim_bytes = (1ull << (kBits * kPlane)) - 1;
+  const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
+  __m512 score[kRows][4];
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      pf.Slice(j, dim);
+      const __m512i planes = _mm512_maskz_loadu_epi8(dim_bytes, J.k_region + static_cast<size_t>(j) * kBits * kPlane);
+      const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, _mm512_maskz_permutexvar_epi8(rows_mask, index, planes), 0);
+      __m512 x[4];
+      x[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(code)), levels);
+      x[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 1)), levels);
+      x[2] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 2)), levels);
+      x[3] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 3)), levels);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
+      }
+    }
+    for (int u = 0; u < 4; ++u) {
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + J.t0 + 16 * u)));
+      for (int r = 0; r < kRows; ++r) score[r][u] = _mm512_fmadd_ps(acc[r][u], sc, score[r][u]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(J.scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
+
+template <int kBits>
+HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
+  switch (J.rows) {
+    case 1: return ScoreTqColumnsGfni<kBits, 1>(J, pf);
+    case 2: return ScoreTqColumnsGfni<kBits, 2>(J, pf);
+    case 3: return ScoreTqColumnsGfni<kBits, 3>(J, pf);
+    default: return ScoreTqColumnsGfni<kBits, 4>(J, pf);
+  }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX3
+// Uniform 8-bit keys in float (AVX-512 without VNNI), 64 positions x up to 4 rows per dimension (16
+// accumulators): the codes widened and converted once per dimension, one multiply-add per row and 16
+// positions; per group the -umax offset and the scales apply:
+//   s = sum_g scale_g * (sum_j q_j code_j - umax * qsum_g).
+// Measured within 3% of the VNNI scorer's speed on the AVX3_DL machine (which keeps VNNI).
+template <int kRows>
+void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  const size_t Ts = static_cast<size_t>(J.T);
+  const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + Ts * dim);
+  __m512 score[kRows][4];
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      pf.Slice(j, dim);
+      const uint8_t* c = J.k_region + static_cast<size_t>(j) * Ts + J.t0;
+      __m512 x[4];
+      for (int u = 0; u < 4; ++u)
+        x[u] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * u))));
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
+      }
+    }
+    for (int u = 0; u < 4; ++u) {
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * Ts + J.t0 + 16 * u)));
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 offset = _mm512_set1_ps(J.k_umax * J.qsum[r * groups + g]);
+        score[r][u] = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][u], offset), sc, score[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(J.scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
+#endif
+
+void AttendBlock(const tq::attn_kernels::BlockJob& J) {
+  using tq::attn_kernels::BlockKeys;
+  using tq::attn_kernels::BlockValues;
+  const D16 d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  const int rows = J.rows, dim = J.dim, n = J.n;
+  const int n16 = (n + 15) / 16 * 16;
+  float* HWY_RESTRICT s = J.scores;  // [kBlockRows][kBlockTokens]
+  float* HWY_RESTRICT w = J.work;    // [value groups][kBlockRows][kBlockTokens]
+
+  // Prefetch plan for the next block: while the keys are scored its keys go into L2 and while the
+  // values accumulate its values (measured best for dense FP16). The VNNI scorer's transposition loop
+  // has little arithmetic to hide latency behind, so there the order is swapped and both go to L1:
+  // the next values during this block's scoring, the next keys during its value loop.
+  bool vnni_keys = false;
+#if HWY_TARGET == HWY_AVX3_DL
+  vnni_keys = J.keys == BlockKeys::u8_columns && J.q_parts != nullptr;
+#endif
+  const Prefetch next_k{J.prefetch_k, J.prefetch_k_bytes, vnni_keys}, next_v{J.prefetch_v, J.prefetch_v_bytes, vnni_keys};
+  const Prefetch& during_keys = vnni_keys ? next_v : next_k;
+  const Prefetch& during_values = vnni_keys ? next_k : next_v;
+
+  // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
+  if (J.keys == BlockKeys::u8_columns) {
+#if HWY_TARGET == HWY_AVX3
+    if (J.T - J.t0 >= 64 && J.qsum != nullptr) {
+      switch (rows) {
+        case 1: ScoreU8Float64<1>(J, during_keys); break;
+        case 2: ScoreU8Float64<2>(J, during_keys); break;
+        case 3: ScoreU8Float64<3>(J, during_keys); break;
+        default: ScoreU8Float64<4>(J, during_keys); break;
+      }
+    } else
+#endif
+#if HWY_TARGET == HWY_AVX3_DL
+    if (J.q_parts != nullptr) {
+      ScoreU8Vnni(J, w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens, during_keys);
+    } else
+#endif
+    {
+      const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * dim);
+      for (int t = 0; t < n16; t += 16) {
+        during_keys.Slice(t / 16, n16 / 16);
+        ScoreColumnsU8(J.q, rows, J.qsum, J.k_region, scales, J.T, J.t0 + t, dim, J.k_group, J.k_umax, s + t, kBlockTokens);
+      }
+    }
+  } else if (J.keys == BlockKeys::tq_columns) {
+    bool done = false;
+#if HWY_TARGET == HWY_AVX3_DL
+    static const bool gfni = __builtin_cpu_supports("gfni");
+    if (gfni && J.T == 64 && J.t0 == 0) {
+      switch (J.k_plan->bits) {
+        case 1: ScoreTqColumnsGfniRows<1>(J, during_keys); break;
+        case 2: ScoreTqColumnsGfniRows<2>(J, during_keys); break;
+        case 3: ScoreTqColumnsGfniRows<3>(J, during_keys); break;
+        default: ScoreTqColumnsGfniRows<4>(J, during_keys); break;
+      }
+      done = true;
+    }
+#endif
+    if (!done) {
+      // Decoded 16 positions at a time into a tile ([dim][16] floats after the weights in work).
+      float* tile = w + static_cast<size_t>(std::max(dim / 16, 1)) * kBlockRows * kBlockTokens;
+      for (int t = 0; t < n16; t += 16) {
+        during_keys.Slice(t / 16, n16 / 16);
+        tq::kernels::decode_columns(*J.k_plan, J.k_region, J.T, J.t0 + t, tile);
+        ScoreColumns(J.q, rows, tile, dim, s + t, kBlockTokens);
+      }
+    }
+  } else {
+    if (J.keys == BlockKeys::scores) during_keys.Slice(0, 1);
+  }
+  if (J.keys == BlockKeys::f16_columns) {
+    for (int t = 0; t < n16; t += 16) {
+      during_keys.Slice(t / 16, n16 / 16);
+      ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
+    }
+  }
+
+  // 2. Masking and the online-softmax update: p = exp(s - m_new) in place, alpha rescales the old state.
+  HWY_ALIGN float alpha[kBlockRows];
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const auto lowest = hn::Set(d, -87.0f);  // below this exp underflows
+  for (int r = 0; r < rows; ++r) {
+    float* sr = s + r * kBlockTokens;
+    const int lo = J.lo[r], hi = J.hi[r];
+    if (lo >= hi) {  // this row sees none of the block
+      for (int t = 0; t < n16; ++t) sr[t] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
+    for (int t = 0; t < lo; ++t) sr[t] = neg_inf;
+    for (int t = hi; t < n16; ++t) sr[t] = neg_inf;
+    auto mx = hn::Set(d, neg_inf);
+    for (int t = 0; t < n16; t += N) mx = hn::Max(mx, hn::Load(d, sr + t));
+    const float block_max = hn::GetLane(hn::MaxOfLanes(d, mx));
+    const float m_old = J.m[r];
+    const float m_new = block_max > m_old ? block_max : m_old;
+    alpha[r] = m_old == neg_inf ? 0.0f : std::exp(m_old - m_new);
+    const auto sh = hn::Set(d, m_new);
+    auto sum = hn::Zero(d);
+    for (int t = 0; t < n16; t += N) {
+      const auto z = hn::Sub(hn::Load(d, sr + t), sh);
+      const auto e = hn::IfThenZeroElse(hn::Lt(z, lowest), hn::Exp(d, hn::Max(z, lowest)));
+      sum = hn::Add(sum, e);
+      hn::Store(e, d, sr + t);
+    }
+    J.m[r] = m_new;
+    J.l[r] = J.l[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(d, sum));
+    if (J.acc_other != nullptr && alpha[r] != 1.0f) Scale(J.acc_other + static_cast<size_t>(r) * dim, dim, alpha[r]);
+  }
+
+  // 3. Values: weights per value group (the group's scale folded in), then the accumulation.
+  switch (J.values) {
+    case BlockValues::turboquant_records: {
+      const int groups = dim / J.v_group;
+      const hn::Rebind<hwy::float16_t, D16> dh;
+      HWY_ALIGN uint16_t sc16[kBlockTokens];
+      for (int g = 0; g < groups; ++g) {
+        for (int t = 0; t < n; ++t) std::memcpy(&sc16[t], J.v + static_cast<size_t>(t) * J.v_stride + J.v_code_bytes + 2 * g, 2);
+        for (int t = n; t < n16; ++t) sc16[t] = 0;
+        for (int t = 0; t < n16; t += N) {
+          const auto sc = hn::PromoteTo(d, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(sc16) + t));
+          for (int r = 0; r < rows; ++r)
+            hn::Store(hn::Mul(sc, hn::Load(d, s + r * kBlockTokens + t)), d, w + (g * kBlockRows + r) * kBlockTokens + t);
+        }
+      }
+      HWY_ALIGN float lv[32] = {};
+      const int count = 1 << J.v_bits;
+      for (int i = 0; i < count; ++i) lv[i] = J.v_levels[i];
+      const LevelTable<D16> L{hn::Load(d, lv), hn::Load(d, lv + N), J.v_levels, count};
+      const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+#if TQ_PERMUTED_VALUES
+      if (PermutesValues(J.v_group)) {
+        switch (J.v_bits) {
+          case 1: AccumulateTurboQuantPermutedRows<1>(J, w, alpha, lv, during_values); break;
+          case 2: AccumulateTurboQuantPermutedRows<2>(J, w, alpha, lv, during_values); break;
+          case 3: AccumulateTurboQuantPermutedRows<3>(J, w, alpha, lv, during_values); break;
+          default: AccumulateTurboQuantPermutedRows<4>(J, w, alpha, lv, during_values); break;
+        }
+        if (dim % 64 == 0) return;
+        // The last dimensions (dim not a multiple of 64) in the natural order below.
+      }
+#endif
+      switch (J.v_bits) {
+        case 1: return AccumulateAll(TurboQuantValues<1>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        case 2: return AccumulateAll(TurboQuantValues<2>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        case 3: return AccumulateAll(TurboQuantValues<3>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        default: return AccumulateAll(TurboQuantValues<4>{J.v, J.v_stride, plane_bytes, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+      }
+    }
+    case BlockValues::f16_records:
+      return AccumulateAll(F16Values{reinterpret_cast<const hwy::float16_t*>(J.v), J.v_stride / 2}, rows, n, dim, 0, s, alpha,
+                           J.acc, during_values);
+    case BlockValues::floats: {
+      AccumulateAll(FloatValues{J.v_tile, dim}, rows, n, dim, 0, s, alpha, J.acc, during_values);
+      // Head dimensions that are not a multiple of the vector length: the last few dimensions.
+      for (int j = dim / N * N; j < dim; ++j)
+        for (int r = 0; r < rows; ++r) {
+          float a = J.acc[static_cast<size_t>(r) * dim + j] * alpha[r];
+          for (int t = 0; t < n; ++t) a += s[r * kBlockTokens + t] * J.v_tile[static_cast<size_t>(t) * dim + j];
+          J.acc[static_cast<size_t>(r) * dim + j] = a;
+        }
+      return;
+    }
+  }
+}
+
+// Query split for the VNNI scorer (see kernels.h, split_queries_int8).
+void SplitQueriesInt8(const float* HWY_RESTRICT q, int rows, int dim, int group, float umax, int8_t* HWY_RESTRICT q_parts,
+                      float* HWY_RESTRICT q_step, int32_t* HWY_RESTRICT q_offset) {
+  const D16 d;
+  const hn::RebindToSigned<D16> di;
+  const hn::Rebind<int8_t, D16> di8;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  const int groups = dim / group;
+  for (int row = 0; row < rows; ++row)
+    for (int g = 0; g < groups; ++g) {
+      const float* x = q + static_cast<size_t>(row) * dim + static_cast<size_t>(g) * group;
+      int8_t* pa = q_parts + static_cast<size_t>(row) * 3 * dim + static_cast<size_t>(g) * group;
+      int8_t* pb = pa + dim;
+      int8_t* pc = pb + dim;
+      auto mx = hn::Zero(d);
+      int j = 0;
+      for (; j + N <= group; j += N) mx = hn::Max(mx, hn::Abs(hn::LoadU(d, x + j)));
+      float amax = hn::GetLane(hn::MaxOfLanes(d, mx));
+      for (; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
+      const size_t gi = static_cast<size_t>(row) * groups + g;
+      if (amax == 0.0f) {  // all parts zero
+        std::memset(pa, 0, group);
+        std::memset(pb, 0, group);
+        std::memset(pc, 0, group);
+        q_step[gi] = 0.0f;
+        q_offset[3 * gi] = q_offset[3 * gi + 1] = q_offset[3 * gi + 2] = 0;
+        continue;
+      }
+      const float step = amax / (127.0f * 65536.0f), inv_step = 1.0f / step;
+      // U = round(q / step), |U| <= 127 * 65536 (< 2^23, exact in float). a = floor((U + 32768) / 65536)
+      // leaves r = U - 65536 a in [-32768, 32767]; b = floor((r + 128) / 256) and c = r - 256 b then lie
+      // in [-128, 128] x [-128, 127] except b = 128 (r >= 32640), which carries into a (a < 127 there).
+      auto sum_a = hn::Zero(di), sum_b = hn::Zero(di), sum_c = hn::Zero(di);
+      const auto lim = hn::Set(di, 127 * 65536);
+      j = 0;
+      for (; j + N <= group; j += N) {
+        const auto U = hn::Min(hn::Max(hn::ConvertTo(di, hn::Round(hn::Mul(hn::LoadU(d, x + j), hn::Set(d, inv_step)))),
+                                       hn::Neg(lim)), lim);
+        auto a = hn::ShiftRight<16>(hn::Add(U, hn::Set(di, 32768)));
+        auto r = hn::Sub(U, hn::ShiftLeft<16>(a));
+        const auto carry = hn::Gt(r, hn::Set(di, 32639));
+        a = hn::Add(a, hn::IfThenElseZero(carry, hn::Set(di, 1)));
+        r = hn::Sub(r, hn::IfThenElseZero(carry, hn::Set(di, 65536)));
+        const auto b = hn::ShiftRight<8>(hn::Add(r, hn::Set(di, 128)));
+        const auto c = hn::Sub(r, hn::ShiftLeft<8>(b));
+        hn::StoreU(hn::DemoteTo(di8, a), di8, pa + j);
+        hn::StoreU(hn::DemoteTo(di8, b), di8, pb + j);
+        hn::StoreU(hn::DemoteTo(di8, c), di8, pc + j);
+        sum_a = hn::Add(sum_a, a);
+        sum_b = hn::Add(sum_b, b);
+        sum_c = hn::Add(sum_c, c);
+      }
+      int32_t total[3] = {hn::GetLane(hn::SumOfLanes(di, sum_a)), hn::GetLane(hn::SumOfLanes(di, sum_b)),
+                          hn::GetLane(hn::SumOfLanes(di, sum_c))};
+      for (; j < group; ++j) {
+        const int32_t U = std::clamp(static_cast<int32_t>(std::nearbyint(x[j] * inv_step)), -127 * 65536, 127 * 65536);
+        int32_t a = (U + 32768) >> 16, r = U - a * 65536;
+        if (r >= 32640) {
+          a += 1;
+          r -= 65536;
+        }
+        const int32_t b = (r + 128) >> 8, c = r - 256 * b;
+        pa[j] = static_cast<int8_t>(a);
+        pb[j] = static_cast<int8_t>(b);
+        pc[j] = static_cast<int8_t>(c);
+        total[0] += a;
+        total[1] += b;
+        total[2] += c;
+      }
+      q_step[gi] = step;
+      for (int part = 0; part < 3; ++part) q_offset[3 * gi + part] = static_cast<int32_t>(umax) * total[part];
+    }
+}
+
+bool BlockUsesInt8Keys() { return HWY_TARGET == HWY_AVX3_DL; }
+bool BlockPermutesValues(int v_group) { return PermutesValues(v_group); }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
 HWY_AFTER_NAMESPACE();
@@ -259,5 +1035,30 @@ void accumulate_tile(float* acc, int rows, const float* p, int ld_p, const float
 }
 void exp_shifted(float* x, int n, float shift) { HWY_DYNAMIC_DISPATCH(ExpShifted)(x, n, shift); }
 void scale(float* x, int n, float a) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, a); }
+HWY_EXPORT(AttendBlock);
+HWY_EXPORT(BlockUsesInt8Keys);
+void attend_block(const BlockJob& job) { HWY_DYNAMIC_DISPATCH(AttendBlock)(job); }
+bool block_uses_int8_keys() { return HWY_DYNAMIC_DISPATCH(BlockUsesInt8Keys)(); }
+HWY_EXPORT(BlockPermutesValues);
+HWY_EXPORT(SplitQueriesInt8);
+void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_parts, float* q_step,
+                        int32_t* q_offset) {
+  HWY_DYNAMIC_DISPATCH(SplitQueriesInt8)(q, rows, dim, group, umax, q_parts, q_step, q_offset);
+}
+bool block_permutes_values(int v_group) { return HWY_DYNAMIC_DISPATCH(BlockPermutesValues)(v_group); }
+void unpermute_values(float* acc, int rows, int dim) {
+  float chunk[64];
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c + 64 <= dim; c += 64) {
+      float* x = acc + static_cast<size_t>(r) * dim + c;
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 16; ++i) chunk[4 * i + v] = x[16 * v + i];
+      std::memcpy(x, chunk, sizeof(chunk));
+    }
+}
+size_t block_work_floats(int dim) {
+  // value-group weights [64 groups][kBlockRows][kBlockTokens], then transposed key codes (dim * 64 bytes)
+  return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim) * 16;
+}
 }  // namespace tq::attn_kernels
 #endif

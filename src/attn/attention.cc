@@ -151,7 +151,7 @@ void attend_standard_head(const KVCache& cache, const AttentionRequest& r, const
 
 // ------------------------------------------------------------------ fused
 
-constexpr int kTile = 16;  // positions decoded and scored together
+constexpr int kTile = 16;  // positions of a decoded key tile (formats scored by the caller)
 
 // Online-softmax state of one work item for its rows.
 struct PartialState {
@@ -174,27 +174,39 @@ struct RequestPlan {
   int total = 0;                       // positions held
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
   std::vector<float> q_orig_sum, q_rot_sum;  // [n_kv][rows][dim / group]: sums over K groups (K8 scoring)
+  // K8 scoring with 8-bit dot products (see BlockJob): the main K format's queries split per K group,
+  // q ~= q_step * (65536 a + 256 b + c); empty when the main K format is not uniform 8-bit.
+  std::vector<int8_t> q_parts;     // [n_kv][rows][3][dim]
+  std::vector<float> q_step;       // [n_kv][rows][dim / group]
+  std::vector<int32_t> q_offset;   // [n_kv][rows][dim / group][3]: umax * sum of each part
 };
 
 struct Scratch {
-  AlignedVector<float> k_tile, v_tile;  // [kTile][dim] (K: [dim][kTile] for column segments)
-  AlignedVector<float> scores;          // [rows][kTile]
+  AlignedVector<float> k_tile;  // [kTile][dim] (K: [dim][kTile] for column segments)
+  AlignedVector<float> v_tile;  // [kBlockTokens][dim]
+  AlignedVector<float> scores;  // [kBlockRows][kBlockTokens]
+  AlignedVector<float> work;    // [block_work_floats(dim)]
 };
 
-// Software prefetch of a segment's K and V bytes for a range of heads (one hint per cache line).
-void prefetch_segment(const Segment& g, int head_begin, int head_end) {
-  const size_t k_bytes = static_cast<size_t>(g.k_columns ? g.block_tokens : g.n_tokens) * g.k_format->record_bytes();
-  const size_t v_bytes = static_cast<size_t>(g.n_tokens) * g.v_stride;
-  for (int h = head_begin; h < head_end; ++h) {
-    const uint8_t* k = g.k_region(h);
-    const uint8_t* v = g.v_record(h, 0);
-    for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(k + off, 0, 1);
-    for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(v + off, 0, 1);
-  }
+bool is_u8_columns(const Segment& g) {
+  const RecordPlan& kp = g.k_format->plan();
+  return g.k_columns && kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform;
+}
+
+// Values the block kernel decodes itself (in registers); the others are decoded to a float tile first.
+bool values_in_registers(const RecordPlan& vp, int dim) {
+  if (dim % 16 != 0) return false;
+  if (vp.type == KVType::f16) return true;
+  return vp.type == KVType::turboquant && vp.bits <= 4 && vp.group_size % 16 == 0 && vp.layout == PackLayout::planes;
 }
 
 void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequest& r, const AttentionParams& p,
               const Shape& s, Scratch& scratch, std::vector<PartialState>& states) {
+  using attn_kernels::BlockJob;
+  using attn_kernels::BlockKeys;
+  using attn_kernels::BlockValues;
+  using attn_kernels::kBlockRows;
+  using attn_kernels::kBlockTokens;
   const int dim = s.dim, rows = r.n_q * s.group;
   for (int h = item.head_begin; h < item.head_end; ++h) {
     PartialState& st = states[item.first_state + (h - item.head_begin)];
@@ -206,70 +218,141 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   const int last_q = r.pos0 + r.n_q - 1;
   const int oldest_visible = p.window > 0 ? r.pos0 - p.window + 1 : 0;
   float* sc = scratch.scores.data();
+  // Segments of both value domains in this item: a rescale of the softmax state applies to both.
+  bool mixed_domains = false;
+  for (int si = item.seg_begin; si < item.seg_end; ++si)
+    mixed_domains = mixed_domains || plan.segs[si].v_format->rotated() != plan.segs[item.seg_begin].v_format->rotated();
 
   for (int si = item.seg_begin; si < item.seg_end; ++si) {
     const Segment& g = plan.segs[si];
     // The next segment's records for these heads stream in while this one is computed.
-    if (si + 1 < item.seg_end) prefetch_segment(plan.segs[si + 1], item.head_begin, item.head_end);
+    const RecordPlan& kp = g.k_format->plan();
+    const RecordPlan& vp = g.v_format->plan();
+    const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
+    const bool int8_keys = u8 && !plan.q_parts.empty() && kp.group_size % 4 == 0;
+    const bool v_registers = values_in_registers(vp, dim);
+    // TurboQuant keys of up to 4 bits are decoded by the block kernel (level table below).
+    const bool tq_columns = g.k_columns && kp.type == KVType::turboquant && kp.bits <= 4 &&
+                            kp.layout == PackLayout::planes && kp.group_size % 16 == 0 && dim % 16 == 0;
+    float k_levels[16] = {};
+    if (tq_columns)
+      for (int c = 0; c < (1 << kp.bits); ++c) k_levels[c] = kp.uniform ? static_cast<float>(c) - kp.uniform_max : kp.levels[c];
+    // Level table of the value codes (uniform grids: code - umax).
+    float v_levels[16] = {};
+    if (v_registers && vp.type == KVType::turboquant)
+      for (int c = 0; c < (1 << vp.bits); ++c) v_levels[c] = vp.uniform ? static_cast<float>(c) - vp.uniform_max : vp.levels[c];
+    const int k_groups = kp.group_size > 0 ? dim / kp.group_size : 0;
     for (int h = item.head_begin; h < item.head_end; ++h) {
-    PartialState& st = states[item.first_state + (h - item.head_begin)];
-    const float* q_orig = plan.q_orig.data() + static_cast<size_t>(h) * rows * dim;
-    const float* q_rot = plan.q_rot.data() + static_cast<size_t>(h) * rows * dim;
-    for (int t0 = 0; t0 < g.n_tokens; t0 += kTile) {
-      const int nt = std::min(kTile, g.n_tokens - t0);
-      const int p_first = g.first_pos + t0, p_last = p_first + nt - 1;
-      if (p_first > last_q || p_last < oldest_visible) continue;  // no row sees any of these
-      const float* q = g.k_format->rotated() ? q_rot : q_orig;
-      const RecordPlan& kp = g.k_format->plan();
-      if (g.k_columns && kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform) {
-        // Scores straight from the byte codes: the -umax offset and the scales apply per group.
-        const float* qsum = (g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum).data() +
-                            static_cast<size_t>(h) * rows * (dim / kp.group_size);
-        attn_kernels::score_columns_u8(q, rows, qsum, g.k_region(h),
-                                       reinterpret_cast<const uint16_t*>(g.k_region(h) + static_cast<size_t>(g.block_tokens) * kp.code_bytes),
-                                       g.block_tokens, t0, dim, kp.group_size, kp.uniform_max, sc, kTile);
-      } else if (g.k_columns && kp.type == KVType::f16) {
-        attn_kernels::score_columns_f16(q, rows, reinterpret_cast<const uint16_t*>(g.k_region(h)), g.block_tokens, t0, dim,
-                                        sc, kTile);
-      } else if (g.k_columns) {
-        kernels::decode_columns(kp, g.k_region(h), g.block_tokens, t0, scratch.k_tile.data());
-        attn_kernels::score_columns(q, rows, scratch.k_tile.data(), dim, sc, kTile);
-      } else {
-        kernels::decode_records(g.k_format->plan(), g.k_record(h, t0), g.k_stride, nt, scratch.k_tile.data());
-        attn_kernels::score_tile(q, rows, scratch.k_tile.data(), nt, dim, sc, kTile);
+      PartialState& st = states[item.first_state + (h - item.head_begin)];
+      const float* q_all = (g.k_format->rotated() ? plan.q_rot : plan.q_orig).data() + static_cast<size_t>(h) * rows * dim;
+      const std::vector<float>& qsums = g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum;
+      const float* qsum_all = u8 && !qsums.empty() ? qsums.data() + static_cast<size_t>(h) * rows * k_groups : nullptr;
+      float* acc_all = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
+      float* acc_other_all = g.v_format->rotated() ? st.acc_orig.data() : st.acc_rot.data();
+      for (int c0 = 0; c0 < g.n_tokens; c0 += kBlockTokens) {
+        const int n = std::min(kBlockTokens, g.n_tokens - c0);
+        const int p_first = g.first_pos + c0, p_last = p_first + n - 1;
+        if (p_first > last_q || p_last < oldest_visible) continue;  // no row sees any of these
+        if (!v_registers)
+          kernels::decode_records(vp, g.v_record(h, c0), g.v_stride, n, scratch.v_tile.data());
+        for (int r0 = 0; r0 < rows; r0 += kBlockRows) {
+          BlockJob job;
+          job.rows = std::min(kBlockRows, rows - r0);
+          job.dim = dim;
+          job.n = n;
+          bool any = false;
+          for (int i = 0; i < job.rows; ++i) {
+            const int qpos = r.pos0 + (r0 + i) / s.group;
+            job.hi[i] = std::clamp(qpos - p_first + 1, 0, n);
+            job.lo[i] = p.window > 0 ? std::clamp(qpos - p.window + 1 - p_first, 0, n) : 0;
+            any = any || job.lo[i] < job.hi[i];
+          }
+          if (!any) continue;
+          const float* q = q_all + static_cast<size_t>(r0) * dim;
+          job.q = q;
+          job.scores = sc;
+          job.work = scratch.work.data();
+          if (u8) {
+            job.keys = BlockKeys::u8_columns;
+            job.qsum = qsum_all != nullptr ? qsum_all + static_cast<size_t>(r0) * k_groups : nullptr;
+            if (int8_keys) {
+              const size_t at = (static_cast<size_t>(h) * rows + r0) * dim, at_g = (static_cast<size_t>(h) * rows + r0) * k_groups;
+              job.q_parts = plan.q_parts.data() + 3 * at;
+              job.q_step = plan.q_step.data() + at_g;
+              job.q_offset = plan.q_offset.data() + 3 * at_g;
+            }
+            job.k_group = kp.group_size;
+            job.k_umax = kp.uniform_max;
+          } else if (f16_columns) {
+            job.keys = BlockKeys::f16_columns;
+          } else if (tq_columns) {
+            job.keys = BlockKeys::tq_columns;
+            job.k_plan = &kp;
+            job.k_levels = k_levels;
+            job.k_group = kp.group_size;
+          } else {
+            job.keys = BlockKeys::scores;
+            for (int t = 0; t < n; t += kTile) {
+              const int nt = std::min(kTile, n - t);
+              if (g.k_columns) {
+                kernels::decode_columns(kp, g.k_region(h), g.block_tokens, c0 + t, scratch.k_tile.data());
+                attn_kernels::score_columns(q, job.rows, scratch.k_tile.data(), dim, sc + t, kBlockTokens);
+              } else {
+                kernels::decode_records(kp, g.k_record(h, c0 + t), g.k_stride, nt, scratch.k_tile.data());
+                attn_kernels::score_tile(q, job.rows, scratch.k_tile.data(), nt, dim, sc + t, kBlockTokens);
+              }
+            }
+          }
+          if (g.k_columns) {
+            job.k_region = g.k_region(h);
+            job.T = g.block_tokens;
+            job.t0 = c0;
+          }
+          if (v_registers) {
+            job.values = vp.type == KVType::f16 ? BlockValues::f16_records : BlockValues::turboquant_records;
+            job.v = g.v_record(h, c0);
+            job.v_stride = g.v_stride;
+            job.v_bits = vp.bits;
+            job.v_group = vp.group_size;
+            job.v_code_bytes = vp.code_bytes;
+            job.v_levels = v_levels;
+          } else {
+            job.values = BlockValues::floats;
+            job.v_tile = scratch.v_tile.data();
+          }
+          // The kernel prefetches the next (segment, head) block while it computes this one, spread
+          // over its loops: one block ahead is far enough, and a whole segment of prefetches at once
+          // stalls the loads and evicts the block being computed.
+          if (c0 + kBlockTokens >= g.n_tokens && r0 + kBlockRows >= rows) {
+            const bool next_head = h + 1 < item.head_end;
+            const Segment* ng = next_head ? &g : (si + 1 < item.seg_end ? &plan.segs[si + 1] : nullptr);
+            const int nh = next_head ? h + 1 : item.head_begin;
+            if (ng != nullptr) {
+              job.prefetch_k = ng->k_region(nh);
+              job.prefetch_k_bytes = static_cast<size_t>(ng->k_columns ? ng->block_tokens : ng->n_tokens) * ng->k_format->record_bytes();
+              job.prefetch_v = ng->v_record(nh, 0);
+              job.prefetch_v_bytes = static_cast<size_t>(ng->n_tokens) * ng->v_stride;
+            }
+          }
+          job.m = st.m.data() + r0;
+          job.l = st.l.data() + r0;
+          job.acc = acc_all + static_cast<size_t>(r0) * dim;
+          if (mixed_domains) job.acc_other = acc_other_all + static_cast<size_t>(r0) * dim;
+          attn_kernels::attend_block(job);
+        }
       }
-      bool any = false;
-      for (int row = 0; row < rows; ++row) {
-        const int qpos = r.pos0 + row / s.group;
-        float* sr = sc + static_cast<size_t>(row) * kTile;
-        float tile_max = kNegInf;
-        for (int t = 0; t < nt; ++t) {
-          if (!visible(p_first + t, qpos, p.window)) sr[t] = kNegInf;
-          tile_max = std::max(tile_max, sr[t]);
-        }
-        if (tile_max == kNegInf) {
-          for (int t = 0; t < nt; ++t) sr[t] = 0.0f;
-          continue;
-        }
-        any = true;
-        const float m_new = std::max(st.m[row], tile_max);
-        if (m_new > st.m[row] && st.m[row] != kNegInf) {
-          const float alpha = std::exp(st.m[row] - m_new);
-          st.l[row] *= alpha;
-          attn_kernels::scale(st.acc_orig.data() + static_cast<size_t>(row) * dim, dim, alpha);
-          attn_kernels::scale(st.acc_rot.data() + static_cast<size_t>(row) * dim, dim, alpha);
-        }
-        st.m[row] = m_new;
-        attn_kernels::exp_shifted(sr, nt, m_new);
-        for (int t = 0; t < nt; ++t) st.l[row] += sr[t];
-      }
-      if (!any) continue;
-      kernels::decode_records(g.v_format->plan(), g.v_record(h, t0), g.v_stride, nt, scratch.v_tile.data());
-      float* acc = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
-      attn_kernels::accumulate_tile(acc, rows, sc, kTile, scratch.v_tile.data(), nt, dim);
-    }
     }
   }
+}
+
+// The main K format's queries split for the 8-bit dot products (see attn_kernels::split_queries_int8).
+void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int group, float umax, RequestPlan& plan) {
+  const int groups = dim / group;
+  plan.q_parts.resize(static_cast<size_t>(n_rows) * 3 * dim);
+  plan.q_step.resize(static_cast<size_t>(n_rows) * groups);
+  plan.q_offset.resize(plan.q_step.size() * 3);
+  attn_kernels::split_queries_int8(q.data(), n_rows, dim, group, umax, plan.q_parts.data(), plan.q_step.data(),
+                                   plan.q_offset.data());
 }
 
 void attend_fused(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& p,
@@ -280,14 +363,12 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
 
   // Per request: its segments and the queries, scaled, in both domains.
   std::vector<RequestPlan> plans(requests.size());
-  int max_rows = 0;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const auto& r = requests[ri];
     RequestPlan& plan = plans[ri];
     cache.segments(r.seq, plan.segs);
     for (const auto& g : plan.segs) plan.total += g.n_tokens;
     const int rows = r.n_q * s.group;
-    max_rows = std::max(max_rows, rows);
     plan.q_orig.resize(static_cast<size_t>(s.n_kv) * rows * dim);
     for (int h = 0; h < s.n_kv; ++h)
       for (int row = 0; row < rows; ++row) {
@@ -298,16 +379,29 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       }
     plan.q_rot = plan.q_orig;
     if (k_rot) k_rot->forward(plan.q_rot.data(), static_cast<size_t>(s.n_kv) * rows);
-    const int kg = cache.k_format().plan().group_size;
-    if (kg > 0) {
-      const int groups = dim / kg;
-      auto sums = [&](const AlignedVector<float>& qv, std::vector<float>& out) {
+    const RecordPlan& kp = cache.k_format().plan();
+    // The 8-bit dot products need exact integer offsets (umax integral) and groups of whole 4-byte words;
+    // the float scorer needs the group sums instead.
+    if (kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform && kp.group_size % 4 == 0 &&
+        kp.uniform_max == std::floor(kp.uniform_max) && attn_kernels::block_uses_int8_keys()) {
+      split_queries_int8(cache.k_format().rotated() ? plan.q_rot : plan.q_orig, s.n_kv * rows, dim, kp.group_size,
+                         kp.uniform_max, plan);
+    } else {
+      // Group sums of the queries for K8 scoring, in the domain of the main K format (the only one scored
+      // from byte codes).
+      const RecordPlan& main_k = cache.k_format().plan();
+      if (main_k.type == KVType::turboquant && main_k.bits == 8 && main_k.uniform) {
+        const int kg = main_k.group_size, groups = dim / kg;
+        const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
+        std::vector<float>& out = cache.k_format().rotated() ? plan.q_rot_sum : plan.q_orig_sum;
         out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
         for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
-          for (int j = 0; j < dim; ++j) out[row * groups + j / kg] += qv[row * dim + j];
-      };
-      sums(plan.q_orig, plan.q_orig_sum);
-      sums(plan.q_rot, plan.q_rot_sum);
+          for (int gi = 0; gi < groups; ++gi) {
+            float sum = 0.0f;
+            for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
+            out[row * groups + gi] = sum;
+          }
+      }
     }
   }
 
@@ -318,7 +412,9 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const int total = plans[ri].total;
     const bool decode_like = requests[ri].n_q * s.group <= 16;
-    const int slices = decode_like ? std::clamp(total / 1024, 1, 2 * pool.size()) : 1;
+    // From 1024 positions up both threads of a two-thread pool get a slice (measured: the hand-off
+    // costs less than half of a 512-position slice).
+    const int slices = decode_like ? std::clamp(total / 512, 1, 2 * pool.size()) : 1;
     // Cut the segment list into `slices` runs of about equal length.
     const auto& segs = plans[ri].segs;
     std::vector<std::pair<int, int>> runs;
@@ -342,18 +438,27 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   }
 
   std::vector<PartialState> states(n_states);
-  std::vector<Scratch> scratch(pool.size());
-  for (auto& sc : scratch) {
-    sc.k_tile.resize(static_cast<size_t>(kTile) * dim);
-    sc.v_tile.resize(static_cast<size_t>(kTile) * dim);
-    sc.scores.resize(static_cast<size_t>(max_rows) * kTile);
-  }
-  pool.parallel_for(items.size(), [&](size_t b, size_t e, int thread) {
+  pool.parallel_for(items.size(), [&](size_t b, size_t e, int) {
+    // Scratch per OS thread, kept between calls: a decode step is too short to allocate and clear
+    // ~100 KB of tiles every time.
+    thread_local Scratch scratch;
+    const size_t k_tile = static_cast<size_t>(kTile) * dim, v_tile = static_cast<size_t>(attn_kernels::kBlockTokens) * dim;
+    if (scratch.k_tile.size() < k_tile) scratch.k_tile.resize(k_tile);
+    if (scratch.v_tile.size() < v_tile) scratch.v_tile.resize(v_tile);
+    scratch.scores.resize(static_cast<size_t>(attn_kernels::kBlockRows) * attn_kernels::kBlockTokens);
+    if (scratch.work.size() < attn_kernels::block_work_floats(dim)) scratch.work.resize(attn_kernels::block_work_floats(dim));
     for (size_t i = b; i < e; ++i) {
       const WorkItem& it = items[i];
-      run_item(it, plans[it.request], requests[it.request], p, s, scratch[thread], states);
+      run_item(it, plans[it.request], requests[it.request], p, s, scratch, states);
     }
   });
+
+  // Accumulators filled in the permuted order of the block kernel back to dimension order (only the
+  // main tier's TurboQuant values write acc_rot; the sink tier is never rotated).
+  const RecordPlan& v_main = cache.v_format().plan();
+  if (v_main.type == KVType::turboquant && values_in_registers(v_main, dim) &&
+      attn_kernels::block_permutes_values(v_main.group_size))
+    for (auto& st : states) attn_kernels::unpermute_values(st.acc_rot.data(), static_cast<int>(st.acc_rot.size() / dim), dim);
 
   // Merge the slices of each (request, KV head): rescale to the common maximum and add; the learned
   // sink adds exp(sink - m) to the denominator only.

@@ -3,7 +3,8 @@
 //   reference  plain and obvious: decode every position to floats, scores and softmax in double.
 //   standard   expand the sequence's cache to float arrays (inverse rotation per position), then
 //              ordinary attention. What the reference system does every token.
-//   fused      reads the stored records directly, a tile of positions at a time: the query is
+//   fused      reads the stored records directly, a block of up to 64 positions per KV head and
+//              group of query rows at a time (attn_kernels::attend_block): the query is
 //              rotated once (q.k == Rq.Rk), keys are scored in the rotated domain, values are
 //              accumulated in the rotated domain and the output is inverse-rotated once per head.
 //              The sink tier (original domain) is part of the same pass; learned sinks, sliding

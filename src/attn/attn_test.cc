@@ -27,6 +27,8 @@ struct Case {
   std::vector<int> lengths = {1};  // one sequence per entry
   int n_q = 1;                     // queries per sequence (the last n_q positions)
   bool reference = true;
+  float q_scale = 1.0f;            // > 1: sharper softmax
+  float q_outlier = 1.0f;          // dimension 5 of every query scaled by this
 };
 
 std::string name(const Case& c) {
@@ -62,7 +64,8 @@ void check_case(const Case& c, ThreadPool& pool) {
   p.sinks = c.sinks ? sinks.data() : nullptr;
 
   const size_t per_seq = static_cast<size_t>(c.n_q) * c.n_heads * c.dim;
-  const auto q = gaussian(per_seq * c.lengths.size(), rng);
+  auto q = gaussian(per_seq * c.lengths.size(), rng, c.q_scale);
+  for (size_t i = 5; i < q.size(); i += c.dim) q[i] *= c.q_outlier;
   std::vector<float> fused(q.size()), standard(q.size()), reference(q.size());
   std::vector<AttentionRequest> reqs;
   for (size_t i = 0; i < c.lengths.size(); ++i) {
@@ -102,6 +105,20 @@ TEST(Attention, FusedStandardAndReferenceAgreeAcrossBitsShapesAndContexts) {
         c.reference = len <= 1000 || (b[0] == 8 && b[1] == 3);
         check_case(c, pool);
       }
+}
+
+// Large queries make the softmax sharp, where score errors show most; an outlier dimension sets the
+// scale of its group (K8 scoring with integer dot products rounds the query relative to it).
+TEST(Attention, SharpSoftmaxAndQueryOutliers) {
+  ThreadPool pool(2);
+  for (const auto& sh : kShapes)
+    for (float outlier : {1.0f, 30.0f}) {
+      Case c{8, 3, sh.n_heads, sh.n_kv, sh.dim};
+      c.lengths = {2000};
+      c.q_scale = 3.0f;
+      c.q_outlier = outlier;
+      check_case(c, pool);
+    }
 }
 
 TEST(Attention, SinkTierCrossedMidSequence) {
@@ -230,6 +247,233 @@ TEST_P(ScoreTargets, DirectColumnScoresMatchDecodedTiles) {
         }
       }
     }
+  }
+}
+
+// ------------------------------------------------------------------ block kernel, every target
+
+// The block kernel's state update in double precision from decoded keys and values (stored domain).
+struct BlockState {
+  std::vector<double> m, l, acc;  // [rows], [rows], [rows][dim]
+};
+
+BlockState reference_block(const std::vector<float>& q, const std::vector<float>& keys, const std::vector<float>& values,
+                           int rows, int n, int dim, const int* lo, const int* hi, const std::vector<float>& m0,
+                           const std::vector<float>& l0, const std::vector<float>& acc0) {
+  BlockState st{{}, {}, std::vector<double>(acc0.begin(), acc0.end())};
+  for (int r = 0; r < rows; ++r) {
+    std::vector<double> sc(n, -INFINITY);
+    double mx = m0[r];
+    for (int t = lo[r]; t < hi[r]; ++t) {
+      double dot = 0;
+      for (int j = 0; j < dim; ++j) dot += static_cast<double>(q[r * dim + j]) * keys[static_cast<size_t>(t) * dim + j];
+      sc[t] = dot;
+      mx = std::max(mx, dot);
+    }
+    const double alpha = m0[r] == -INFINITY ? 0.0 : std::exp(m0[r] - mx);
+    double l = lo[r] < hi[r] ? l0[r] * alpha : l0[r];
+    for (int j = 0; j < dim; ++j) st.acc[static_cast<size_t>(r) * dim + j] *= lo[r] < hi[r] ? alpha : 1.0;
+    for (int t = lo[r]; t < hi[r]; ++t) {
+      const double p = std::exp(sc[t] - mx);
+      l += p;
+      for (int j = 0; j < dim; ++j) st.acc[static_cast<size_t>(r) * dim + j] += p * values[static_cast<size_t>(t) * dim + j];
+    }
+    st.m.push_back(lo[r] < hi[r] ? mx : m0[r]);
+    st.l.push_back(l);
+  }
+  return st;
+}
+
+class BlockTargets : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(BlockTargets);
+
+// attend_block for every key and value source against reference_block, with partial blocks,
+// visibility ranges, rows that see nothing and a state carried in from earlier blocks.
+TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
+  using attn_kernels::BlockJob;
+  using attn_kernels::BlockKeys;
+  using attn_kernels::BlockValues;
+  SplitMix64 rng(11);
+  const int T = 64;
+  int cases = 0;
+  for (int dim : {64, 128, 256})
+    for (int k_kind = 0; k_kind < 4; ++k_kind)
+      for (int v_kind = 0; v_kind < 3; ++v_kind)
+        for (int v_bits : {2, 3, 4}) {
+          if (v_kind != 0 && v_bits != 3) continue;
+          const int group = (cases % 2 == 0) ? 64 : 32;
+          const int rows = 1 + cases % 4, n = (cases % 3 == 0) ? 64 : (cases % 3 == 1 ? 37 : 5);
+          ++cases;
+          SCOPED_TRACE("dim " + std::to_string(dim) + " keys " + std::to_string(k_kind) + " values " + std::to_string(v_kind) +
+                       " bits " + std::to_string(v_bits) + " group " + std::to_string(group) + " rows " + std::to_string(rows) +
+                       " n " + std::to_string(n));
+          // Keys: a uniform 8-bit TurboQuant or FP16 column region; the decoded keys for the reference.
+          VectorFormatSpec kspec;
+          if (k_kind == 0 || k_kind == 3) {  // uniform 8-bit, or 2..4-bit Lloyd-Max planes
+            kspec.type = KVType::turboquant;
+            kspec.quantizer = QuantizerOptions::defaults(k_kind == 0 ? 8 : 2 + cases % 3);
+            kspec.quantizer.group_size = group;
+          }
+          const VectorFormat kf(dim, kspec);
+          std::vector<uint8_t> region(kf.record_bytes() * T + 64, 0);
+          std::vector<float> keys(static_cast<size_t>(n) * dim), values(keys.size());
+          const auto kx = gaussian(keys.size(), rng);
+          for (int t = 0; t < n; ++t) {
+            kf.encode_column(kx.data() + static_cast<size_t>(t) * dim, region.data(), T, t);
+            kf.decode_column_stored(region.data(), T, t, keys.data() + static_cast<size_t>(t) * dim);
+          }
+          // Values: TurboQuant or FP16 records, or a float tile.
+          VectorFormatSpec vspec;
+          if (v_kind == 0) {
+            vspec.type = KVType::turboquant;
+            vspec.quantizer = QuantizerOptions::defaults(v_bits);
+            vspec.quantizer.group_size = group;
+          }
+          const VectorFormat vf(dim, vspec);
+          std::vector<uint8_t> records(vf.record_bytes() * n + 64, 0);
+          const auto vx = gaussian(values.size(), rng);
+          for (int t = 0; t < n; ++t) {
+            vf.encode(vx.data() + static_cast<size_t>(t) * dim, records.data() + t * vf.record_bytes());
+            vf.decode_stored(records.data() + t * vf.record_bytes(), values.data() + static_cast<size_t>(t) * dim);
+          }
+          const auto q = gaussian(static_cast<size_t>(rows) * dim, rng, 0.15f);
+          // Carried-in state: row 0 fresh (m = -inf), the others from "earlier blocks".
+          std::vector<float> m(rows), l(rows), acc = gaussian(static_cast<size_t>(rows) * dim, rng);
+          int lo[attn_kernels::kBlockRows] = {}, hi[attn_kernels::kBlockRows] = {};
+          for (int r = 0; r < rows; ++r) {
+            m[r] = r == 0 ? -INFINITY : static_cast<float>(rng.normal());
+            l[r] = r == 0 ? 0.0f : 1.0f + static_cast<float>(rng.uniform());
+            if (r == 0) std::fill(acc.begin(), acc.begin() + dim, 0.0f);
+            lo[r] = r == 2 ? n / 3 : 0;                // a sliding window's edge
+            hi[r] = r == 1 ? (2 * n) / 3 : n;           // a causal edge
+            if (r == 3) lo[r] = hi[r] = n;              // sees none of the block
+          }
+          const BlockState want = reference_block(q, keys, values, rows, n, dim, lo, hi, m, l, acc);
+
+          BlockJob job;
+          job.rows = rows;
+          job.dim = dim;
+          job.n = n;
+          for (int r = 0; r < rows; ++r) {
+            job.lo[r] = lo[r];
+            job.hi[r] = hi[r];
+          }
+          AlignedVector<float> scores(attn_kernels::kBlockRows * attn_kernels::kBlockTokens), work(attn_kernels::block_work_floats(dim));
+          std::vector<float> qsum(static_cast<size_t>(rows) * (dim / group), 0.0f);
+          std::vector<int8_t> q_parts(3 * q.size());
+          std::vector<float> q_step(qsum.size());
+          std::vector<int32_t> q_offset(3 * qsum.size());
+          job.q = q.data();
+          float k_levels[16] = {};
+          if (k_kind == 0) {
+            job.keys = BlockKeys::u8_columns;
+            for (int r = 0; r < rows; ++r)
+              for (int j = 0; j < dim; ++j) qsum[r * (dim / group) + j / group] += q[r * dim + j];
+            job.qsum = qsum.data();
+            if (attn_kernels::block_uses_int8_keys()) {
+              attn_kernels::split_queries_int8(q.data(), rows, dim, group, kf.plan().uniform_max, q_parts.data(),
+                                               q_step.data(), q_offset.data());
+              job.q_parts = q_parts.data();
+              job.q_step = q_step.data();
+              job.q_offset = q_offset.data();
+            }
+            job.k_group = group;
+            job.k_umax = kf.plan().uniform_max;
+          } else if (k_kind == 1) {
+            job.keys = BlockKeys::f16_columns;
+          } else if (k_kind == 3) {
+            job.keys = BlockKeys::tq_columns;
+            job.k_plan = &kf.plan();
+            for (int c = 0; c < (1 << kf.plan().bits); ++c) k_levels[c] = kf.plan().levels[c];
+            job.k_levels = k_levels;
+            job.k_group = group;
+          } else {
+            job.keys = BlockKeys::scores;  // the caller's scores: the FP16 keys scored in float
+            for (int r = 0; r < rows; ++r)
+              for (int t = 0; t < n; ++t) {
+                float dot = 0.0f;
+                for (int j = 0; j < dim; ++j) dot += q[r * dim + j] * keys[static_cast<size_t>(t) * dim + j];
+                scores[r * attn_kernels::kBlockTokens + t] = dot;
+              }
+          }
+          job.k_region = region.data();
+          job.T = T;
+          job.t0 = 0;
+          float levels[16] = {};
+          bool permuted = false;
+          if (v_kind == 0) {
+            job.values = BlockValues::turboquant_records;
+            job.v = records.data();
+            job.v_stride = vf.record_bytes();
+            job.v_bits = v_bits;
+            job.v_group = group;
+            job.v_code_bytes = vf.plan().code_bytes;
+            for (int c = 0; c < (1 << v_bits); ++c) levels[c] = vf.plan().levels[c];
+            job.v_levels = levels;
+            permuted = attn_kernels::block_permutes_values(group);
+          } else if (v_kind == 1) {
+            job.values = BlockValues::f16_records;
+            job.v = records.data();
+            job.v_stride = vf.record_bytes();
+          } else {
+            job.values = BlockValues::floats;
+            job.v_tile = values.data();
+          }
+          // A permuting target keeps its accumulators permuted: give it the carried-in state that way.
+          std::vector<float> acc_in = acc;
+          if (permuted)
+            for (int r = 0; r < rows; ++r)
+              for (int c = 0; c + 64 <= dim; c += 64)
+                for (int v = 0; v < 4; ++v)
+                  for (int i = 0; i < 16; ++i) acc_in[r * dim + c + 16 * v + i] = acc[r * dim + c + 4 * i + v];
+          job.m = m.data();
+          job.l = l.data();
+          job.acc = acc_in.data();
+          job.scores = scores.data();
+          job.work = work.data();
+          attn_kernels::attend_block(job);
+          if (permuted) attn_kernels::unpermute_values(acc_in.data(), rows, dim);
+          for (int r = 0; r < rows; ++r) {
+            EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
+            EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
+            double err = 0, ref = 0;
+            for (int j = 0; j < dim; ++j) {
+              const double w = want.acc[static_cast<size_t>(r) * dim + j];
+              err += (acc_in[r * dim + j] - w) * (acc_in[r * dim + j] - w);
+              ref += w * w;
+            }
+            EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
+          }
+        }
+}
+
+// The query split: |q - step * (65536 a + 256 b + c)| <= step and the offsets are umax times the sums.
+TEST_P(BlockTargets, QuerySplitIsWithinAStep) {
+  SplitMix64 rng(12);
+  for (int group : {32, 64}) {
+    const int rows = 5, dim = 128, groups = dim / group;
+    auto q = gaussian(static_cast<size_t>(rows) * dim, rng);
+    std::fill(q.begin() + dim, q.begin() + dim + group, 0.0f);  // a group of zeros
+    q[3 * dim + 7] = 40.0f;                                       // an outlier sets a group's step
+    std::vector<int8_t> parts(3 * q.size());
+    std::vector<float> step(static_cast<size_t>(rows) * groups);
+    std::vector<int32_t> offset(3 * step.size());
+    attn_kernels::split_queries_int8(q.data(), rows, dim, group, 127.0f, parts.data(), step.data(), offset.data());
+    for (int r = 0; r < rows; ++r)
+      for (int g = 0; g < groups; ++g) {
+        const float st = step[r * groups + g];
+        int64_t sum[3] = {0, 0, 0};
+        for (int j = g * group; j < (g + 1) * group; ++j) {
+          const int a = parts[(r * 3 + 0) * dim + j], b = parts[(r * 3 + 1) * dim + j], c = parts[(r * 3 + 2) * dim + j];
+          EXPECT_GE(a, -127);
+          sum[0] += a;
+          sum[1] += b;
+          sum[2] += c;
+          const double approx = static_cast<double>(st) * (65536.0 * a + 256.0 * b + c);
+          EXPECT_LE(std::fabs(q[r * dim + j] - approx), 1.0001 * st) << r << " " << j;
+        }
+        for (int part = 0; part < 3; ++part) EXPECT_EQ(offset[(r * groups + g) * 3 + part], 127 * sum[part]);
+      }
   }
 }
 

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kv/vector_format.h"
+
 namespace tq::attn_kernels {
 
 // s[r * ld_s + t] = <q[r], k[t]> for r < rows, t < tokens. q: [rows][dim], k: [tokens][dim].
@@ -29,5 +31,99 @@ void exp_shifted(float* x, int n, float shift);
 
 // x[i] *= a for i < n.
 void scale(float* x, int n, float a);
+
+// ------------------------------------------------------------------ fused block kernel
+//
+// One call does the whole inner loop of fused attention for up to kBlockRows query rows of one KV
+// head against up to kBlockTokens consecutive positions: scores (straight from the stored keys),
+// visibility masking, the online-softmax update and the value accumulation (values decoded in
+// registers). The accumulators stay in registers across the block's positions.
+
+constexpr int kBlockRows = 4;
+constexpr int kBlockTokens = 64;
+
+enum class BlockKeys : int {
+  u8_columns,   // uniform 8-bit TurboQuant column region (codes [dim][T], scales [dim/group][T] binary16)
+  f16_columns,  // FP16 column region [dim][T]
+  tq_columns,   // TurboQuant column region of 1..4 bits (planes [dim][bits][T/8], scales [dim/group][T]
+                // binary16); k_plan and k_levels say how to decode it
+  scores,       // scores already computed by the caller into BlockJob::scores
+};
+
+enum class BlockValues : int {
+  turboquant_records,  // token-major TurboQuant records, 1..4 bits (bit planes, then binary16 scales)
+  f16_records,         // token-major FP16 records
+  floats,              // values already decoded by the caller into BlockJob::v_tile
+};
+
+struct BlockJob {
+  int rows = 0;  // 1..kBlockRows
+  int dim = 0;
+  int n = 0;     // positions in the block, 1..kBlockTokens
+  int lo[kBlockRows] = {}, hi[kBlockRows] = {};  // row r sees the block's positions [lo[r], hi[r])
+
+  BlockKeys keys = BlockKeys::scores;
+  const float* q = nullptr;     // [rows][dim] queries in the keys' domain, softmax scale applied
+  const float* qsum = nullptr;  // u8: [rows][dim / k_group] sums of q over each key group
+  // u8, optional (used by targets with 8-bit dot products): the queries split per key group into three
+  // int8 parts, q ~= q_step * (65536 * a + 256 * b + c), and per part q_offset = k_umax * sum over the
+  // group of the part (split_queries_int8 makes them).
+  const int8_t* q_parts = nullptr;  // [rows][3][dim]: a, b, c
+  const float* q_step = nullptr;      // [rows][dim / k_group]
+  const int32_t* q_offset = nullptr;  // [rows][dim / k_group][3]
+  const uint8_t* k_region = nullptr;  // column region of T positions; the block starts at column t0
+  int T = 0, t0 = 0;                  // t0: multiple of 16
+  int k_group = 0;
+  float k_umax = 0;
+  const RecordPlan* k_plan = nullptr;  // tq_columns
+  const float* k_levels = nullptr;     // tq_columns: [1 << bits] level table
+
+  BlockValues values = BlockValues::floats;
+  const uint8_t* v = nullptr;  // record of the block's first position; records v_stride bytes apart
+  size_t v_stride = 0;
+  int v_bits = 0, v_group = 0;
+  size_t v_code_bytes = 0;     // scales follow the codes in a record
+  const float* v_levels = nullptr;  // [1 << v_bits] level table (uniform grids too)
+  const float* v_tile = nullptr;    // floats: [n][dim]
+
+  // Online-softmax state of the rows, updated in place: running maximum, denominator, accumulators.
+  float* m = nullptr;    // [rows]
+  float* l = nullptr;    // [rows]
+  float* acc = nullptr;  // [rows][dim]
+  // The rows' accumulators of the other value domain (original / rotated: the sink tier and the main
+  // tier share m and l), rescaled with them; or nullptr.
+  float* acc_other = nullptr;  // [rows][dim]
+
+  // The next block's bytes (or nullptr), prefetched into the caches while this one is computed.
+  const uint8_t* prefetch_k = nullptr;
+  size_t prefetch_k_bytes = 0;
+  const uint8_t* prefetch_v = nullptr;
+  size_t prefetch_v_bytes = 0;
+
+  float* scores = nullptr;  // [kBlockRows][kBlockTokens]; the input for keys == scores
+  float* work = nullptr;    // [block_work_floats(dim)]
+};
+
+// Floats of BlockJob::work a block of head dimension dim needs.
+size_t block_work_floats(int dim);
+
+void attend_block(const BlockJob& job);
+
+// Whether the chosen target accumulates TurboQuant values (BlockValues::turboquant_records) of this
+// group size with the dimensions of each 64-dimension chunk permuted (vector v, lane i holds dimension
+// 4i + v); then unpermute_values(acc, rows, dim) restores the order of the finished accumulators.
+bool block_permutes_values(int v_group);
+void unpermute_values(float* acc, int rows, int dim);
+
+// The query split of BlockJob for rows x dim queries q and key groups of `group`: per (row, group),
+// step = max|q| / (127 * 65536) and q / step rounded = 65536 a + 256 b + c with a in [-127, 127], b and c
+// in [-128, 127] (|q - step * (65536 a + 256 b + c)| <= step, i.e. 2^-23 of the group's largest
+// element); offset[part] = umax * sum of the part over the group.
+// q_parts: [rows][3][dim]; q_step: [rows][dim / group]; q_offset: [rows][dim / group][3].
+void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_parts, float* q_step,
+                        int32_t* q_offset);
+
+// Whether the chosen target scores u8 keys with 8-bit dot products (then q_parts/q_step/q_offset are used).
+bool block_uses_int8_keys();
 
 }  // namespace tq::attn_kernels
