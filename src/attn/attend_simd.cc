@@ -20,6 +20,7 @@
 #endif
 
 #include "attn/kernels.h"
+#include "kv/plane_codes-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq {
@@ -292,36 +293,6 @@ HWY_INLINE hn::Vec<DF> LookupLevel(DF d, DI di, const LevelTable<DF>& L, hn::Vec
   return hn::GatherIndex(d, L.table, code);
 }
 
-// Codes of the N dimensions [j, j + N) of a bit-plane record (plane k at rec + k * plane_bytes).
-template <int kBits, class DI>
-HWY_INLINE hn::Vec<DI> RecordCodes(DI di, const uint8_t* HWY_RESTRICT rec, size_t plane_bytes, int j) {
-  constexpr int N = static_cast<int>(hn::MaxLanes(DI()));
-#if HWY_TARGET == HWY_AVX2
-  if constexpr (N == 8) {
-    // BMI2: deposit the 8 bits of plane k into bit k of 8 bytes, then widen the bytes.
-    uint64_t bytes = 0;
-    for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(rec[k * plane_bytes + j / 8], 0x0101010101010101ull << k);
-    const hn::Rebind<uint8_t, DI> du8;
-    HWY_ALIGN uint8_t lanes[8];
-    std::memcpy(lanes, &bytes, 8);
-    return hn::PromoteTo(di, hn::Load(du8, lanes));
-  }
-#endif
-  auto code = hn::Zero(di);
-  for (int k = 0; k < kBits; ++k) {
-    const uint8_t* plane = rec + k * plane_bytes;
-    hn::Mask<DI> hit;
-    if constexpr (N >= 8) {
-      hit = hn::LoadMaskBits(di, plane + j / 8);  // a mask-register load on AVX-512
-    } else {
-      const uint8_t byte = static_cast<uint8_t>(plane[j / 8] >> (j % 8));
-      hit = hn::LoadMaskBits(di, &byte);
-    }
-    code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
-  }
-  return code;
-}
-
 // Where the values of a block come from; Load(t, j) = the N values [j, j + N) of position t (before
 // the per-group scale, which is folded into the weights).
 template <int kBits>
@@ -332,7 +303,7 @@ struct TurboQuantValues {
   HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
     const D16 d;
     const hn::RebindToSigned<D16> di;
-    return LookupLevel(d, di, levels, RecordCodes<kBits>(di, v + static_cast<size_t>(t) * stride, plane_bytes, j));
+    return LookupLevel(d, di, levels, PlaneCodes<kBits>(di, v + static_cast<size_t>(t) * stride, plane_bytes, static_cast<size_t>(j)));
   }
 };
 struct F16Values {
@@ -520,6 +491,40 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
 #endif
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Pieces shared by the AVX-512 value accumulators below. The rows' accumulators of one 64-dimension
+// chunk c live in a[row][0..3] (permuted: vector v, lane i = dimension 4i + v).
+template <int kRows>
+HWY_INLINE void LoadScaledChunk(const float* HWY_RESTRICT acc, int dim, int c, const float* HWY_RESTRICT alpha, __m512 (&a)[kRows][4]) {
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 al = _mm512_set1_ps(alpha[r]);
+    for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
+  }
+}
+template <int kRows>
+HWY_INLINE void StoreChunk(float* HWY_RESTRICT acc, int dim, int c, const __m512 (&a)[kRows][4]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+}
+// One position: the 64 code bytes index the level table (vpermps reads bits [3:0] of each 32-bit lane,
+// so shifts by 0/8/16/24 give dimensions 4i, 4i + 1, 4i + 2, 4i + 3), and every row adds its weight
+// (wt[r * kBlockTokens]) times the levels.
+template <int kRows>
+HWY_INLINE void AccumulatePosition(__m512i code, __m512 levels, const float* HWY_RESTRICT wt, __m512 (&a)[kRows][4]) {
+  const __m512 x0 = _mm512_permutexvar_ps(code, levels);
+  const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
+  const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
+  const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+  for (int r = 0; r < kRows; ++r) {
+    // The weight as an embedded-broadcast memory operand: the load port broadcasts, so the vector
+    // pipes only see the multiply-adds.
+    const float* wp = wt + r * kBlockTokens;
+    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
+    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
+    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
+    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
+  }
+}
+
 // TurboQuant values on AVX-512, 64 dimensions (one value group or part of one) per step: the codes
 // of all 64 dimensions of a position become one byte vector from kBits 64-bit mask loads and kBits
 // masked byte operations; vpermps reads only bits [3:0] of each 32-bit index, so the same vector,
@@ -536,10 +541,7 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
   for (int c = 0; c < dim / 64; ++c) {
     const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
     __m512 a[kRows][4];
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 al = _mm512_set1_ps(alpha[r]);
-      for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
-    }
+    LoadScaledChunk<kRows>(J.acc, dim, c, alpha, a);
     const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
     for (int t = 0; t < n; ++t, rec += J.v_stride) {
       pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
@@ -550,22 +552,9 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
         std::memcpy(&bits, rec + k * plane_bytes, 8);
         code = _mm512_mask_add_epi8(code, _cvtu64_mask64(bits), code, _mm512_set1_epi8(static_cast<char>(1 << k)));
       }
-      const __m512 x0 = _mm512_permutexvar_ps(code, levels);
-      const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
-      const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
-      const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
-      for (int r = 0; r < kRows; ++r) {
-        // The weight as an embedded-broadcast memory operand: the load port broadcasts, so the vector
-        // pipes only see the multiply-adds.
-        const float* wp = wc + r * kBlockTokens + t;
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
-      }
+      AccumulatePosition<kRows>(code, levels, wc + t, a);
     }
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+    StoreChunk<kRows>(J.acc, dim, c, a);
   }
 }
 
@@ -594,30 +583,16 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void AccumulateTurboQuantGfni(
     const __m512i index = _mm512_load_si512(index_bytes);
     const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
     __m512 a[kRows][4];
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 al = _mm512_set1_ps(alpha[r]);
-      for (int v = 0; v < 4; ++v) a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v), al);
-    }
+    LoadScaledChunk<kRows>(J.acc, dim, c, alpha, a);
     const uint8_t* HWY_RESTRICT rec = J.v;
     for (int t = 0; t < n; ++t, rec += J.v_stride) {
       pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
       const __m512i planes = _mm512_maskz_loadu_epi8(record_bytes, rec);
       const __m512i matrix = _mm512_maskz_permutexvar_epi8(rows_mask, index, planes);
       const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
-      const __m512 x0 = _mm512_permutexvar_ps(code, levels);
-      const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
-      const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
-      const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
-      for (int r = 0; r < kRows; ++r) {
-        const float* wp = wc + r * kBlockTokens + t;
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
-        __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
-      }
+      AccumulatePosition<kRows>(code, levels, wc + t, a);
     }
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(J.acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
+    StoreChunk<kRows>(J.acc, dim, c, a);
   }
 }
 #endif

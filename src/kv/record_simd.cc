@@ -14,6 +14,7 @@
 #endif
 
 #include "codec/absmax.h"
+#include "kv/plane_codes-inl.h"
 #include "kv/vector_format.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -22,37 +23,6 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using D = hn::CappedTag<float, 16>;
-
-// Codes of N consecutive lanes from kBits bit planes: plane k starts at base + k * plane_stride, and
-// lane i's bit is bit (first + i) of the plane.
-template <int kBits, class DI>
-HWY_INLINE hn::Vec<DI> PlaneCodes(DI di, const uint8_t* HWY_RESTRICT base, size_t plane_stride, size_t first) {
-  constexpr size_t N = hn::MaxLanes(DI());
-#if HWY_TARGET == HWY_AVX2
-  if constexpr (N == 8) {
-    // BMI2: deposit the 8 bits of plane k into bit k of 8 bytes, then widen the bytes.
-    uint64_t bytes = 0;
-    for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(base[k * plane_stride + first / 8], 0x0101010101010101ull << k);
-    const hn::Rebind<uint8_t, DI> du8;
-    HWY_ALIGN uint8_t lanes[8];
-    std::memcpy(lanes, &bytes, 8);
-    return hn::PromoteTo(di, hn::Load(du8, lanes));
-  }
-#endif
-  auto code = hn::Zero(di);
-  for (int k = 0; k < kBits; ++k) {
-    const uint8_t* plane = base + k * plane_stride;
-    hn::Mask<DI> hit;
-    if constexpr (N >= 8) {
-      hit = hn::LoadMaskBits(di, plane + first / 8);  // one mask-register load on AVX-512
-    } else {
-      const uint8_t byte = static_cast<uint8_t>(plane[first / 8] >> (first % 8));
-      hit = hn::LoadMaskBits(di, &byte);
-    }
-    code = hn::Or(code, hn::IfThenElseZero(hit, hn::Set(di, 1 << k)));
-  }
-  return code;
-}
 
 // Level lookup for a code vector, the method fixed per call.
 enum class Lookup { uniform, table1, table2, gather };
@@ -256,8 +226,6 @@ void DecodeOne(const RecordPlan& plan, const uint8_t* HWY_RESTRICT rec, float* H
 // Tokens [t0, t0 + 16) of a column region (see VectorFormat::encode_column) -> out [dim][16].
 void DecodeColumns(const RecordPlan& plan, const uint8_t* HWY_RESTRICT region, int T, int t0, float* HWY_RESTRICT out) {
   const D d;
-  const hn::RebindToSigned<D> di;
-  const hn::Rebind<uint8_t, D> du8;
   const hn::Rebind<hwy::float16_t, D> dh;
   const hn::Rebind<hwy::bfloat16_t, D> db;
   const int N = static_cast<int>(hn::Lanes(d));
