@@ -355,17 +355,37 @@ void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int 
                                    plan.q_offset.data());
 }
 
+// The buffers of one fused call, kept per calling thread between calls: a decode step would otherwise
+// make about a hundred small allocations (plans, per-slice states, merge rows) every layer.
+struct FusedWorkspace {
+  std::vector<RequestPlan> plans;            // [requests]
+  std::vector<WorkItem> items;
+  std::vector<std::pair<int, int>> runs;     // segment runs of one request
+  std::vector<PartialState> states;          // [items x heads]
+  std::vector<const PartialState*> parts;    // the slices of one (request, KV head)
+  AlignedVector<float> out_orig, out_rot;    // [dim]
+};
+
 void attend_fused(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& p,
                   const Shape& s, ThreadPool& pool) {
   const int dim = s.dim;
   const Rotation* k_rot = cache.k_format().rotation();
   const Rotation* v_rot = cache.v_format().rotation();
+  thread_local FusedWorkspace ws;
 
   // Per request: its segments and the queries, scaled, in both domains.
-  std::vector<RequestPlan> plans(requests.size());
+  std::vector<RequestPlan>& plans = ws.plans;
+  plans.resize(requests.size());
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const auto& r = requests[ri];
     RequestPlan& plan = plans[ri];
+    // Reused buffers: what this call does not fill must read as absent (empty), as in a fresh plan.
+    plan.total = 0;
+    plan.q_orig_sum.clear();
+    plan.q_rot_sum.clear();
+    plan.q_parts.clear();
+    plan.q_step.clear();
+    plan.q_offset.clear();
     cache.segments(r.seq, plan.segs);
     for (const auto& g : plan.segs) plan.total += g.n_tokens;
     const int rows = r.n_q * s.group;
@@ -407,7 +427,8 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
 
   // Work items: (request, KV head, slice of positions). Decode steps split long contexts so that
   // every thread gets work (flash-decoding); big query blocks have enough rows already.
-  std::vector<WorkItem> items;
+  std::vector<WorkItem>& items = ws.items;
+  items.clear();
   size_t n_states = 0;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const int total = plans[ri].total;
@@ -417,7 +438,8 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     const int slices = decode_like ? std::clamp(total / 512, 1, 2 * pool.size()) : 1;
     // Cut the segment list into `slices` runs of about equal length.
     const auto& segs = plans[ri].segs;
-    std::vector<std::pair<int, int>> runs;
+    std::vector<std::pair<int, int>>& runs = ws.runs;
+    runs.clear();
     int start = 0, seen = 0;
     for (int si = 0; si < static_cast<int>(segs.size()); ++si) {
       seen += segs[si].n_tokens;
@@ -437,7 +459,8 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     }
   }
 
-  std::vector<PartialState> states(n_states);
+  std::vector<PartialState>& states = ws.states;
+  states.resize(n_states);  // run_item sets every state it owns before use
   pool.parallel_for(items.size(), [&](size_t b, size_t e, int) {
     // Scratch per OS thread, kept between calls: a decode step is too short to allocate and clear
     // ~100 KB of tiles every time.
@@ -466,11 +489,15 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     const auto& r = requests[ri];
     const int rows = r.n_q * s.group;
     for (int h = 0; h < s.n_kv; ++h) {
-      std::vector<const PartialState*> parts;
+      std::vector<const PartialState*>& parts = ws.parts;
+      parts.clear();
       for (const WorkItem& it : items)
         if (it.request == static_cast<int>(ri) && h >= it.head_begin && h < it.head_end)
           parts.push_back(&states[it.first_state + (h - it.head_begin)]);
-      AlignedVector<float> out_orig(dim), out_rot(dim);
+      AlignedVector<float>& out_orig = ws.out_orig;
+      AlignedVector<float>& out_rot = ws.out_rot;
+      out_orig.resize(dim);
+      out_rot.resize(dim);
       for (int row = 0; row < rows; ++row) {
         const int i = row / s.group, hq = h * s.group + row % s.group;
         float m = p.sinks ? p.sinks[hq] : kNegInf;
