@@ -25,4 +25,15 @@ int attention_blocks_per_sm_d128(int group_size, MainKind kind, int tile_bytes) 
   }
 }
 
+#ifdef TQ_ATTN_TIMELINE
+// The stamps of the last head_dim-128 launch (diagnostics build only): [kTimelineBlocks][kTimelineMarks].
+void read_attention_timeline_d128(unsigned long long* host) {
+  TQ_CUDA_CHECK(cudaMemcpyFromSymbol(host, g_attn_timeline, sizeof(g_attn_timeline)));
+}
+void clear_attention_timeline_d128() {
+  static const unsigned long long zeros[kTimelineBlocks][kTimelineMarks] = {};
+  TQ_CUDA_CHECK(cudaMemcpyToSymbol(g_attn_timeline, zeros, sizeof(zeros)));
+}
+#endif
+
 }  // namespace tq::cuda::kernels

@@ -2,7 +2,11 @@
 // slots), uploads the plan once and enqueues the kernels on run().
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "core/error.h"
@@ -50,7 +54,8 @@ struct DeviceAttention::Impl {
   WorkPlan plan;
   int64_t bytes = 0;
   std::string cache_description;
-  DeviceBuffer items, groups, requests, partials, counters, sinks, expand_tiles, scratch;
+  DeviceBuffer plan_blob, partials, counters, scratch;  // plan_blob: items, groups, requests, sinks, expand tiles
+  PinnedStaging stage;
 };
 
 DeviceAttention::DeviceAttention() : impl_(std::make_unique<Impl>()) {}
@@ -96,6 +101,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
 
   // Main tier as the kernel reads it: the cache's tiles, or the BF16 tiles the expand kernel writes.
   TierParams main = c.main_params();
+  std::vector<int32_t> expand_tiles;  // the standard path's tiles to expand
   if (expand) {
     const SectionFormat dense = section_format(CodeKind::dense_bf16, c.dim, c.dim);
     const TileFormat tf = tile_format(c.dim, dense, dense);
@@ -117,10 +123,8 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
         tiles.push_back(page * c.tiles_per_page + t % c.tiles_per_page);
       }
     }
-    a.expand_tiles.reserve(std::max<size_t>(1, tiles.size()) * sizeof(int32_t));
-    a.expand_tiles.upload(tiles.data(), tiles.size() * sizeof(int32_t), stream);
-    a.expand.tiles = a.expand_tiles.as<int32_t>();
-    a.expand.n_tiles = static_cast<int>(tiles.size());
+    expand_tiles = std::move(tiles);
+    a.expand.n_tiles = static_cast<int>(expand_tiles.size());
     main.base = a.scratch.as<uint8_t>();
     main.tile_bytes = tf.bytes;
     main.k_kind = main.v_kind = CodeKind::dense_bf16;
@@ -139,42 +143,71 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   shape.n_kv = c.n_kv;
   shape.min_tokens = c.options.min_tokens;
   shape.window = params.window;
-  const int per_sm = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes);
+  // Occupancy per kernel and tile size, asked once (the decode step plans every layer of every token).
+  static std::map<std::tuple<int, int, int, int>, int> blocks_per_sm;
+  static std::mutex blocks_per_sm_mutex;
+  int per_sm = 0;
+  {
+    const std::lock_guard<std::mutex> lock(blocks_per_sm_mutex);
+    const auto key = std::make_tuple(c.dim, c.group_size, static_cast<int>(a.kind), main.tile_bytes);
+    const auto found = blocks_per_sm.find(key);
+    per_sm = found != blocks_per_sm.end() ? found->second
+                                          : (blocks_per_sm[key] = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes));
+  }
   TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " (tiles of ", main.tile_bytes,
            " bytes) on this device");
   static const int sm_count = device_properties().sm_count;  // one device per process
-  // Split long contexts into two items per multiprocessor, not as many as fit: half as many partial
-  // states per group make the final merge cheaper, and 8 warps per multiprocessor with their tile rings
-  // still keep enough bytes in flight. Measured on the H200 (K8/V3, 1 x 128K): 4 items per SM 82.0 us,
-  // 3 per SM 73.9 us, 2 per SM 69.1 us, 1 per SM 92.7 us (docs/BENCHMARKS.md).
-  constexpr int kItemsPerSm = 2;
+  // Split long contexts into three items per multiprocessor (K8/V3 at head_dim 128: four blocks fit one,
+  // so all of them are resident at once). Measured on the H200 (K8/V3, 1 x 128K, with the row-parallel
+  // final merge): 2 items per SM 64.4 us, 3 per SM 62.0 us, 4 per SM 64.8 us; 32K: 25.8 / 26.5 / 28.5 us.
+  // More items balance the multiprocessors' unequal bandwidth shares better; more parts cost merge time.
+#ifndef TQ_ATTN_ITEMS_PER_SM
+#define TQ_ATTN_ITEMS_PER_SM 3  // a build-time knob for experiments
+#endif
+  constexpr int kItemsPerSm = TQ_ATTN_ITEMS_PER_SM;
   shape.target_blocks = sm_count * std::min(per_sm, kItemsPerSm);
   a.plan = plan_attention(shape, pr);
 
-  a.items.reserve(std::max<size_t>(1, a.plan.items.size()) * sizeof(WorkItem));
-  a.items.upload(a.plan.items.data(), a.plan.items.size() * sizeof(WorkItem), stream);
-  a.groups.reserve(std::max<size_t>(1, a.plan.groups.size()) * sizeof(OutputGroup));
-  a.groups.upload(a.plan.groups.data(), a.plan.groups.size() * sizeof(OutputGroup), stream);
-  a.requests.reserve(std::max<size_t>(1, rq.size()) * sizeof(RequestParams));
-  a.requests.upload(rq.data(), rq.size() * sizeof(RequestParams), stream);
+  // The plan's arrays go up in one copy through page-locked memory (no wait for the stream: the decode
+  // step plans every layer while the previous layers' kernels run).
+  size_t blob_bytes = 0;
+  auto place = [&](size_t bytes) {
+    const size_t at = blob_bytes;
+    blob_bytes += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  const size_t at_items = place(a.plan.items.size() * sizeof(WorkItem));
+  const size_t at_groups = place(a.plan.groups.size() * sizeof(OutputGroup));
+  const size_t at_requests = place(rq.size() * sizeof(RequestParams));
+  const size_t at_sinks = place(params.sinks ? params.n_heads * sizeof(float) : 0);
+  const size_t at_tiles = place(expand_tiles.size() * sizeof(int32_t));
+  uint8_t* host = a.stage.begin(std::max<size_t>(16, blob_bytes));
+  std::memcpy(host + at_items, a.plan.items.data(), a.plan.items.size() * sizeof(WorkItem));
+  std::memcpy(host + at_groups, a.plan.groups.data(), a.plan.groups.size() * sizeof(OutputGroup));
+  std::memcpy(host + at_requests, rq.data(), rq.size() * sizeof(RequestParams));
+  if (params.sinks) std::memcpy(host + at_sinks, params.sinks, params.n_heads * sizeof(float));
+  std::memcpy(host + at_tiles, expand_tiles.data(), expand_tiles.size() * sizeof(int32_t));
+  a.plan_blob.reserve(std::max<size_t>(16, blob_bytes));
+  a.stage.upload(a.plan_blob, blob_bytes, stream);
+  uint8_t* blob = a.plan_blob.as<uint8_t>();
+  if (expand) a.expand.tiles = reinterpret_cast<const int32_t*>(blob + at_tiles);
   a.partials.reserve(std::max<size_t>(1, a.plan.n_parts) * (2 * kRowsPerItem + kRowsPerItem * static_cast<size_t>(c.dim)) * sizeof(float));
-  a.counters.reserve(std::max<size_t>(1, a.plan.groups.size()) * sizeof(uint32_t));
-  TQ_CUDA_CHECK(cudaMemsetAsync(a.counters.get(), 0, a.counters.bytes(), static_cast<cudaStream_t>(stream)));
-  if (params.sinks) {
-    a.sinks.reserve(params.n_heads * sizeof(float));
-    a.sinks.upload(params.sinks, params.n_heads * sizeof(float), stream);
+  if (a.counters.bytes() < std::max<size_t>(1, a.plan.groups.size()) * sizeof(uint32_t)) {
+    a.counters.reserve(std::max<size_t>(1, a.plan.groups.size()) * sizeof(uint32_t));
+    // Zero once: the kernel leaves its counters at zero for the next launch.
+    TQ_CUDA_CHECK(cudaMemsetAsync(a.counters.get(), 0, a.counters.bytes(), static_cast<cudaStream_t>(stream)));
   }
 
   AttentionKernelParams& k = a.params;
   k = AttentionKernelParams{};
   k.main = main;
   k.sink = c.sink_params();
-  k.items = a.items.as<WorkItem>();
-  k.groups = a.groups.as<OutputGroup>();
-  k.requests = a.requests.as<RequestParams>();
+  k.items = reinterpret_cast<const WorkItem*>(blob + at_items);
+  k.groups = reinterpret_cast<const OutputGroup*>(blob + at_groups);
+  k.requests = reinterpret_cast<const RequestParams*>(blob + at_requests);
   k.partials = a.partials.as<float>();
   k.counters = a.counters.as<uint32_t>();
-  k.sinks = params.sinks ? a.sinks.as<float>() : nullptr;
+  k.sinks = params.sinks ? reinterpret_cast<const float*>(blob + at_sinks) : nullptr;
   k.k_signs = c.main_kind == MainKind::tq ? c.main_k.signs.as<float>() : nullptr;
   k.v_signs = c.main_kind == MainKind::tq ? c.main_v.signs.as<float>() : nullptr;
   k.n_heads = params.n_heads;
@@ -190,7 +223,6 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     bytes += static_cast<int64_t>(w.tile_end - w.tile_begin) * (w.tier == 0 ? main.tile_bytes : c.sink_tile.bytes);
   if (expand) bytes += static_cast<int64_t>(a.expand.n_tiles) * c.n_kv * (c.main_tile.bytes + main.tile_bytes);  // read, written
   a.bytes = bytes;
-  TQ_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
 void DeviceAttention::run(void* stream) {

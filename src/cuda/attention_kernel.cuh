@@ -30,7 +30,26 @@ namespace tq::cuda {
 
 inline constexpr int kAttnWarps = 4;
 inline constexpr int kAttnThreads = 32 * kAttnWarps;
-inline constexpr int kMaxCachedPages = 512;
+inline constexpr int kMaxCachedPages = 256;
+
+// Diagnostics build only (-DTQ_ATTN_TIMELINE): thread 0 of each block stamps the global timer (ns) at the
+// kernel's phase boundaries; tq-gpu-bench --timeline reads the stamps of the last launch back.
+#ifdef TQ_ATTN_TIMELINE
+inline constexpr int kTimelineBlocks = 4096, kTimelineMarks = 16;
+__device__ unsigned long long g_attn_timeline[kTimelineBlocks][kTimelineMarks];
+#define TQ_ATTN_MARK(i)                                                         \
+  do {                                                                          \
+    if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks) {                     \
+      unsigned long long stamp;                                                 \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");       \
+      g_attn_timeline[blockIdx.x][i] = stamp;                                   \
+    }                                                                           \
+  } while (0)
+#else
+#define TQ_ATTN_MARK(i) \
+  do {                  \
+  } while (0)
+#endif
 
 template <int D>
 struct WarpAcc {
@@ -536,15 +555,15 @@ __device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const 
 
 // ------------------------------------------------------------------ block-level helpers
 
-// Unnormalised Walsh-Hadamard transform of the 8 rows of D floats in shared memory x (all threads call
-// it; x must be complete on entry). Each warp transforms whole rows in registers: lane l holds elements
+// Unnormalised Walsh-Hadamard transform of the first `rows` of the 8 rows of D floats in shared memory x
+// (all threads call it; x must be complete on entry). Each warp transforms whole rows in registers: lane l holds elements
 // [l*E, l*E + E) of a row, the butterflies over the low bits of an index stay inside a lane and those over
 // the high bits are lane shuffles, so no block barrier is needed until the end.
 template <int D>
-__device__ void fwht_rows(float* x) {
+__device__ void fwht_rows(float* x, int rows) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = warp; r < kRowsPerItem; r += kAttnWarps) {
+  for (int r = warp; r < rows; r += kAttnWarps) {
     float* row = x + r * D + lane * E;
     float v[E];
 #pragma unroll
@@ -572,13 +591,14 @@ __device__ void fwht_rows(float* x) {
 }
 
 // Writes the output rows: rot (main tier, rotated domain when `rotated`) and orig (sink tier) hold sums
-// weighted relative to row_max; row_sum is the matching softmax denominator without the learned sink.
+// weighted relative to row_max; row_sum is the matching softmax denominator without the learned sink;
+// v_signs (shared memory) the V rotation's signs.
 template <int D>
-__device__ void write_output(const AttentionKernelParams& p, const RequestParams& rq, int kv_head, int row0, float* rot, bool has_rot,
-                             bool rotated, const float* orig, bool has_orig, const float* row_max, const float* row_sum,
-                             float* row_scale) {
+__device__ void write_output(const AttentionKernelParams& p, const RequestParams& rq, int kv_head, int row0, int n_rows, float* rot,
+                             bool has_rot, bool rotated, const float* v_signs, const float* orig, bool has_orig, const float* row_max,
+                             const float* row_sum, float* row_scale) {
   const int rows_total = rq.n_q * p.group;
-  if (threadIdx.x < kRowsPerItem) {
+  if (threadIdx.x < n_rows) {
     const int r = threadIdx.x, grow = row0 + r;
     float scale = 0.0f;
     if (grow < rows_total) {
@@ -592,13 +612,13 @@ __device__ void write_output(const AttentionKernelParams& p, const RequestParams
     }
     row_scale[r] = scale;
   }
-  if (has_rot && rotated) fwht_rows<D>(rot);  // ends with a barrier
+  if (has_rot && rotated) fwht_rows<D>(rot, min(n_rows, rows_total - row0));  // ends with a barrier
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kRowsPerItem * D; idx += kAttnThreads) {
+  for (int idx = threadIdx.x; idx < n_rows * D; idx += kAttnThreads) {
     const int r = idx / D, d = idx % D, grow = row0 + r;
     if (grow >= rows_total) continue;
     float v = 0.0f;
-    if (has_rot) v = rotated ? rot[idx] * p.inv_sqrt_dim * p.v_signs[d] : rot[idx];
+    if (has_rot) v = rotated ? rot[idx] * p.inv_sqrt_dim * v_signs[d] : rot[idx];
     if (has_orig) v += orig[idx];
     const int i = grow / p.group, hq = kv_head * p.group + grow % p.group;
     rq.out[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d] = v * row_scale[r];
@@ -607,17 +627,43 @@ __device__ void write_output(const AttentionKernelParams& p, const RequestParams
 
 // ------------------------------------------------------------------ the kernel
 
-// Dynamic shared memory of the attention kernel: the warps' tile rings, later reused for the merge.
+// Dynamic shared memory of the attention kernel: the warps' tile rings, later reused for the merges (the
+// warps' states; the final merge's part weights and one row's sums).
 TQ_HD int attention_ring_stages(MainKind kind) { return kind == MainKind::tq ? kStagesTq : kStagesDense; }
 TQ_HD int attention_dynamic_smem(int dim, MainKind kind, int tile_bytes) {
-  const int ring = 4 * attention_ring_stages(kind) * tile_bytes;  // kAttnWarps rings
-  // kAttnWarps x rows x dim floats, then the parts' weights
-  const int merge = 4 * kRowsPerItem * dim * 4 + kMaxPartsPerGroup * kRowsPerItem * 4;
+  const int ring = kAttnWarps * attention_ring_stages(kind) * tile_bytes;
+  const int warp_merge = kAttnWarps * kRowsPerItem * dim * 4;  // kAttnWarps x rows x dim floats
+  const int final_merge = (kMaxPartsPerGroup + 2 * dim) * 4;
+  const int merge = warp_merge > final_merge ? warp_merge : final_merge;
   return ring > merge ? ring : merge;
 }
 
+// Block-wide maximum and sum (all threads call them; scratch holds kAttnWarps floats).
+__device__ __forceinline__ float block_max(float x, float* scratch) {
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float r = scratch[0];
+#pragma unroll
+  for (int k = 1; k < kAttnWarps; ++k) r = fmaxf(r, scratch[k]);
+  __syncthreads();
+  return r;
+}
+__device__ __forceinline__ float block_sum(float x, float* scratch) {
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float r = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kAttnWarps; ++k) r += scratch[k];
+  __syncthreads();
+  return r;
+}
+
 template <int D, int G, MainKind MK>
-__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const AttentionKernelParams p) {
+__global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) attention_kernel(const AttentionKernelParams p) {
   extern __shared__ __align__(16) uint8_t dyn_smem[];
   __shared__ float sm_q[kRowsPerItem * D];  // queries; later the rotated-domain sum
   __shared__ float sm_m[kAttnWarps][kRowsPerItem], sm_l[kAttnWarps][kRowsPerItem];
@@ -625,16 +671,57 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   __shared__ int sm_pages[kMaxCachedPages];
   __shared__ uint16_t sm_k_table[256], sm_v_table[256];
   __shared__ int sm_last;
+  __shared__ OutputGroup sm_og;  // the item's output group, read early (the final merge needs it)
+  __shared__ float sm_v_signs[D];
   __shared__ __align__(8) uint64_t sm_bars[kAttnWarps][kMaxStages];  // the warps' tile-ring barriers
   // After the tile loops: per-warp accumulators [kAttnWarps][rows * D], then merged sums.
   float (*sm_o)[kRowsPerItem * D] = reinterpret_cast<float (*)[kRowsPerItem * D]>(dyn_smem);
 
+  TQ_ATTN_MARK(0);
   const WorkItem it = p.items[blockIdx.x];
   const RequestParams rq = p.requests[it.request];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bool main_tier = it.tier == 0;
   const bool tq_main = MK == MainKind::tq && main_tier;
   const int rows_total = rq.n_q * p.group;
+
+  // Everything the prologue reads goes out first, into registers, ahead of the tile copies below: those
+  // fill the memory queues for microseconds, and a load issued after them waits behind them (measured on
+  // the H200 at 128K: queries, signs and page ids issued after the copies arrived about 3 us later). The
+  // shared-memory stores come after the copies are on their way.
+  constexpr int kQPerThread = kRowsPerItem * D / kAttnThreads;
+  static_assert(kRowsPerItem * D % kAttnThreads == 0 && D <= kAttnThreads * 2);
+  float qx[kQPerThread], k_sign[kQPerThread];
+#pragma unroll
+  for (int j = 0; j < kQPerThread; ++j) {
+    const int idx = tid + j * kAttnThreads, r = idx / D, d = idx % D, grow = it.row0 + r;
+    qx[j] = 0.0f;
+    if (grow < rows_total) {
+      const int i = grow / p.group, hq = it.kv_head * p.group + grow % p.group;
+      qx[j] = rq.q[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d];
+    }
+    k_sign[j] = tq_main ? p.k_signs[d] : 1.0f;
+  }
+  const bool rotated_v = MK == MainKind::tq && p.v_signs != nullptr;
+  float v_sign[2] = {1.0f, 1.0f};  // dims tid, tid + kAttnThreads
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (rotated_v && tid + j * kAttnThreads < D) v_sign[j] = p.v_signs[tid + j * kAttnThreads];
+  OutputGroup og_early{};
+  if (tid == 0 && it.part >= 0) og_early = p.groups[it.group];
+  // Page ids of the item's tiles (later fetches look them up in shared memory).
+  constexpr int kPagesPerThread = kMaxCachedPages / kAttnThreads;
+  int page_ids[kPagesPerThread];
+  int first_page = 0, page_count = 0;
+  if (main_tier) {
+    first_page = it.tile_begin / p.main.tiles_per_page;
+    page_count = min(kMaxCachedPages, (it.tile_end - 1) / p.main.tiles_per_page - first_page + 1);
+#pragma unroll
+    for (int j = 0; j < kPagesPerThread; ++j) {
+      const int i = tid + j * kAttnThreads;
+      page_ids[j] = i < page_count ? p.main.page_table[rq.slot * p.main.page_stride + first_page + i] : 0;
+    }
+  }
 
   // Main tier: start fetching this warp's first tiles (page ids from the global table for now).
   constexpr int kStages = MK == MainKind::tq ? kStagesTq : kStagesDense;
@@ -645,32 +732,31 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     pipe.init_barriers();
     pipe.start();
   }
+  TQ_ATTN_MARK(8);
 
   // Queries, scaled into base 2 (and multiplied by the K signs before the transform for TurboQuant keys).
-  for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {
-    const int r = idx / D, d = idx % D, grow = it.row0 + r;
-    float x = 0.0f;
-    if (grow < rows_total) {
-      const int i = grow / p.group, hq = it.kv_head * p.group + grow % p.group;
-      x = rq.q[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d] * p.q_scale;
-      if (tq_main) x *= p.k_signs[d];
-    }
-    sm_q[idx] = x;
-  }
+#pragma unroll
+  for (int j = 0; j < kQPerThread; ++j) sm_q[tid + j * kAttnThreads] = qx[j] * p.q_scale * k_sign[j];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (tid + j * kAttnThreads < D) sm_v_signs[tid + j * kAttnThreads] = v_sign[j];  // for the output's inverse rotation
+  if (tid == 0 && it.part >= 0) sm_og = og_early;
+  TQ_ATTN_MARK(9);
   if (main_tier) {
     const TierParams& tp = p.main;
-    const int first = it.tile_begin / tp.tiles_per_page;
-    const int count = min(kMaxCachedPages, (it.tile_end - 1) / tp.tiles_per_page - first + 1);
-    for (int i = tid; i < count; i += kAttnThreads) sm_pages[i] = tp.page_table[rq.slot * tp.page_stride + first + i];
+#pragma unroll
+    for (int j = 0; j < kPagesPerThread; ++j)
+      if (tid + j * kAttnThreads < page_count) sm_pages[tid + j * kAttnThreads] = page_ids[j];
     if (tq_main && tp.k_kind == CodeKind::byte_lut)
       for (int i = tid; i < 256; i += kAttnThreads) sm_k_table[i] = tp.k_table[i];
     if (tq_main && tp.v_kind == CodeKind::byte_lut)
       for (int i = tid; i < 256; i += kAttnThreads) sm_v_table[i] = tp.v_table[i];
-    pg.first = first;
-    pg.count = count;  // later fetches look pages up in shared memory (after the barrier below)
+    pg.first = first_page;
+    pg.count = page_count;  // later fetches look pages up in shared memory (after the barrier below)
   }
   __syncthreads();
-  if (tq_main) fwht_rows<D>(sm_q);
+  TQ_ATTN_MARK(1);
+  if (tq_main) fwht_rows<D>(sm_q, min(kRowsPerItem, rows_total - it.row0));
 
   // B operand of S^T = K . Q^T: (dims 16st + 2t, +1) and (16st + 2t + 8, +9) of row g.
   const bool q_bf16 = main_tier ? MK == MainKind::dense_bf16 : p.sink.k_kind == CodeKind::dense_bf16;
@@ -684,6 +770,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     qf[st][1] = q_bf16 ? pack2<true>(c, d) : pack2<false>(c, d);
   }
 
+  TQ_ATTN_MARK(2);
   MaskInfo mk;
   {
     const int last_row = min(it.row0 + kRowsPerItem, rows_total) - 1;
@@ -713,6 +800,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     warp_sink<D, false>(p, it, rq, qf, mk, w);
   }
   __syncthreads();  // every warp is done with its ring before sm_o overwrites it
+  TQ_ATTN_MARK(3);
 
   // Row sums over the 8 lanes that share t; then the warps' states into shared memory.
 #pragma unroll
@@ -759,15 +847,21 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
   }
   __syncthreads();
 
-  const bool rotated_v = MK == MainKind::tq && p.v_signs != nullptr;
+  TQ_ATTN_MARK(4);
   if (it.part < 0) {
-    write_output<D>(p, rq, it.kv_head, it.row0, sm_o[0], main_tier, rotated_v, sm_o[0], !main_tier, sm_row_max, sm_row_sum,
+    write_output<D>(p, rq, it.kv_head, it.row0, kRowsPerItem, sm_o[0], main_tier, rotated_v, sm_v_signs, sm_o[0], !main_tier, sm_row_max, sm_row_sum,
                     sm_row_scale);
+    TQ_ATTN_MARK(7);
     return;
   }
 
-  // Several items share this group: publish the partial state (valid rows only); the last one to finish
-  // merges all of them.
+  // Several items share this group: publish the partial state (valid rows only). The last blocks to
+  // arrive merge it, one row each (with fewer parts than rows, every n_mergers-th row): the merge is bound
+  // by how fast one multiprocessor pulls the partials out of L2 (measured on the H200 at 1 x 128K, 33 parts
+  // of 4 rows: 2-3 us for one block pulling all rows), so the rows go to different multiprocessors.
+  // A merger waits until every part has been published; the blocks it waits for are running or have free
+  // slots to start in (every other block has finished), so the wait ends.
+  const OutputGroup og = sm_og;
   const int valid_rows = min(kRowsPerItem, rows_total - it.row0);
   const int stride = 2 * kRowsPerItem + kRowsPerItem * D;
   float* part = p.partials + static_cast<int64_t>(it.part) * stride;
@@ -779,146 +873,103 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const Attention
     reinterpret_cast<float4*>(part + 2 * kRowsPerItem)[idx] = reinterpret_cast<const float4*>(sm_o[0])[idx];
   __threadfence();
   __syncthreads();
+  uint32_t* counter = p.counters + it.group;
+  if (tid == 0) sm_last = static_cast<int>(atomicAdd(counter, 1u));  // arrival order
+  __syncthreads();
+  TQ_ATTN_MARK(5);
+  const int n_mergers = min(valid_rows, og.n_parts);
+  const int merger = og.n_parts - 1 - sm_last;
+  if (merger >= n_mergers) return;
   if (tid == 0) {
-    const unsigned done = atomicAdd(p.counters + it.group, 1u);
-    sm_last = done == static_cast<unsigned>(p.groups[it.group].n_parts - 1);
+    while (ld_acquire(counter) < static_cast<uint32_t>(og.n_parts)) __nanosleep(32);
+    // Every merger counts itself once more; the last one resets the counter for the next launch.
+    if (atomicAdd(counter, 1u) == static_cast<uint32_t>(og.n_parts + n_mergers - 1)) atomicExch(counter, 0u);
   }
   __syncthreads();
-  if (!sm_last) return;
   __threadfence();
+  TQ_ATTN_MARK(10);
 
-  const OutputGroup og = p.groups[it.group];
-  const float* parts = p.partials + static_cast<int64_t>(og.first_part) * stride;
-  // Dynamic shared memory of the final merge: [kMaxPartsPerGroup][rows] part weights, [rows][D] sink-tier
-  // sum, then a staging area the partials stream through.
+  // Shared memory of the final merge: [kMaxPartsPerGroup] part weights, then the row's main-tier and
+  // sink-tier sums [D] each.
   float* weights = reinterpret_cast<float*>(dyn_smem);
-  float* orig = weights + kMaxPartsPerGroup * kRowsPerItem;
-  float4* staging = reinterpret_cast<float4*>(orig + kRowsPerItem * D);
-  const int staging_bytes = attention_dynamic_smem(D, MK, p.main.tile_bytes) - (kMaxPartsPerGroup + D) * kRowsPerItem * 4;
-
-  // Weighted sums: the partials (in L2) stream through the staging area in chunks of parts, every copy of
-  // a chunk in flight at once (cp.async, 16 bytes each); a thread reads back only the slots it filled, so
-  // no barrier is needed between chunks. Thread tid owns float4 columns tid, tid + 128, ... of the rows.
-  // The first chunk is requested before the maxima are read, so that both travel together.
-  const int n_vec = valid_rows * D / 4;
-  constexpr int kVecPerThread = kRowsPerItem * D / 4 / kAttnThreads;  // upper bound: 8 rows
-  const int chunk = max(1, min(og.n_parts, staging_bytes / (n_vec * 16)));
-  const float4* src = reinterpret_cast<const float4*>(parts + 2 * kRowsPerItem);
-  auto request_chunk = [&](int k0) {
-    const int count = min(chunk, og.n_parts - k0);
-    for (int u = 0; u < count; ++u)
+  float* rot = weights + kMaxPartsPerGroup;
+  float* orig = rot + D;
+  const float* parts = p.partials + static_cast<int64_t>(og.first_part) * stride;
+  constexpr int kDims = (D + kAttnThreads - 1) / kAttnThreads;  // dims per thread: tid, tid + 128, ...
+  constexpr int kEarly = 32;  // parts whose row values are loaded together with the maxima (one round trip)
+  for (int r = merger; r < valid_rows; r += n_mergers) {
+    const float* row0 = parts + 2 * kRowsPerItem + r * D;
+    float early[kEarly][kDims];
 #pragma unroll
-      for (int j = 0; j < kVecPerThread; ++j) {
-        const int idx = tid + j * kAttnThreads;
-        if (idx < n_vec) {
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(staging + u * n_vec + idx)),
-                       "l"(src + static_cast<int64_t>(k0 + u) * (stride / 4) + idx)
-                       : "memory");
-        }
+    for (int k = 0; k < kEarly; ++k)
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) {
+        const int d = tid + j * kAttnThreads;
+        early[k][j] = k < og.n_parts && d < D ? __ldcg(row0 + static_cast<int64_t>(k) * stride + d) : 0.0f;
       }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  };
-  request_chunk(0);
-
-  // Row maxima and sums over the parts in one round of loads: thread k takes parts k and k + 128.
-  static_assert(kMaxPartsPerGroup <= 2 * kAttnThreads);
-  float pm[2][kRowsPerItem], pl[2][kRowsPerItem];
+    // The row's maximum and sum over the parts.
+    float m_part[kMaxPartsPerGroup / kAttnThreads], l_part[kMaxPartsPerGroup / kAttnThreads];
+    float m = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int k = tid + j * kAttnThreads;
-#pragma unroll
-    for (int q = 0; q < kRowsPerItem / 4; ++q) {
-      float4 m4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY), l4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (k < og.n_parts) {
-        m4 = __ldcg(reinterpret_cast<const float4*>(parts + static_cast<int64_t>(k) * stride) + q);
-        l4 = __ldcg(reinterpret_cast<const float4*>(parts + static_cast<int64_t>(k) * stride + kRowsPerItem) + q);
-      }
-      pm[j][4 * q] = m4.x, pm[j][4 * q + 1] = m4.y, pm[j][4 * q + 2] = m4.z, pm[j][4 * q + 3] = m4.w;
-      pl[j][4 * q] = l4.x, pl[j][4 * q + 1] = l4.y, pl[j][4 * q + 2] = l4.z, pl[j][4 * q + 3] = l4.w;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerItem; ++r) {
-    float m = fmaxf(pm[0][r], pm[1][r]);
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0) sm_m[warp][r] = m;
-  }
-  __syncthreads();
-  float row_max[kRowsPerItem];
-#pragma unroll
-  for (int r = 0; r < kRowsPerItem; ++r) {
-    row_max[r] = sm_m[0][r];
-#pragma unroll
-    for (int k = 1; k < kAttnWarps; ++k) row_max[r] = fmaxf(row_max[r], sm_m[k][r]);
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerItem; ++r) {
-    float l = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kMaxPartsPerGroup / kAttnThreads; ++j) {
       const int k = tid + j * kAttnThreads;
-      const float wk = pm[j][r] == -INFINITY ? 0.0f : fast_exp2(pm[j][r] - row_max[r]);
-      if (k < og.n_parts) weights[k * kRowsPerItem + r] = wk;
-      l = fmaf(wk, pl[j][r], l);
+      m_part[j] = k < og.n_parts ? __ldcg(parts + static_cast<int64_t>(k) * stride + r) : -INFINITY;
+      l_part[j] = k < og.n_parts ? __ldcg(parts + static_cast<int64_t>(k) * stride + kRowsPerItem + r) : 0.0f;
+      m = fmaxf(m, m_part[j]);
     }
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (lane == 0) sm_l[warp][r] = l;
-  }
-  __syncthreads();
-  if (tid < kRowsPerItem) {
+    m = block_max(m, sm_m[0]);
     float l = 0.0f;
-    float m = sm_m[0][tid];
-    for (int k = 0; k < kAttnWarps; ++k) {
-      l += sm_l[k][tid];
-      m = fmaxf(m, sm_m[k][tid]);
+#pragma unroll
+    for (int j = 0; j < kMaxPartsPerGroup / kAttnThreads; ++j) {
+      const int k = tid + j * kAttnThreads;
+      const float w = m_part[j] == -INFINITY ? 0.0f : fast_exp2(m_part[j] - m);
+      if (k < og.n_parts) weights[k] = w;
+      l = fmaf(w, l_part[j], l);
     }
-    sm_row_max[tid] = m;
-    sm_row_sum[tid] = l;
-  }
+    l = block_sum(l, sm_l[0]);  // ends with a barrier: the weights are complete
 
-  float4 a_rot[kVecPerThread], a_orig[kVecPerThread];
+    // Weighted sums of the row; sink-tier parts (the first n_sink_parts) are in the original domain.
+    float a_rot[kDims] = {}, a_orig[kDims] = {};
+    auto add = [&](int k, const float* v) {
+      const float w = weights[k];
+      const bool sink_part = k < og.n_sink_parts;
 #pragma unroll
-  for (int j = 0; j < kVecPerThread; ++j) a_rot[j] = a_orig[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int k0 = 0; k0 < og.n_parts; k0 += chunk) {
-    const int count = min(chunk, og.n_parts - k0);
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    for (int u = 0; u < count; ++u) {
-      const int k = k0 + u;
+      for (int j = 0; j < kDims; ++j) {
+        a_orig[j] = fmaf(sink_part ? w : 0.0f, v[j], a_orig[j]);
+        a_rot[j] = fmaf(sink_part ? 0.0f : w, v[j], a_rot[j]);
+      }
+    };
 #pragma unroll
-      for (int j = 0; j < kVecPerThread; ++j) {
-        const int idx = tid + j * kAttnThreads;
-        if (idx >= n_vec) continue;
-        const float wk = weights[k * kRowsPerItem + idx * 4 / D];
-        const float4 v = staging[u * n_vec + idx];
-        const bool sink_part = k < og.n_sink_parts;
-        const float ws = sink_part ? wk : 0.0f, wr = sink_part ? 0.0f : wk;
-        a_orig[j].x = fmaf(ws, v.x, a_orig[j].x);
-        a_orig[j].y = fmaf(ws, v.y, a_orig[j].y);
-        a_orig[j].z = fmaf(ws, v.z, a_orig[j].z);
-        a_orig[j].w = fmaf(ws, v.w, a_orig[j].w);
-        a_rot[j].x = fmaf(wr, v.x, a_rot[j].x);
-        a_rot[j].y = fmaf(wr, v.y, a_rot[j].y);
-        a_rot[j].z = fmaf(wr, v.z, a_rot[j].z);
-        a_rot[j].w = fmaf(wr, v.w, a_rot[j].w);
+    for (int k = 0; k < kEarly; ++k)
+      if (k < og.n_parts) add(k, early[k]);
+    for (int k = kEarly; k < og.n_parts; ++k) {
+      float v[kDims];
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) {
+        const int d = tid + j * kAttnThreads;
+        v[j] = d < D ? __ldcg(row0 + static_cast<int64_t>(k) * stride + d) : 0.0f;
+      }
+      add(k, v);
+    }
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) {
+      const int d = tid + j * kAttnThreads;
+      if (d < D) {
+        rot[d] = a_rot[j];
+        orig[d] = a_orig[j];
       }
     }
-    if (k0 + chunk < og.n_parts) request_chunk(k0 + chunk);  // the slots just read are free again
-  }
-  float* rot = sm_q;  // main-tier sum
-#pragma unroll
-  for (int j = 0; j < kVecPerThread; ++j) {
-    const int idx = tid + j * kAttnThreads;
-    if (idx < n_vec) {
-      reinterpret_cast<float4*>(rot)[idx] = a_rot[j];
-      reinterpret_cast<float4*>(orig)[idx] = a_orig[j];
+    if (tid == 0) {
+      sm_row_max[0] = m;
+      sm_row_sum[0] = l;
     }
+    __syncthreads();
+    TQ_ATTN_MARK(6);
+    write_output<D>(p, rq, og.kv_head, og.row0 + r, 1, rot, og.n_parts > og.n_sink_parts, rotated_v, sm_v_signs, orig,
+                    og.n_sink_parts > 0, sm_row_max, sm_row_sum, sm_row_scale);
+    __syncthreads();  // the row's buffers are free again
   }
-  if (tid == 0) p.counters[it.group] = 0;  // ready for the next launch (graph replays)
-  __syncthreads();
-  write_output<D>(p, rq, og.kv_head, og.row0, rot, og.n_parts > og.n_sink_parts, rotated_v, orig, og.n_sink_parts > 0, sm_row_max,
-                  sm_row_sum, sm_row_scale);
+  TQ_ATTN_MARK(7);
 }
 
 }  // namespace tq::cuda

@@ -88,6 +88,40 @@ void DeviceBuffer::upload(const void* host, size_t bytes, void* stream, size_t o
                                 static_cast<cudaStream_t>(stream)));
 }
 
+PinnedStaging::~PinnedStaging() {
+  if (done_) cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+  if (host_) cudaFreeHost(host_);
+}
+uint8_t* PinnedStaging::begin(size_t bytes) {
+  if (pending_) {
+    TQ_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_)));
+    pending_ = false;
+  }
+  if (bytes > bytes_) {
+    if (host_) TQ_CUDA_CHECK(cudaFreeHost(host_));
+    host_ = nullptr;
+    bytes_ = 0;
+    const size_t want = std::max<size_t>(bytes, 4096);
+    void* h = nullptr;
+    TQ_CUDA_CHECK(cudaMallocHost(&h, want));
+    host_ = static_cast<uint8_t*>(h);
+    bytes_ = want;
+  }
+  return host_;
+}
+void PinnedStaging::upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t dst_offset) {
+  if (bytes == 0) return;
+  TQ_CHECK(bytes <= bytes_, "internal error: staged upload of ", bytes, " bytes from ", bytes_, " staged");
+  dst.upload(host_, bytes, stream, dst_offset);
+  if (!done_) {
+    cudaEvent_t e;
+    TQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    done_ = e;
+  }
+  TQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), static_cast<cudaStream_t>(stream)));
+  pending_ = true;
+}
+
 // ------------------------------------------------------------------ formats
 
 void set_encode_rule(EncodeParams& e, const GroupQuantizer::Plan& plan) {
@@ -308,7 +342,9 @@ void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& ou
   }
   if (s.pages > first_new_page) {
     const size_t first = static_cast<size_t>(s.slot) * n_pages + first_new_page;
-    page_table.upload(host_page_table.data() + first, (s.pages - first_new_page) * sizeof(int32_t), stream, first * sizeof(int32_t));
+    const size_t bytes = (s.pages - first_new_page) * sizeof(int32_t);
+    std::memcpy(page_table_stage.begin(bytes), host_page_table.data() + first, bytes);
+    page_table_stage.upload(page_table, bytes, stream, first * sizeof(int32_t));
   }
   s.length += n;
 }
@@ -395,7 +431,9 @@ void DeviceKVCache::append_device(std::span<const Span> spans, const float* k, c
   tokens.reserve(total);
   for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, stream);
   c.staging_tokens.reserve(tokens.size() * sizeof(AppendToken));
-  c.staging_tokens.upload(tokens.data(), tokens.size() * sizeof(AppendToken), stream);
+  const size_t token_bytes = tokens.size() * sizeof(AppendToken);
+  std::memcpy(c.tokens_stage.begin(token_bytes), tokens.data(), token_bytes);
+  c.tokens_stage.upload(c.staging_tokens, token_bytes, stream);
 
   AppendParams p;
   p.main_base = c.main_pool.as<uint8_t>();

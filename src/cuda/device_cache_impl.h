@@ -38,6 +38,29 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory that small per-step uploads (plans, append positions, new page ids) go through.
+// A copy from pageable memory may wait until the stream is idle (measured on the H200: the GPU decode
+// step drained the stream several times per layer); from page-locked memory it is queued and the host
+// goes on. The staging area is refilled only after the previous copy out of it has finished (an event).
+class PinnedStaging {
+ public:
+  PinnedStaging() = default;
+  ~PinnedStaging();
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+
+  // Host memory for `bytes`, free to write (the previous upload out of it has finished).
+  uint8_t* begin(size_t bytes);
+  // Queues the copy of the first `bytes` written since begin() to dst (+ offset) on the stream.
+  void upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t dst_offset = 0);
+
+ private:
+  uint8_t* host_ = nullptr;
+  size_t bytes_ = 0;
+  void* done_ = nullptr;  // cudaEvent_t of the last upload
+  bool pending_ = false;
+};
+
 // How one side (K or V) of a tier is coded, with its tables on the device.
 struct SideFormat {
   CodeKind kind = CodeKind::dense_f16;
@@ -73,6 +96,7 @@ struct DeviceKVCache::Impl {
   std::map<int, Sequence> seqs;
   int next_id = 0;
   DeviceBuffer staging_kv, staging_tokens;  // host appends
+  PinnedStaging tokens_stage, page_table_stage;  // append positions and new page ids on their way up
 
   const Sequence& seq(int id) const;
   Sequence& seq(int id);
