@@ -117,6 +117,7 @@ struct Args {
   int n_heads = 32, n_kv = 8, dim = 128, group = 64, page = 256, min_tokens = 0;
   int reps = 50;
   double l2_factor = 3.0;  // copies of the cache so that one graph replay reads at least this many L2s
+  int min_calls = 1;       // calls per graph replay, at least (cycling through the copies)
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -165,10 +166,13 @@ Args parse(int argc, char** argv) {
       a.min_tokens = std::atoi(next().c_str());
     } else if (k == "--reps") {
       a.reps = std::atoi(next().c_str());
+    } else if (k == "--min-calls") {
+      a.min_calls = std::max(1, std::atoi(next().c_str()));
     } else {
       std::fprintf(stderr,
                    "usage: tq-gpu-bench [--shapes 1x4096,64x2048] [--methods fused_k8v3,fused_k4v4,standard_k8v3,ours_bf16]\n"
-                   "                    [--heads 32] [--kv-heads 8] [--dim 128] [--group 64] [--page 256] [--min-tokens 0] [--reps 50]\n");
+                   "                    [--heads 32] [--kv-heads 8] [--dim 128] [--group 64] [--page 256] [--min-tokens 0] [--reps 50]\n"
+                   "                    [--min-calls 1]\n");
       std::exit(1);
     }
   }
@@ -209,6 +213,35 @@ struct Row {
 };
 
 }  // namespace
+
+#ifdef TQ_ATTN_TIMELINE
+namespace tq::cuda::kernels {
+void read_attention_timeline_d128(unsigned long long* host);
+void clear_attention_timeline_d128();
+}  // namespace tq::cuda::kernels
+
+// Diagnostics build: one more call, then per phase mark the spread over blocks (us from the first block's start).
+void print_timeline(tq::cuda::DeviceAttention& plan, cudaStream_t stream) {
+  constexpr int kBlocks = 4096, kMarks = 16;
+  tq::cuda::kernels::clear_attention_timeline_d128();
+  plan.run(stream);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<unsigned long long> t(kBlocks * kMarks);
+  tq::cuda::kernels::read_attention_timeline_d128(t.data());
+  const int n = std::min(kBlocks, plan.items());
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < n; ++b) t0 = std::min(t0, t[b * kMarks]);
+  std::fprintf(stderr, "  timeline (%d blocks), us after the first block start: mark min / median / max (count)\n", n);
+  for (int m = 0; m < kMarks; ++m) {
+    std::vector<double> v;
+    for (int b = 0; b < n; ++b)
+      if (t[b * kMarks + m] != 0) v.push_back((t[b * kMarks + m] - t0) * 1e-3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "    mark %d: %7.2f / %7.2f / %7.2f  (%zu)\n", m, v.front(), v[v.size() / 2], v.back(), v.size());
+  }
+}
+#endif
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
@@ -287,8 +320,10 @@ int main(int argc, char** argv) {
           plans.push_back(std::make_unique<tq::cuda::DeviceAttention>());
           plans.back()->plan(cache, reqs, params, path, stream);
         }
-        const Timing t = time_graph(stream, sets, args.reps, [&] {
-          for (auto& p : plans) p->run(stream);
+        // Back-to-back calls in one graph, cycling through the copies (each call reads another copy).
+        const int calls = (std::max(args.min_calls, sets) + sets - 1) / sets * sets;
+        const Timing t = time_graph(stream, calls, args.reps, [&] {
+          for (int c = 0; c < calls; ++c) plans[c % sets]->run(stream);
         });
         // The output must be finite (a broken kernel shows here, not as a fast number).
         std::vector<float> host(q_floats);
@@ -299,6 +334,9 @@ int main(int argc, char** argv) {
                         static_cast<double>(plans[0]->bytes_read()), t});
         std::fprintf(stderr, "%-14s %3dx%-7d %9.2f us  (%d copies, %d blocks)\n", method.c_str(), batch, context, t.median_us, sets,
                      plans[0]->items());
+#ifdef TQ_ATTN_TIMELINE
+        if (args.dim == 128 && std::getenv("TQ_TIMELINE")) print_timeline(*plans[0], stream);
+#endif
         plans.clear();
         caches.clear();
         CHECK_CUDA(cudaFree(q));
