@@ -15,10 +15,11 @@
 //      O^T += V^T . P^T; V's group scales are folded into P (a per-token factor), V's levels are decoded
 //      like K's.
 // The warps' states are merged in shared memory. An item that covers its group alone writes the output;
-// otherwise it writes a partial state and the last item of the group to finish (a counter) merges all
-// of them (maxima and sums in one round of loads, the partial sums streamed through shared memory in
-// chunks): the rotated-domain sum (main tier) and the original-domain sum (sink tier), applies the
-// learned sink, inverse-rotates once per row (a per-warp transform with shuffles) and writes the output.
+// otherwise it writes a partial state, and the last items of the group to arrive (a counter gives the
+// order) merge it one row each: maxima, sums and the row's partial values in one round of loads, the
+// rotated-domain sum (main tier) and the original-domain sum (sink tier), the learned sink, the inverse
+// rotation once per row (a per-warp transform with shuffles), the output row. The prologue issues all of
+// its loads before the first tile copies, which would otherwise queue ahead of them.
 #pragma once
 
 #include <cmath>
