@@ -187,11 +187,14 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   std::memcpy(host + at_requests, rq.data(), rq.size() * sizeof(RequestParams));
   if (params.sinks) std::memcpy(host + at_sinks, params.sinks, params.n_heads * sizeof(float));
   std::memcpy(host + at_tiles, expand_tiles.data(), expand_tiles.size() * sizeof(int32_t));
-  a.plan_blob.reserve(std::max<size_t>(16, blob_bytes));
+  // Sizes with room to grow: a decode step captured into a CUDA graph must not reallocate.
+  if (a.plan_blob.bytes() < blob_bytes) a.plan_blob.reserve(std::max<size_t>(size_t{64} << 10, 2 * blob_bytes));
   a.stage.upload(a.plan_blob, blob_bytes, stream);
   uint8_t* blob = a.plan_blob.as<uint8_t>();
   if (expand) a.expand.tiles = reinterpret_cast<const int32_t*>(blob + at_tiles);
-  a.partials.reserve(std::max<size_t>(1, a.plan.n_parts) * (2 * kRowsPerItem + kRowsPerItem * static_cast<size_t>(c.dim)) * sizeof(float));
+  const size_t part_bytes = (2 * kRowsPerItem + kRowsPerItem * static_cast<size_t>(c.dim)) * sizeof(float);
+  if (a.partials.bytes() < std::max<size_t>(1, a.plan.n_parts) * part_bytes)
+    a.partials.reserve(std::max<size_t>(a.plan.n_parts, shape.target_blocks + a.plan.groups.size()) * part_bytes);
   if (a.counters.bytes() < std::max<size_t>(1, a.plan.groups.size()) * sizeof(uint32_t)) {
     a.counters.reserve(std::max<size_t>(1, a.plan.groups.size()) * sizeof(uint32_t));
     // Zero once: the kernel leaves its counters at zero for the next launch.
