@@ -259,18 +259,33 @@ struct Prefetch {
   const uint8_t* base = nullptr;
   size_t bytes = 0;
   bool l1 = false;
-  // Lines [part * L / parts, (part + 1) * L / parts) of the L cache lines.
-  HWY_INLINE void Slice(size_t part, size_t parts) const {
-    if (base == nullptr) return;
-    const size_t lines = (bytes + 63) / 64;
-    for (size_t i = lines * part / parts; i < lines * (part + 1) / parts; ++i) {
-      if (l1) {
-        __builtin_prefetch(base + 64 * i, 0, 3);
+};
+
+// Walks a Prefetch in `parts` equal slices, one per Next(): after k calls, lines [0, floor(k L / parts))
+// of its L cache lines have been requested. Incremental, without division (two 64-bit divisions per
+// call cost about a third of the value loop's time on the machine of docs/BENCHMARKS.md).
+class PrefetchSlices {
+ public:
+  HWY_INLINE PrefetchSlices(const Prefetch& pf, size_t parts)
+      : base_(pf.base), l1_(pf.l1), lines_(pf.base ? (pf.bytes + 63) / 64 : 0), parts_(parts) {}
+  HWY_INLINE void Next() {
+    if (lines_ == 0) return;
+    acc_ += lines_;
+    while (acc_ >= parts_) {
+      acc_ -= parts_;
+      if (l1_) {
+        __builtin_prefetch(base_ + 64 * line_, 0, 3);
       } else {
-        __builtin_prefetch(base + 64 * i, 0, 1);
+        __builtin_prefetch(base_ + 64 * line_, 0, 1);
       }
+      ++line_;
     }
   }
+
+ private:
+  const uint8_t* base_;
+  bool l1_;
+  size_t lines_, parts_, acc_ = 0, line_ = 0;
 };
 
 // Level lookup of a code vector from a table of at most 16 levels held in registers.
@@ -325,8 +340,7 @@ struct FloatValues {
 // kRows x kV accumulator vectors stay in registers for all n positions.
 template <int kRows, int kV, class Src>
 HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const float* HWY_RESTRICT w,
-                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim, const Prefetch& pf,
-                                int chunk, int chunks) {
+                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc, int dim, PrefetchSlices& pf) {
   const D16 d;
   constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
   hn::Vec<D16> a[kRows][kV];
@@ -337,7 +351,7 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
     for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
   }
   for (int t = 0; t < n; ++t) {
-    pf.Slice(static_cast<size_t>(chunk) * n + t, static_cast<size_t>(chunks) * n);
+    pf.Next();
     hn::Vec<D16> x[kV];
     for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
     for (int r = 0; r < kRows; ++r)
@@ -354,9 +368,10 @@ HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const 
   // 4 vectors of accumulators per row on 32-register targets, 2 on 16-register ones.
   constexpr int kV = HWY_MAX_BYTES >= 64 ? 4 : 2;
   const int chunks = dim / (kV * N);
+  PrefetchSlices slices(pf, static_cast<size_t>(chunks) * n), none(Prefetch(), 1);
   int j = 0;
-  for (int c = 0; j + kV * N <= dim; j += kV * N, ++c) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, pf, c, chunks);
-  for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim, Prefetch(), 0, 1);
+  for (; j + kV * N <= dim; j += kV * N) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, slices);
+  for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim, none);
 }
 
 template <class Src>
@@ -440,8 +455,9 @@ __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void ScoreU8Vnni(const tq:
   // Transposed codes: [dim / 4][4 position vectors][64 bytes].
   auto* codes = reinterpret_cast<__m512i*>(work);
   const bool full = n16 == 64;
+  PrefetchSlices slices(pf, static_cast<size_t>(dim) / 4);
   for (int jq = 0; jq < dim / 4; ++jq) {
-    pf.Slice(jq, dim / 4);
+    slices.Next();
     const uint8_t* c = J.k_region + static_cast<size_t>(4 * jq) * Ts + J.t0;
     __m512i r0, r1, r2, r3;
     if (full) {  // plain loads where the block is whole (masked loads are slower on some cores)
@@ -538,13 +554,14 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
   const int dim = J.dim, n = J.n;
   const size_t plane_bytes = static_cast<size_t>(dim) / 8;
   const __m512 levels = _mm512_load_ps(levels16);
+  PrefetchSlices slices(pf, static_cast<size_t>(dim / 64) * n);
   for (int c = 0; c < dim / 64; ++c) {
     const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
     __m512 a[kRows][4];
     LoadScaledChunk<kRows>(J.acc, dim, c, alpha, a);
     const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
     for (int t = 0; t < n; ++t, rec += J.v_stride) {
-      pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
+      slices.Next();
       uint64_t bits;
       std::memcpy(&bits, rec, 8);
       __m512i code = _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(1));
@@ -576,6 +593,7 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void AccumulateTurboQuantGfni(
   __mmask64 rows_mask = 0;  // bytes 7 - k of every qword, k < kBits
   for (int m = 0; m < 8; ++m)
     for (int k = 0; k < kBits; ++k) rows_mask |= 1ull << (8 * m + 7 - k);
+  PrefetchSlices slices(pf, static_cast<size_t>(dim / 64) * n);
   for (int c = 0; c < dim / 64; ++c) {
     HWY_ALIGN uint8_t index_bytes[64] = {};
     for (int m = 0; m < 8; ++m)
@@ -586,7 +604,7 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void AccumulateTurboQuantGfni(
     LoadScaledChunk<kRows>(J.acc, dim, c, alpha, a);
     const uint8_t* HWY_RESTRICT rec = J.v;
     for (int t = 0; t < n; ++t, rec += J.v_stride) {
-      pf.Slice(static_cast<size_t>(c) * n + t, static_cast<size_t>(dim / 64) * n);
+      slices.Next();
       const __m512i planes = _mm512_maskz_loadu_epi8(record_bytes, rec);
       const __m512i matrix = _mm512_maskz_permutexvar_epi8(rows_mask, index, planes);
       const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
@@ -654,12 +672,13 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
   __m512 score[kRows][4];
   for (int r = 0; r < kRows; ++r)
     for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  PrefetchSlices slices(pf, static_cast<size_t>(dim));
   for (int g = 0; g < groups; ++g) {
     __m512 acc[kRows][4];
     for (int r = 0; r < kRows; ++r)
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
     for (int j = g * group; j < (g + 1) * group; ++j) {
-      pf.Slice(j, dim);
+      slices.Next();
       const __m512i planes = _mm512_maskz_loadu_epi8(dim_bytes, J.k_region + static_cast<size_t>(j) * kBits * kPlane);
       const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, _mm512_maskz_permutexvar_epi8(rows_mask, index, planes), 0);
       __m512 x[4];
@@ -706,12 +725,13 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
   __m512 score[kRows][4];
   for (int r = 0; r < kRows; ++r)
     for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  PrefetchSlices slices(pf, static_cast<size_t>(dim));
   for (int g = 0; g < groups; ++g) {
     __m512 acc[kRows][4];
     for (int r = 0; r < kRows; ++r)
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
     for (int j = g * group; j < (g + 1) * group; ++j) {
-      pf.Slice(j, dim);
+      slices.Next();
       const uint8_t* c = J.k_region + static_cast<size_t>(j) * Ts + J.t0;
       __m512 x[4];
       for (int u = 0; u < 4; ++u)
@@ -775,8 +795,9 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 #endif
     {
       const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * dim);
+      PrefetchSlices slices(during_keys, static_cast<size_t>(n16 / 16));
       for (int t = 0; t < n16; t += 16) {
-        during_keys.Slice(t / 16, n16 / 16);
+        slices.Next();
         ScoreColumnsU8(J.q, rows, J.qsum, J.k_region, scales, J.T, J.t0 + t, dim, J.k_group, J.k_umax, s + t, kBlockTokens);
       }
     }
@@ -797,18 +818,20 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
     if (!done) {
       // Decoded 16 positions at a time into a tile ([dim][16] floats after the weights in work).
       float* tile = w + static_cast<size_t>(std::max(dim / 16, 1)) * kBlockRows * kBlockTokens;
+      PrefetchSlices slices(during_keys, static_cast<size_t>(n16 / 16));
       for (int t = 0; t < n16; t += 16) {
-        during_keys.Slice(t / 16, n16 / 16);
+        slices.Next();
         tq::kernels::decode_columns(*J.k_plan, J.k_region, J.T, J.t0 + t, tile);
         ScoreColumns(J.q, rows, tile, dim, s + t, kBlockTokens);
       }
     }
   } else {
-    if (J.keys == BlockKeys::scores) during_keys.Slice(0, 1);
+    if (J.keys == BlockKeys::scores) PrefetchSlices(during_keys, 1).Next();
   }
   if (J.keys == BlockKeys::f16_columns) {
+    PrefetchSlices slices(during_keys, static_cast<size_t>(n16 / 16));
     for (int t = 0; t < n16; t += 16) {
-      during_keys.Slice(t / 16, n16 / 16);
+      slices.Next();
       ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
     }
   }
