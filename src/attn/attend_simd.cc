@@ -267,7 +267,7 @@ struct Prefetch {
 class PrefetchSlices {
  public:
   HWY_INLINE PrefetchSlices(const Prefetch& pf, size_t parts)
-      : base_(pf.base), l1_(pf.l1), lines_(pf.base ? (pf.bytes + 63) / 64 : 0), parts_(parts) {}
+      : base_(pf.base), l1_(pf.l1), lines_(pf.base && parts > 0 ? (pf.bytes + 63) / 64 : 0), parts_(parts) {}
   HWY_INLINE void Next() {
     if (lines_ == 0) return;
     acc_ += lines_;
