@@ -174,11 +174,6 @@ struct RequestPlan {
   int total = 0;                       // positions held
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
   std::vector<float> q_orig_sum, q_rot_sum;  // [n_kv][rows][dim / group]: sums over K groups (K8 scoring)
-  // K8 scoring with 8-bit dot products (see BlockJob): the main K format's queries split per K group,
-  // q ~= q_step * (65536 a + 256 b + c); empty when the main K format is not uniform 8-bit.
-  std::vector<int8_t> q_parts;     // [n_kv][rows][3][dim]
-  std::vector<float> q_step;       // [n_kv][rows][dim / group]
-  std::vector<int32_t> q_offset;   // [n_kv][rows][dim / group][3]: umax * sum of each part
 };
 
 struct Scratch {
@@ -229,7 +224,6 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
     const RecordPlan& kp = g.k_format->plan();
     const RecordPlan& vp = g.v_format->plan();
     const bool u8 = is_u8_columns(g), f16_columns = g.k_columns && kp.type == KVType::f16;
-    const bool int8_keys = u8 && !plan.q_parts.empty() && kp.group_size % 4 == 0;
     const bool v_registers = values_in_registers(vp, dim);
     // TurboQuant keys of up to 4 bits are decoded by the block kernel (level table below).
     const bool tq_columns = g.k_columns && kp.type == KVType::turboquant && kp.bits <= 4 &&
@@ -275,12 +269,6 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
           if (u8) {
             job.keys = BlockKeys::u8_columns;
             job.qsum = qsum_all != nullptr ? qsum_all + static_cast<size_t>(r0) * k_groups : nullptr;
-            if (int8_keys) {
-              const size_t at = (static_cast<size_t>(h) * rows + r0) * dim, at_g = (static_cast<size_t>(h) * rows + r0) * k_groups;
-              job.q_parts = plan.q_parts.data() + 3 * at;
-              job.q_step = plan.q_step.data() + at_g;
-              job.q_offset = plan.q_offset.data() + 3 * at_g;
-            }
             job.k_group = kp.group_size;
             job.k_umax = kp.uniform_max;
           } else if (f16_columns) {
@@ -345,15 +333,6 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
   }
 }
 
-// The main K format's queries split for the 8-bit dot products (see attn_kernels::split_queries_int8).
-void split_queries_int8(const AlignedVector<float>& q, int n_rows, int dim, int group, float umax, RequestPlan& plan) {
-  const int groups = dim / group;
-  plan.q_parts.resize(static_cast<size_t>(n_rows) * 3 * dim);
-  plan.q_step.resize(static_cast<size_t>(n_rows) * groups);
-  plan.q_offset.resize(plan.q_step.size() * 3);
-  attn_kernels::split_queries_int8(q.data(), n_rows, dim, group, umax, plan.q_parts.data(), plan.q_step.data(),
-                                   plan.q_offset.data());
-}
 
 // The buffers of one fused call, kept per calling thread between calls: a decode step would otherwise
 // make about a hundred small allocations (plans, per-slice states, merge rows) every layer.
@@ -383,9 +362,6 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     plan.total = 0;
     plan.q_orig_sum.clear();
     plan.q_rot_sum.clear();
-    plan.q_parts.clear();
-    plan.q_step.clear();
-    plan.q_offset.clear();
     cache.segments(r.seq, plan.segs);
     for (const auto& g : plan.segs) plan.total += g.n_tokens;
     const int rows = r.n_q * s.group;
@@ -399,29 +375,20 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       }
     plan.q_rot = plan.q_orig;
     if (k_rot) k_rot->forward(plan.q_rot.data(), static_cast<size_t>(s.n_kv) * rows);
-    const RecordPlan& kp = cache.k_format().plan();
-    // The 8-bit dot products need exact integer offsets (umax integral) and groups of whole 4-byte words;
-    // the float scorer needs the group sums instead.
-    if (kp.type == KVType::turboquant && kp.bits == 8 && kp.uniform && kp.group_size % 4 == 0 &&
-        kp.uniform_max == std::floor(kp.uniform_max) && attn_kernels::block_uses_int8_keys()) {
-      split_queries_int8(cache.k_format().rotated() ? plan.q_rot : plan.q_orig, s.n_kv * rows, dim, kp.group_size,
-                         kp.uniform_max, plan);
-    } else {
-      // Group sums of the queries for K8 scoring, in the domain of the main K format (the only one scored
-      // from byte codes).
-      const RecordPlan& main_k = cache.k_format().plan();
-      if (main_k.type == KVType::turboquant && main_k.bits == 8 && main_k.uniform) {
-        const int kg = main_k.group_size, groups = dim / kg;
-        const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
-        std::vector<float>& out = cache.k_format().rotated() ? plan.q_rot_sum : plan.q_orig_sum;
-        out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
-        for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
-          for (int gi = 0; gi < groups; ++gi) {
-            float sum = 0.0f;
-            for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
-            out[row * groups + gi] = sum;
-          }
-      }
+    // Group sums of the queries for K8 scoring, in the domain of the main K format (the only one scored
+    // from byte codes).
+    const RecordPlan& main_k = cache.k_format().plan();
+    if (main_k.type == KVType::turboquant && main_k.bits == 8 && main_k.uniform) {
+      const int kg = main_k.group_size, groups = dim / kg;
+      const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
+      std::vector<float>& out = cache.k_format().rotated() ? plan.q_rot_sum : plan.q_orig_sum;
+      out.assign(static_cast<size_t>(s.n_kv) * rows * groups, 0.0f);
+      for (size_t row = 0; row < static_cast<size_t>(s.n_kv) * rows; ++row)
+        for (int gi = 0; gi < groups; ++gi) {
+          float sum = 0.0f;
+          for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
+          out[row * groups + gi] = sum;
+        }
     }
   }
 

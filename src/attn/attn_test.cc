@@ -360,9 +360,6 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
           }
           AlignedVector<float> scores(attn_kernels::kBlockRows * attn_kernels::kBlockTokens), work(attn_kernels::block_work_floats(dim));
           std::vector<float> qsum(static_cast<size_t>(rows) * (dim / group), 0.0f);
-          std::vector<int8_t> q_parts(3 * q.size());
-          std::vector<float> q_step(qsum.size());
-          std::vector<int32_t> q_offset(3 * qsum.size());
           job.q = q.data();
           float k_levels[16] = {};
           if (k_kind == 0) {
@@ -370,13 +367,6 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
             for (int r = 0; r < rows; ++r)
               for (int j = 0; j < dim; ++j) qsum[r * (dim / group) + j / group] += q[r * dim + j];
             job.qsum = qsum.data();
-            if (attn_kernels::block_uses_int8_keys()) {
-              attn_kernels::split_queries_int8(q.data(), rows, dim, group, kf.plan().uniform_max, q_parts.data(),
-                                               q_step.data(), q_offset.data());
-              job.q_parts = q_parts.data();
-              job.q_step = q_step.data();
-              job.q_offset = q_offset.data();
-            }
             job.k_group = group;
             job.k_umax = kf.plan().uniform_max;
           } else if (k_kind == 1) {
@@ -445,36 +435,6 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
             EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
           }
         }
-}
-
-// The query split: |q - step * (65536 a + 256 b + c)| <= step and the offsets are umax times the sums.
-TEST_P(BlockTargets, QuerySplitIsWithinAStep) {
-  SplitMix64 rng(12);
-  for (int group : {32, 64}) {
-    const int rows = 5, dim = 128, groups = dim / group;
-    auto q = gaussian(static_cast<size_t>(rows) * dim, rng);
-    std::fill(q.begin() + dim, q.begin() + dim + group, 0.0f);  // a group of zeros
-    q[3 * dim + 7] = 40.0f;                                       // an outlier sets a group's step
-    std::vector<int8_t> parts(3 * q.size());
-    std::vector<float> step(static_cast<size_t>(rows) * groups);
-    std::vector<int32_t> offset(3 * step.size());
-    attn_kernels::split_queries_int8(q.data(), rows, dim, group, 127.0f, parts.data(), step.data(), offset.data());
-    for (int r = 0; r < rows; ++r)
-      for (int g = 0; g < groups; ++g) {
-        const float st = step[r * groups + g];
-        int64_t sum[3] = {0, 0, 0};
-        for (int j = g * group; j < (g + 1) * group; ++j) {
-          const int a = parts[(r * 3 + 0) * dim + j], b = parts[(r * 3 + 1) * dim + j], c = parts[(r * 3 + 2) * dim + j];
-          EXPECT_GE(a, -127);
-          sum[0] += a;
-          sum[1] += b;
-          sum[2] += c;
-          const double approx = static_cast<double>(st) * (65536.0 * a + 256.0 * b + c);
-          EXPECT_LE(std::fabs(q[r * dim + j] - approx), 1.0001 * st) << r << " " << j;
-        }
-        for (int part = 0; part < 3; ++part) EXPECT_EQ(offset[(r * groups + g) * 3 + part], 127 * sum[part]);
-      }
-  }
 }
 
 TEST(Attention, BadRequestsSayWhatIsWrong) {

@@ -65,12 +65,6 @@ struct BlockJob {
   BlockKeys keys = BlockKeys::scores;
   const float* q = nullptr;     // [rows][dim] queries in the keys' domain, softmax scale applied
   const float* qsum = nullptr;  // u8: [rows][dim / k_group] sums of q over each key group
-  // u8, optional (used by targets with 8-bit dot products): the queries split per key group into three
-  // int8 parts, q ~= q_step * (65536 * a + 256 * b + c), and per part q_offset = k_umax * sum over the
-  // group of the part (split_queries_int8 makes them).
-  const int8_t* q_parts = nullptr;  // [rows][3][dim]: a, b, c
-  const float* q_step = nullptr;      // [rows][dim / k_group]
-  const int32_t* q_offset = nullptr;  // [rows][dim / k_group][3]
   const uint8_t* k_region = nullptr;  // column region of T positions; the block starts at column t0
   int T = 0, t0 = 0;                  // t0: multiple of 16
   int k_group = 0;
@@ -114,16 +108,5 @@ void attend_block(const BlockJob& job);
 // 4i + v); then unpermute_values(acc, rows, dim) restores the order of the finished accumulators.
 bool block_permutes_values(int v_group);
 void unpermute_values(float* acc, int rows, int dim);
-
-// The query split of BlockJob for rows x dim queries q and key groups of `group`: per (row, group),
-// step = max|q| / (127 * 65536) and q / step rounded = 65536 a + 256 b + c with a in [-127, 127], b and c
-// in [-128, 127] (|q - step * (65536 a + 256 b + c)| <= step, i.e. 2^-23 of the group's largest
-// element); offset[part] = umax * sum of the part over the group.
-// q_parts: [rows][3][dim]; q_step: [rows][dim / group]; q_offset: [rows][dim / group][3].
-void split_queries_int8(const float* q, int rows, int dim, int group, float umax, int8_t* q_parts, float* q_step,
-                        int32_t* q_offset);
-
-// Whether the chosen target scores u8 keys with 8-bit dot products (then q_parts/q_step/q_offset are used).
-bool block_uses_int8_keys();
 
 }  // namespace tq::attn_kernels
