@@ -34,7 +34,7 @@ inline constexpr int kAttnThreads = 32 * kAttnWarps;
 inline constexpr int kMaxCachedPages = 256;
 
 // Diagnostics build only (-DTQ_ATTN_TIMELINE): thread 0 of each block stamps the global timer (ns) at the
-// kernel's phase boundaries; tq-gpu-bench --timeline reads the stamps of the last launch back.
+// kernel's phase boundaries; TQ_TIMELINE=1 tq-gpu-bench runs one more call per row and prints the spread.
 #ifdef TQ_ATTN_TIMELINE
 inline constexpr int kTimelineBlocks = 4096, kTimelineMarks = 16;
 __device__ unsigned long long g_attn_timeline[kTimelineBlocks][kTimelineMarks];
@@ -557,8 +557,8 @@ __device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const 
 // ------------------------------------------------------------------ block-level helpers
 
 // Unnormalised Walsh-Hadamard transform of the first `rows` of the 8 rows of D floats in shared memory x
-// (all threads call it; x must be complete on entry). Each warp transforms whole rows in registers: lane l holds elements
-// [l*E, l*E + E) of a row, the butterflies over the low bits of an index stay inside a lane and those over
+// (all threads call it; x must be complete on entry). Each warp transforms whole rows in registers: lane
+// l holds elements [l*E, l*E + E) of a row, the butterflies over the low bits of an index stay inside a lane and those over
 // the high bits are lane shuffles, so no block barrier is needed until the end.
 template <int D>
 __device__ void fwht_rows(float* x, int rows) {
