@@ -254,11 +254,10 @@ void Scale(float* HWY_RESTRICT x, int n, float a) {
 constexpr int kMaxValueGroups = 1024 / 16;
 
 // The next block's bytes, prefetched a slice at a time inside the loops of this one (all at once
-// stalls the loads and evicts the block being computed). Into L1 (locality 3) or L2 (locality 1).
+// stalls the loads and evicts the block being computed), into L2 (locality 1).
 struct Prefetch {
   const uint8_t* base = nullptr;
   size_t bytes = 0;
-  bool l1 = false;
 };
 
 // Walks a Prefetch in `parts` equal slices, one per Next(): after k calls, lines [0, floor(k L / parts))
@@ -267,24 +266,19 @@ struct Prefetch {
 class PrefetchSlices {
  public:
   HWY_INLINE PrefetchSlices(const Prefetch& pf, size_t parts)
-      : base_(pf.base), l1_(pf.l1), lines_(pf.base && parts > 0 ? (pf.bytes + 63) / 64 : 0), parts_(parts) {}
+      : base_(pf.base), lines_(pf.base && parts > 0 ? (pf.bytes + 63) / 64 : 0), parts_(parts) {}
   HWY_INLINE void Next() {
     if (lines_ == 0) return;
     acc_ += lines_;
     while (acc_ >= parts_) {
       acc_ -= parts_;
-      if (l1_) {
-        __builtin_prefetch(base_ + 64 * line_, 0, 3);
-      } else {
-        __builtin_prefetch(base_ + 64 * line_, 0, 1);
-      }
+      __builtin_prefetch(base_ + 64 * line_, 0, 1);
       ++line_;
     }
   }
 
  private:
   const uint8_t* base_;
-  bool l1_;
   size_t lines_, parts_, acc_ = 0, line_ = 0;
 };
 
@@ -647,7 +641,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 
   // Prefetch plan for the next block: while the keys are scored its keys go into L2 and while the
   // values accumulate its values (measured best for dense FP16).
-  const Prefetch during_keys{J.prefetch_k, J.prefetch_k_bytes, false}, during_values{J.prefetch_v, J.prefetch_v_bytes, false};
+  const Prefetch during_keys{J.prefetch_k, J.prefetch_k_bytes}, during_values{J.prefetch_v, J.prefetch_v_bytes};
 
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
   if (J.keys == BlockKeys::u8_columns) {
