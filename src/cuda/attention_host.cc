@@ -3,10 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <set>
-#include <tuple>
 #include <sstream>
 
 #include "core/error.h"
@@ -143,17 +140,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   shape.n_kv = c.n_kv;
   shape.min_tokens = c.options.min_tokens;
   shape.window = params.window;
-  // Occupancy per kernel and tile size, asked once (the decode step plans every layer of every token).
-  static std::map<std::tuple<int, int, int, int>, int> blocks_per_sm;
-  static std::mutex blocks_per_sm_mutex;
-  int per_sm = 0;
-  {
-    const std::lock_guard<std::mutex> lock(blocks_per_sm_mutex);
-    const auto key = std::make_tuple(c.dim, c.group_size, static_cast<int>(a.kind), main.tile_bytes);
-    const auto found = blocks_per_sm.find(key);
-    per_sm = found != blocks_per_sm.end() ? found->second
-                                          : (blocks_per_sm[key] = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes));
-  }
+  const int per_sm = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes);
   TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " (tiles of ", main.tile_bytes,
            " bytes) on this device");
   static const int sm_count = device_properties().sm_count;  // one device per process
@@ -187,7 +174,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   std::memcpy(host + at_requests, rq.data(), rq.size() * sizeof(RequestParams));
   if (params.sinks) std::memcpy(host + at_sinks, params.sinks, params.n_heads * sizeof(float));
   std::memcpy(host + at_tiles, expand_tiles.data(), expand_tiles.size() * sizeof(int32_t));
-  // Sizes with room to grow: a decode step captured into a CUDA graph must not reallocate.
+  // Sizes with room to grow: the plan grows with the context, and a reallocation synchronises the device.
   if (a.plan_blob.bytes() < blob_bytes) a.plan_blob.reserve(std::max<size_t>(size_t{64} << 10, 2 * blob_bytes));
   a.stage.upload(a.plan_blob, blob_bytes, stream);
   uint8_t* blob = a.plan_blob.as<uint8_t>();

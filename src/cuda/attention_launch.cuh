@@ -2,6 +2,9 @@
 // one file per head dimension so that they compile in parallel).
 #pragma once
 
+#include <map>
+#include <mutex>
+
 #include "cuda/attention_kernel.cuh"
 #include "cuda/check.h"
 
@@ -38,12 +41,19 @@ bool launch_attention_instance(const AttentionKernelParams& p, int n_items, void
   return true;
 }
 
+// Asked once per instantiation and tile size: the decode step plans every layer of every token.
 template <int D, int G, MainKind MK>
 int attention_instance_blocks_per_sm(int tile_bytes) {
+  static std::mutex mutex;
+  static std::map<int, int> by_tile_bytes;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = by_tile_bytes.find(tile_bytes);
+  if (found != by_tile_bytes.end()) return found->second;
   const int smem = attention_dynamic_smem(D, MK, tile_bytes);
   prepare_attention<D, G, MK>(smem);
   int blocks = 0;
   TQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_kernel<D, G, MK>, kAttnThreads, smem));
+  by_tile_bytes[tile_bytes] = blocks;
   return blocks;
 }
 

@@ -101,7 +101,7 @@ uint8_t* PinnedStaging::begin(size_t bytes) {
     if (host_) TQ_CUDA_CHECK(cudaFreeHost(host_));
     host_ = nullptr;
     bytes_ = 0;
-    const size_t want = std::max<size_t>(2 * bytes, 64 << 10);  // room to grow (no reallocation while a graph is captured)
+    const size_t want = std::max<size_t>(2 * bytes, 64 << 10);  // room to grow: plans grow with the context
     void* h = nullptr;
     TQ_CUDA_CHECK(cudaMallocHost(&h, want));
     host_ = static_cast<uint8_t*>(h);
@@ -113,11 +113,6 @@ void PinnedStaging::upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t
   if (bytes == 0) return;
   TQ_CHECK(bytes <= bytes_, "internal error: staged upload of ", bytes, " bytes from ", bytes_, " staged");
   dst.upload(host_, bytes, stream, dst_offset);
-  // While the stream is captured into a graph the copy runs when the graph does; whoever replays it
-  // waits for it before writing here again (GpuLlamaModel synchronises every step).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TQ_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
   if (!done_) {
     cudaEvent_t e;
     TQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
