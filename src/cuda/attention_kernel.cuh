@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   __shared__ float sm_m[kAttnWarps][kRowsPerItem], sm_l[kAttnWarps][kRowsPerItem];
   __shared__ float sm_row_max[kRowsPerItem], sm_row_sum[kRowsPerItem], sm_row_scale[kRowsPerItem];
   __shared__ int sm_pages[kMaxCachedPages];
-  __shared__ uint16_t sm_k_table[256], sm_v_table[256];
+  __shared__ __align__(4) uint16_t sm_k_table[256], sm_v_table[256];
   __shared__ int sm_last;
   __shared__ OutputGroup sm_og;  // the item's output group, read early (the final merge needs it)
   __shared__ float sm_v_signs[D];
@@ -678,6 +678,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   // After the tile loops: per-warp accumulators [kAttnWarps][rows * D], then merged sums.
   float (*sm_o)[kRowsPerItem * D] = reinterpret_cast<float (*)[kRowsPerItem * D]>(dyn_smem);
 
+  if (p.n_items != nullptr && static_cast<int>(blockIdx.x) >= *p.n_items) return;  // replayable grids: surplus
   TQ_ATTN_MARK(0);
   const WorkItem it = p.items[blockIdx.x];
   const RequestParams rq = p.requests[it.request];
@@ -710,6 +711,11 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     if (rotated_v && tid + j * kAttnThreads < D) v_sign[j] = p.v_signs[tid + j * kAttnThreads];
   OutputGroup og_early{};
   if (tid == 0 && it.part >= 0) og_early = p.groups[it.group];
+  // The 8-bit level tables (byte_lut codes) too: 256 binary16 levels, one word of two per thread.
+  static_assert(kAttnThreads == 128);
+  const bool k_byte_lut = tq_main && p.main.k_kind == CodeKind::byte_lut, v_byte_lut = tq_main && p.main.v_kind == CodeKind::byte_lut;
+  const uint32_t k_table_word = k_byte_lut ? reinterpret_cast<const uint32_t*>(p.main.k_table)[tid] : 0u;
+  const uint32_t v_table_word = v_byte_lut ? reinterpret_cast<const uint32_t*>(p.main.v_table)[tid] : 0u;
   // Page ids of the item's tiles (later fetches look them up in shared memory).
   constexpr int kPagesPerThread = kMaxCachedPages / kAttnThreads;
   int page_ids[kPagesPerThread];
@@ -748,10 +754,8 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
 #pragma unroll
     for (int j = 0; j < kPagesPerThread; ++j)
       if (tid + j * kAttnThreads < page_count) sm_pages[tid + j * kAttnThreads] = page_ids[j];
-    if (tq_main && tp.k_kind == CodeKind::byte_lut)
-      for (int i = tid; i < 256; i += kAttnThreads) sm_k_table[i] = tp.k_table[i];
-    if (tq_main && tp.v_kind == CodeKind::byte_lut)
-      for (int i = tid; i < 256; i += kAttnThreads) sm_v_table[i] = tp.v_table[i];
+    if (k_byte_lut) reinterpret_cast<uint32_t*>(sm_k_table)[tid] = k_table_word;
+    if (v_byte_lut) reinterpret_cast<uint32_t*>(sm_v_table)[tid] = v_table_word;
     pg.first = first_page;
     pg.count = page_count;  // later fetches look pages up in shared memory (after the barrier below)
   }
@@ -943,14 +947,21 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
 #pragma unroll
     for (int k = 0; k < kEarly; ++k)
       if (k < og.n_parts) add(k, early[k]);
-    for (int k = kEarly; k < og.n_parts; ++k) {
-      float v[kDims];
+    // The other parts in batches of kEarly, each batch's loads issued together: one L2 round trip per
+    // batch, not per part (measured on the H200 with 2 KV heads at 32K, 128 parts per group: the merge
+    // took 8.5 us when each part's load waited for the previous part's sum).
+    for (int k0 = kEarly; k0 < og.n_parts; k0 += kEarly) {
+      float v[kEarly][kDims];
 #pragma unroll
-      for (int j = 0; j < kDims; ++j) {
-        const int d = tid + j * kAttnThreads;
-        v[j] = d < D ? __ldcg(row0 + static_cast<int64_t>(k) * stride + d) : 0.0f;
-      }
-      add(k, v);
+      for (int k = 0; k < kEarly; ++k)
+#pragma unroll
+        for (int j = 0; j < kDims; ++j) {
+          const int d = tid + j * kAttnThreads;
+          v[k][j] = k0 + k < og.n_parts && d < D ? __ldcg(row0 + static_cast<int64_t>(k0 + k) * stride + d) : 0.0f;
+        }
+#pragma unroll
+      for (int k = 0; k < kEarly; ++k)
+        if (k0 + k < og.n_parts) add(k0 + k, v[k]);
     }
 #pragma unroll
     for (int j = 0; j < kDims; ++j) {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "cuda/kernel_params.h"
 #include "kv/cache.h"
 
 namespace tq::cuda {
@@ -80,6 +81,13 @@ class DeviceKVCache {
     int count;
   };
   void append_device(std::span<const Span> spans, const float* k, const float* v, void* stream = nullptr);
+  // append_device in two halves, for callers that record the launch once and replay it (a CUDA graph):
+  // prepare_append does the host work (checks, pages, the positions' destinations queued for upload on
+  // `stream`) and returns the kernel's parameters; launch_append enqueues the kernel. Calls with the same
+  // number of positions return the same parameters, byte for byte (the destinations live at one device
+  // address), so a recorded launch stays valid.
+  AppendParams prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream = nullptr);
+  void launch_append(const AppendParams& params, void* stream = nullptr) const;
 
   // Position pos decoded to floats in the original domain, k, v: [n_kv_heads][head_dim] (like KVCache::read).
   void read(int seq, int pos, float* k, float* v) const;
@@ -129,6 +137,15 @@ class DeviceAttention {
   void plan(const DeviceKVCache& cache, std::span<const DeviceAttentionRequest> requests, const AttentionParams& params,
             AttentionPath path, void* stream = nullptr);
   void run(void* stream = nullptr);
+
+  // Replayable plans (off by default): the plan's arrays keep fixed device addresses with room for a grid
+  // that fills the GPU, and run() launches a grid of the item count rounded up to a power of two (blocks
+  // past the plan's items return at once), so that a run() recorded in a CUDA graph stays valid when
+  // plan() is called again for a longer context, until the count passes the next power of two.
+  // launch_signature() holds everything run() passes to the device by value (kernel, grid, parameter
+  // blocks): a recorded run() may be replayed while it is unchanged.
+  void set_replayable(bool on);
+  std::string launch_signature() const;
 
   // What plan() decided, for reports and tests.
   int items() const;

@@ -134,6 +134,8 @@ void set_encode_rule(EncodeParams& e, const GroupQuantizer::Plan& plan) {
            " (it implements lloyd_max, uniform and lloyd_absmax)");
   }
   e.group_size = plan.group_size;
+  TQ_CHECK(plan.level_count >= 1 && plan.level_count <= 256, "the CUDA append kernel takes at most 256 levels (8-bit codes), got ",
+           plan.level_count);
   e.level_count = plan.level_count;
   e.scale_kind_l2 = plan.scale_kind == ScaleKind::l2;
   e.scale_fit = plan.scale_fit == ScaleFit::plain ? 0 : plan.scale_fit == ScaleFit::norm_correction ? 1 : 2;
@@ -351,6 +353,8 @@ void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& ou
 
 EncodeParams DeviceKVCache::Impl::encode_params(const SideFormat& side, bool key, const TileFormat& tile) const {
   EncodeParams e;
+  clear_bytes(e);  // padding too (AppendParams are compared byte for byte)
+  e.inv_sqrt_dim = 1.0f;
   e.kind = side.kind;
   e.is_key = key;
   const SectionFormat& sec = key ? tile.k : tile.v;
@@ -370,6 +374,7 @@ EncodeParams DeviceKVCache::Impl::encode_params(const SideFormat& side, bool key
 
 TierParams DeviceKVCache::Impl::main_params() const {
   TierParams t;
+  clear_bytes(t);  // padding too (kernel parameters are compared byte for byte)
   t.base = main_pool.as<uint8_t>();
   t.page_table = page_table.as<int32_t>();
   t.page_stride = n_pages;
@@ -394,6 +399,7 @@ TierParams DeviceKVCache::Impl::main_params() const {
 
 TierParams DeviceKVCache::Impl::sink_params() const {
   TierParams t;
+  clear_bytes(t);  // padding too (kernel parameters are compared byte for byte)
   t.base = sink_pool.as<uint8_t>();
   t.page_table = nullptr;
   t.tiles_per_page = std::max(1, sink_tiles);
@@ -407,7 +413,7 @@ TierParams DeviceKVCache::Impl::sink_params() const {
   return t;
 }
 
-void DeviceKVCache::append_device(std::span<const Span> spans, const float* k, const float* v, void* stream) {
+AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream) {
   Impl& c = *impl_;
   // Check everything before changing anything: sequences exist, counts are sane, pages suffice.
   int total = 0;
@@ -426,7 +432,10 @@ void DeviceKVCache::append_device(std::span<const Span> spans, const float* k, c
   }
   TQ_CHECK(new_pages <= static_cast<int64_t>(c.free_pages.size()), "the device cache is full: appending needs ", new_pages,
            " more pages of ", c.page_tokens, " positions, ", c.free_pages.size(), " are free");
-  if (total == 0) return;
+  AppendParams p;
+  clear_bytes(p);  // padding too: callers compare parameter blocks byte for byte
+  p.n_kv = c.n_kv;
+  if (total == 0) return p;
   std::vector<AppendToken> tokens;
   tokens.reserve(total);
   for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, stream);
@@ -435,20 +444,27 @@ void DeviceKVCache::append_device(std::span<const Span> spans, const float* k, c
   std::memcpy(c.tokens_stage.begin(token_bytes), tokens.data(), token_bytes);
   c.tokens_stage.upload(c.staging_tokens, token_bytes, stream);
 
-  AppendParams p;
   p.main_base = c.main_pool.as<uint8_t>();
   p.sink_base = c.sink_pool.as<uint8_t>();
   p.tokens = c.staging_tokens.as<AppendToken>();
   p.k = k;
   p.v = v;
   p.n_tokens = total;
-  p.n_kv = c.n_kv;
   p.main_k = c.encode_params(c.main_k, true, c.main_tile);
   p.main_v = c.encode_params(c.main_v, false, c.main_tile);
   p.sink_k = c.encode_params(c.sink_k, true, c.sink_tile);
   p.sink_v = c.encode_params(c.sink_v, false, c.sink_tile);
-  TQ_CHECK(kernels::launch_append(c.dim, p, stream), "internal error: no append kernel for head_dim ", c.dim);
+  return p;
+}
+
+void DeviceKVCache::launch_append(const AppendParams& p, void* stream) const {
+  if (p.n_tokens == 0) return;
+  TQ_CHECK(kernels::launch_append(impl_->dim, p, stream), "internal error: no append kernel for head_dim ", impl_->dim);
   TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void DeviceKVCache::append_device(std::span<const Span> spans, const float* k, const float* v, void* stream) {
+  launch_append(prepare_append(spans, k, v, stream), stream);
 }
 
 void DeviceKVCache::append(int seq, const float* k, const float* v, int n) {

@@ -93,22 +93,22 @@ TQ_HD float encode_stat_scale(const EncodeParams& e, float sumsq, float absmax) 
 }
 
 // The code of u = x / scale: the rounded integer level of the uniform grid, otherwise the number of
-// thresholds strictly below u (they ascend, so a binary search finds the count).
+// thresholds strictly below u. They ascend, so a binary search finds the count; this one takes a fixed
+// 8 steps without branching on the data (level_count <= 256), so that a warp's lanes and a lane's
+// several searches proceed side by side.
 TQ_HD int encode_code(const EncodeParams& e, const float* thresholds, float u) {
   if (e.grid == EncodeGrid::uniform) {
     const float q = fminf(fmaxf(rn_int(u), -e.uniform_max), e.uniform_max);
     return static_cast<int>(rn_add(q, e.uniform_max));
   }
-  int lo = 0, hi = e.level_count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (u > thresholds[mid]) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
+  const int n = e.level_count - 1;  // thresholds
+  int below = 0;                    // thresholds[0 .. below) are all < u
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int step = 128; step >= 1; step >>= 1)
+    if (below + step <= n && u > thresholds[below + step - 1]) below += step;
+  return below;
 }
 
 // The stored scale (scalar::fitted_scale) from the statistic scale, the group's sum of squares, the dot

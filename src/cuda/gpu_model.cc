@@ -5,6 +5,9 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -41,23 +44,37 @@ const char* cublas_status_name(cublasStatus_t s) {
 struct DeviceMatrix {
   DeviceBuffer data;  // BF16 bits [rows][cols]
   int64_t rows = 0, cols = 0;
+  const uint16_t* row(int64_t r) const { return data.as<uint16_t>() + r * cols; }
 };
 
-DeviceMatrix upload_bf16(const TensorView* t, const char* what) {
-  TQ_CHECK(t != nullptr, "GPU model: the weight ", what, " is missing");
+// The matrices stacked by rows into one ([sum of rows][cols]): q/k/v and gate/up share their input, so a
+// decode step multiplies by the stack once; longer inputs use its row blocks one by one.
+DeviceMatrix upload_bf16_stacked(std::initializer_list<std::pair<const TensorView*, const char*>> parts) {
   DeviceMatrix m;
-  m.rows = t->shape.size() == 1 ? 1 : t->rows();
-  m.cols = t->row_length();
+  for (const auto& [t, what] : parts) {
+    TQ_CHECK(t != nullptr, "GPU model: the weight ", what, " is missing");
+    const int64_t cols = t->row_length();
+    TQ_CHECK(m.cols == 0 || m.cols == cols, "GPU model: ", what, " has rows of ", cols, " values, the matrices it is stacked with ",
+             m.cols);
+    m.cols = cols;
+    m.rows += t->shape.size() == 1 ? 1 : t->rows();
+  }
   std::vector<uint16_t> bits(static_cast<size_t>(m.rows * m.cols));  // [rows][cols]
   std::vector<float> row(static_cast<size_t>(m.cols));                // [cols]
-  for (int64_t r = 0; r < m.rows; ++r) {
-    read_row_f32(*t, r, row.data());
-    for (int64_t c = 0; c < m.cols; ++c) bits[static_cast<size_t>(r * m.cols + c)] = f32_to_bf16_bits(row[static_cast<size_t>(c)]);
+  int64_t at = 0;
+  for (const auto& [t, what] : parts) {
+    const int64_t rows = t->shape.size() == 1 ? 1 : t->rows();
+    for (int64_t r = 0; r < rows; ++r, ++at) {
+      read_row_f32(*t, r, row.data());
+      for (int64_t c = 0; c < m.cols; ++c) bits[static_cast<size_t>(at * m.cols + c)] = f32_to_bf16_bits(row[static_cast<size_t>(c)]);
+    }
   }
   m.data.reserve(bits.size() * sizeof(uint16_t));
   m.data.upload(bits.data(), bits.size() * sizeof(uint16_t));
   return m;
 }
+
+DeviceMatrix upload_bf16(const TensorView* t, const char* what) { return upload_bf16_stacked({{t, what}}); }
 
 // Float vector (norm weight or bias) on the device; empty when the tensor is absent.
 DeviceBuffer upload_f32(const TensorView* t) {
@@ -69,21 +86,31 @@ DeviceBuffer upload_f32(const TensorView* t) {
   return b;
 }
 
+bool graphs_allowed_by_environment() {
+  const char* e = std::getenv("TQ_CUDA_GRAPH");
+  return !(e && std::string(e) == "0");
+}
+
 }  // namespace
 
 struct GpuLlamaModel::Impl {
   struct Layer {
-    DeviceMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    DeviceMatrix wqkv;     // BF16 [heads * head_dim + 2 * kv_heads * head_dim][hidden]: q, k, v rows stacked
+    DeviceMatrix wo, w_down;
+    DeviceMatrix w_gate_up;  // BF16 [2 * intermediate][hidden]: gate rows, then up rows
     DeviceBuffer attn_norm, ffn_norm, q_norm, k_norm;  // F32 [hidden] / [head_dim]; q/k norms empty but for Qwen3
     DeviceBuffer bq, bk, bv, bo, b_gate, b_up, b_down; // F32 [rows]; empty when absent
     int window = 0;
     bool fused_path = true;
     std::unique_ptr<DeviceKVCache> cache;
-    std::unique_ptr<DeviceAttention> attention = std::make_unique<DeviceAttention>();
+    std::unique_ptr<DeviceAttention> attention = std::make_unique<DeviceAttention>();         // prompts, eager steps
+    std::unique_ptr<DeviceAttention> step_attention = std::make_unique<DeviceAttention>();    // replayed decode steps
+    AppendParams append{};  // the decode step's append launch, prepared before the replay
   };
 
   ModelConfig config;
   int hidden = 0, inter = 0, n_heads = 0, n_kv = 0, head_dim = 0, rotary_dim = 0, vocab = 0;
+  int q_dim = 0, kv_dim = 0;  // heads * head_dim, kv_heads * head_dim
   float eps = 0;
   bool interleaved = false;
   int64_t max_tokens = 0, position_limit = 0;
@@ -98,51 +125,182 @@ struct GpuLlamaModel::Impl {
   // Activations, sized for the largest n seen so far.
   int capacity = 0;
   DeviceBuffer tokens;         // int32 [n]
-  DeviceBuffer x, h, proj;     // F32 [n][hidden]
-  DeviceBuffer q, att;         // F32 [n][heads * head_dim]
-  DeviceBuffer k, v;           // F32 [n][kv_heads * head_dim]
-  DeviceBuffer gate, up;       // F32 [n][intermediate]
-  DeviceBuffer gemm_in;        // BF16 [n][max(hidden, heads * head_dim, intermediate)]
+  DeviceBuffer x;              // F32 [n][hidden]: the residual stream
+  DeviceBuffer qkv;            // F32 q [n][heads * head_dim], then k [n][kv_dim], then v [n][kv_dim]
+  DeviceBuffer att;            // F32 [n][heads * head_dim]
+  DeviceBuffer gate_up;        // F32 gate [n][intermediate], then up [n][intermediate]
+  DeviceBuffer gemm_in;        // BF16 [n][max(hidden, heads * head_dim, intermediate)]: the next GEMM's input
   DeviceBuffer logits;         // F32 [n][vocab]
   DeviceBuffer argmax_out;     // int32 [1]
   int64_t last_logits_row = 0; // row of `logits` that holds the last token's logits
 
+  cudaStream_t stream = nullptr;  // everything the model enqueues (graphs cannot be recorded on the legacy stream)
   cublasHandle_t cublas = nullptr;
+  DeviceBuffer cublas_workspace;  // given to cuBLAS so that a recorded GEMM allocates nothing
+
+  // The decode step's graph: the step's token and position, and what the recorded launches were.
+  DeviceBuffer step;          // int32 [2]: token, position
+  PinnedStaging step_stage;
+  cudaGraphExec_t step_graph = nullptr;
+  cudaEvent_t step_begin = nullptr, step_end = nullptr;  // around each replay
+  std::string step_signature;  // the launches' parameter bytes the graph was recorded with
+  bool graph_on = graphs_allowed_by_environment();
+  DecodeGraphStats graph_stats;
 
   ~Impl() {
+    if (step_graph) cudaGraphExecDestroy(step_graph);
+    if (step_begin) cudaEventDestroy(step_begin);
+    if (step_end) cudaEventDestroy(step_end);
     if (cublas) cublasDestroy(cublas);
+    if (stream) cudaStreamDestroy(stream);
   }
+
+  float* q(int n) const { return qkv.as<float>(); }
+  float* k(int n) const { return qkv.as<float>() + static_cast<int64_t>(n) * q_dim; }
+  float* v(int n) const { return qkv.as<float>() + static_cast<int64_t>(n) * (q_dim + kv_dim); }
+  float* gate(int n) const { return gate_up.as<float>(); }
+  float* up(int n) const { return gate_up.as<float>() + static_cast<int64_t>(n) * inter; }
+  uint16_t* bf16_in() const { return gemm_in.as<uint16_t>(); }
 
   void reserve(int n) {
     if (n <= capacity) return;
     const size_t f = sizeof(float), nn = static_cast<size_t>(n);
     tokens.reserve(nn * sizeof(int32_t));
     x.reserve(nn * hidden * f);
-    h.reserve(nn * hidden * f);
-    proj.reserve(nn * hidden * f);
-    q.reserve(nn * n_heads * head_dim * f);
-    att.reserve(nn * n_heads * head_dim * f);
-    k.reserve(nn * n_kv * head_dim * f);
-    v.reserve(nn * n_kv * head_dim * f);
-    gate.reserve(nn * inter * f);
-    up.reserve(nn * inter * f);
-    gemm_in.reserve(nn * std::max({hidden, n_heads * head_dim, inter}) * sizeof(uint16_t));
+    qkv.reserve(nn * (q_dim + 2 * kv_dim) * f);
+    att.reserve(nn * q_dim * f);
+    gate_up.reserve(nn * 2 * inter * f);
+    gemm_in.reserve(nn * std::max({hidden, q_dim, inter}) * sizeof(uint16_t));
     logits.reserve(nn * vocab * f);
     capacity = n;
+    step_signature.clear();  // the recorded graph points at the old buffers
   }
 
-  // out[n][w.rows] = in[n][w.cols] . W^T (+ bias): cuBLAS in column-major terms computes
-  // out^T (rows x n) = W (rows x cols, stored as the column-major cols x rows matrix, transposed) . in^T.
-  void linear(const DeviceMatrix& w, const float* in, int n, float* out, const DeviceBuffer& bias) {
-    model_kernels::to_bf16(in, static_cast<int64_t>(n) * w.cols, gemm_in.as<uint16_t>(), nullptr);
-    const float alpha = 1.0f, beta = 0.0f;
-    TQ_CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), n, static_cast<int>(w.cols), &alpha,
-                                 w.data.get(), CUDA_R_16BF, static_cast<int>(w.cols), gemm_in.get(), CUDA_R_16BF,
-                                 static_cast<int>(w.cols), &beta, out, CUDA_R_32F, static_cast<int>(w.rows), CUBLAS_COMPUTE_32F,
+  // out[n][rows] = in[n][cols] . W[row0 .. row0 + rows)^T + beta * out, in = BF16 gemm_in: cuBLAS in
+  // column-major terms computes out^T (rows x n) = W (stored as the column-major cols x rows matrix,
+  // transposed) . in^T. beta = 1 adds the product to out (the residual).
+  void gemm(const DeviceMatrix& w, int64_t row0, int64_t rows, int n, float* out, float beta) {
+    const float alpha = 1.0f;
+    TQ_CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), n, static_cast<int>(w.cols), &alpha,
+                                 w.row(row0), CUDA_R_16BF, static_cast<int>(w.cols), gemm_in.get(), CUDA_R_16BF,
+                                 static_cast<int>(w.cols), &beta, out, CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
-    if (bias.get()) model_kernels::add_bias(out, bias.as<float>(), n, static_cast<int>(w.rows), nullptr);
   }
+  void add_bias(float* y, const DeviceBuffer& bias, int n, int cols) {
+    if (bias.get()) model_kernels::add_bias(y, bias.as<float>(), n, cols, stream);
+  }
+
+  // The forward pass of n tokens at positions pos0.. (pos_dev: the position on the device instead, for a
+  // recorded step). prepared: the layers' append launches and attention plans (step_attention) were
+  // made before (a replayed decode step); otherwise each layer makes them as it goes (attention).
+  void enqueue_forward(const int32_t* tokens_dev, int n, int pos0, const int32_t* pos_dev, bool prepared, bool all_logits);
+  void prepare_layer(Layer& L, DeviceAttention& attention, int n, int pos0);
+  void decode_step(int32_t token, int pos0);
 };
+
+void GpuLlamaModel::Impl::prepare_layer(Layer& L, DeviceAttention& attention, int n, int pos0) {
+  const DeviceKVCache::Span span{seq, n};
+  L.append = L.cache->prepare_append({&span, 1}, k(n), v(n), stream);
+  AttentionParams p;
+  p.n_heads = n_heads;
+  p.window = L.window;
+  const DeviceAttentionRequest r{seq, q(n), n, pos0, att.as<float>()};
+  attention.plan(*L.cache, {&r, 1}, p, L.fused_path ? AttentionPath::fused : AttentionPath::standard, stream);
+}
+
+void GpuLlamaModel::Impl::enqueue_forward(const int32_t* tokens_dev, int n, int pos0, const int32_t* pos_dev, bool prepared,
+                                          bool all_logits) {
+  const int64_t nn = n;
+  model_kernels::embed(embed.data.as<uint16_t>(), tokens_dev, n, hidden, x.as<float>(), stream);
+  for (Layer& L : layers) {
+    // Attention block: x += Wo . attention(rope(Wq h), rope(Wk h), Wv h), h = rms_norm(x).
+    model_kernels::rms_norm_rows_bf16(x.as<float>(), L.attn_norm.as<float>(), eps, nn, hidden, bf16_in(), stream);
+    if (n == 1) {
+      gemm(L.wqkv, 0, q_dim + 2 * kv_dim, n, q(n), 0.0f);  // q, k, v side by side
+    } else {
+      gemm(L.wqkv, 0, q_dim, n, q(n), 0.0f);
+      gemm(L.wqkv, q_dim, kv_dim, n, k(n), 0.0f);
+      gemm(L.wqkv, q_dim + kv_dim, kv_dim, n, v(n), 0.0f);
+    }
+    add_bias(q(n), L.bq, n, q_dim);
+    add_bias(k(n), L.bk, n, kv_dim);
+    add_bias(v(n), L.bv, n, kv_dim);
+    if (L.q_norm.get()) {
+      model_kernels::rms_norm_rows(q(n), L.q_norm.as<float>(), eps, nn * n_heads, head_dim, q(n), stream);
+      model_kernels::rms_norm_rows(k(n), L.k_norm.as<float>(), eps, nn * n_kv, head_dim, k(n), stream);
+    }
+    model_kernels::rope(q(n), n_heads, k(n), n_kv, n, head_dim, rotary_dim, interleaved, inv_freq.as<float>(), pos0, pos_dev, stream);
+    DeviceAttention& attention = prepared ? *L.step_attention : *L.attention;
+    if (!prepared) prepare_layer(L, attention, n, pos0);
+    L.cache->launch_append(L.append, stream);
+    attention.run(stream);
+    model_kernels::to_bf16(att.as<float>(), nn * q_dim, bf16_in(), stream);
+    gemm(L.wo, 0, hidden, n, x.as<float>(), 1.0f);
+    add_bias(x.as<float>(), L.bo, n, hidden);
+
+    // Feed-forward block: x += W_down . (silu(W_gate h) * W_up h), h = rms_norm(x).
+    model_kernels::rms_norm_rows_bf16(x.as<float>(), L.ffn_norm.as<float>(), eps, nn, hidden, bf16_in(), stream);
+    if (n == 1) {
+      gemm(L.w_gate_up, 0, 2 * inter, n, gate(n), 0.0f);
+    } else {
+      gemm(L.w_gate_up, 0, inter, n, gate(n), 0.0f);
+      gemm(L.w_gate_up, inter, inter, n, up(n), 0.0f);
+    }
+    add_bias(gate(n), L.b_gate, n, inter);
+    add_bias(up(n), L.b_up, n, inter);
+    model_kernels::swiglu_bf16(gate(n), up(n), nn * inter, bf16_in(), stream);
+    gemm(L.w_down, 0, hidden, n, x.as<float>(), 1.0f);
+    add_bias(x.as<float>(), L.b_down, n, hidden);
+  }
+
+  const int first = all_logits ? 0 : n - 1;
+  const int rows = n - first;
+  const float* last_x = x.as<float>() + static_cast<int64_t>(first) * hidden;
+  model_kernels::rms_norm_rows_bf16(last_x, final_norm.as<float>(), eps, rows, hidden, bf16_in(), stream);
+  gemm(*lm_head, 0, vocab, rows, logits.as<float>(), 0.0f);
+  last_logits_row = rows - 1;
+}
+
+void GpuLlamaModel::Impl::decode_step(int32_t token, int pos0) {
+  const auto host_begin = std::chrono::steady_clock::now();
+  // What changes from step to step goes up first: the token and position, then every layer's append
+  // destinations and attention plan (each through its own page-locked staging).
+  const int32_t step_host[2] = {token, pos0};
+  std::memcpy(step_stage.begin(sizeof step_host), step_host, sizeof step_host);
+  step_stage.upload(step, sizeof step_host, stream);
+  std::string signature;
+  for (Layer& L : layers) {
+    prepare_layer(L, *L.step_attention, 1, pos0);
+    signature.append(reinterpret_cast<const char*>(&L.append), sizeof L.append);
+    signature += L.step_attention->launch_signature();
+  }
+  if (!step_graph || signature != step_signature) {
+    // (Re)record: the first step, or a launch whose parameters moved (a buffer grew).
+    cudaGraph_t graph = nullptr;
+    TQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_forward(step.as<int32_t>(), 1, pos0, step.as<int32_t>() + 1, /*prepared=*/true, /*all_logits=*/false);
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    TQ_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    if (step_graph) TQ_CUDA_CHECK(cudaGraphExecDestroy(step_graph));
+    step_graph = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&step_graph, graph, 0);
+    cudaGraphDestroy(graph);
+    TQ_CUDA_CHECK(made);
+    step_signature = std::move(signature);
+    ++graph_stats.captures;
+  }
+  TQ_CUDA_CHECK(cudaEventRecord(step_begin, stream));
+  TQ_CUDA_CHECK(cudaGraphLaunch(step_graph, stream));
+  TQ_CUDA_CHECK(cudaEventRecord(step_end, stream));
+  graph_stats.host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - host_begin).count();
+  ++graph_stats.replays;
+  last_logits_row = 0;
+}
 
 GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, int64_t max_tokens)
     : impl_(std::make_unique<Impl>()) {
@@ -157,6 +315,8 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
   m.n_kv = static_cast<int>(c.num_key_value_heads);
   m.head_dim = static_cast<int>(c.head_dim);
   m.vocab = static_cast<int>(c.vocab_size);
+  m.q_dim = m.n_heads * m.head_dim;
+  m.kv_dim = m.n_kv * m.head_dim;
   m.eps = static_cast<float>(c.rms_norm_eps);
   m.max_tokens = max_tokens;
   m.position_limit = cpu_model.position_limit() > 0 ? cpu_model.position_limit() : c.max_position_embeddings;
@@ -169,7 +329,13 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
   m.inv_freq.reserve(rope.inv_freq().size() * sizeof(float));
   m.inv_freq.upload(rope.inv_freq().data(), rope.inv_freq().size() * sizeof(float));
 
+  TQ_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   TQ_CUBLAS_CHECK(cublasCreate(&m.cublas));
+  TQ_CUBLAS_CHECK(cublasSetStream(m.cublas, m.stream));
+  // A workspace of its own (cuBLAS suggests 32 MiB on Hopper): a GEMM recorded into a graph must not
+  // allocate.
+  m.cublas_workspace.reserve(size_t{32} << 20);
+  TQ_CUBLAS_CHECK(cublasSetWorkspace(m.cublas, m.cublas_workspace.get(), m.cublas_workspace.bytes()));
   // FP32 accumulation of BF16 products; no reduced-precision reductions.
   TQ_CUBLAS_CHECK(cublasSetMathMode(m.cublas, CUBLAS_DEFAULT_MATH));
 
@@ -190,12 +356,14 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     Impl::Layer L;
-    L.wq = upload_bf16(lw.wq, "q_proj");
-    L.wk = upload_bf16(lw.wk, "k_proj");
-    L.wv = upload_bf16(lw.wv, "v_proj");
+    L.wqkv = upload_bf16_stacked({{lw.wq, "q_proj"}, {lw.wk, "k_proj"}, {lw.wv, "v_proj"}});
+    TQ_CHECK(L.wqkv.rows == m.q_dim + 2 * m.kv_dim && L.wqkv.cols == m.hidden, "GPU model: layer ", l,
+             " has q/k/v projections of ", L.wqkv.rows, " x ", L.wqkv.cols, " values together, the configuration says ",
+             m.q_dim + 2 * m.kv_dim, " x ", m.hidden);
     L.wo = upload_bf16(lw.wo, "o_proj");
-    L.w_gate = upload_bf16(lw.w_gate, "gate_proj");
-    L.w_up = upload_bf16(lw.w_up, "up_proj");
+    L.w_gate_up = upload_bf16_stacked({{lw.w_gate, "gate_proj"}, {lw.w_up, "up_proj"}});
+    TQ_CHECK(L.w_gate_up.rows == 2 * static_cast<int64_t>(m.inter), "GPU model: layer ", l, " has gate/up projections of ",
+             L.w_gate_up.rows, " rows together, the configuration says 2 x ", m.inter);
     L.w_down = upload_bf16(lw.w_down, "down_proj");
     L.attn_norm = upload_f32(lw.attn_norm);
     L.ffn_norm = upload_f32(lw.ffn_norm);
@@ -223,14 +391,21 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
       fail("GPU model: the KV cache ", kv.describe(), " cannot live on the device: ", e.what());
     }
     m.seq = L.cache->add_sequence();  // the same id in every layer (each cache starts empty)
+    L.step_attention->set_replayable(true);
+    if (!L.fused_path && m.graph_stats.eager_reason.empty())
+      m.graph_stats.eager_reason = "the standard attention path (its expand launch changes with the context length)";
     m.layers.push_back(std::move(L));
   }
   for (const Impl::Layer& L : m.layers) {
-    for (const DeviceMatrix* d : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+    for (const DeviceMatrix* d : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down})
       m.weight_bytes += static_cast<int64_t>(d->data.bytes());
   }
   m.weight_bytes += static_cast<int64_t>(m.embed.data.bytes() + m.lm_head_own.data.bytes());
   m.argmax_out.reserve(sizeof(int32_t));
+  m.step.reserve(2 * sizeof(int32_t));
+  TQ_CUDA_CHECK(cudaEventCreate(&m.step_begin));
+  TQ_CUDA_CHECK(cudaEventCreate(&m.step_end));
+  if (!m.graph_on) m.graph_stats.eager_reason = "TQ_CUDA_GRAPH=0";
   TQ_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -289,59 +464,47 @@ void GpuLlamaModel::forward(const int32_t* tokens, int n, int pos0, float* logit
   for (int i = 0; i < n; ++i)
     TQ_CHECK(tokens[i] >= 0 && tokens[i] < m.vocab, "token id ", tokens[i], " is outside the vocabulary (", m.vocab, ")");
   m.reserve(n);
-  const int64_t nn = n;
-
-  m.tokens.upload(tokens, nn * sizeof(int32_t));
-  model_kernels::embed(m.embed.data.as<uint16_t>(), m.tokens.as<int32_t>(), n, m.hidden, m.x.as<float>(), nullptr);
-
-  for (Impl::Layer& L : m.layers) {
-    model_kernels::rms_norm_rows(m.x.as<float>(), L.attn_norm.as<float>(), m.eps, nn, m.hidden, m.h.as<float>(), nullptr);
-    m.linear(L.wq, m.h.as<float>(), n, m.q.as<float>(), L.bq);
-    m.linear(L.wk, m.h.as<float>(), n, m.k.as<float>(), L.bk);
-    m.linear(L.wv, m.h.as<float>(), n, m.v.as<float>(), L.bv);
-    if (L.q_norm.get()) {
-      model_kernels::rms_norm_rows(m.q.as<float>(), L.q_norm.as<float>(), m.eps, nn * m.n_heads, m.head_dim, m.q.as<float>(), nullptr);
-      model_kernels::rms_norm_rows(m.k.as<float>(), L.k_norm.as<float>(), m.eps, nn * m.n_kv, m.head_dim, m.k.as<float>(), nullptr);
-    }
-    model_kernels::rope(m.q.as<float>(), n, m.n_heads, m.head_dim, m.rotary_dim, m.interleaved, m.inv_freq.as<float>(), pos0, nullptr);
-    model_kernels::rope(m.k.as<float>(), n, m.n_kv, m.head_dim, m.rotary_dim, m.interleaved, m.inv_freq.as<float>(), pos0, nullptr);
-    const DeviceKVCache::Span span{m.seq, n};
-    L.cache->append_device({&span, 1}, m.k.as<float>(), m.v.as<float>(), nullptr);
-    AttentionParams p;
-    p.n_heads = m.n_heads;
-    p.window = L.window;
-    const DeviceAttentionRequest r{m.seq, m.q.as<float>(), n, pos0, m.att.as<float>()};
-    L.attention->plan(*L.cache, {&r, 1}, p, L.fused_path ? AttentionPath::fused : AttentionPath::standard, nullptr);
-    L.attention->run(nullptr);
-    m.linear(L.wo, m.att.as<float>(), n, m.proj.as<float>(), L.bo);
-    model_kernels::add_inplace(m.x.as<float>(), m.proj.as<float>(), nn * m.hidden, nullptr);
-
-    model_kernels::rms_norm_rows(m.x.as<float>(), L.ffn_norm.as<float>(), m.eps, nn, m.hidden, m.h.as<float>(), nullptr);
-    m.linear(L.w_gate, m.h.as<float>(), n, m.gate.as<float>(), L.b_gate);
-    m.linear(L.w_up, m.h.as<float>(), n, m.up.as<float>(), L.b_up);
-    model_kernels::swiglu(m.gate.as<float>(), m.up.as<float>(), nn * m.inter, nullptr);
-    m.linear(L.w_down, m.gate.as<float>(), n, m.proj.as<float>(), L.b_down);
-    model_kernels::add_inplace(m.x.as<float>(), m.proj.as<float>(), nn * m.hidden, nullptr);
+  const bool replay = n == 1 && m.graph_on && m.graph_stats.eager_reason.empty();
+  if (replay) {
+    m.decode_step(tokens[0], pos0);
+  } else {
+    if (n == 1) ++m.graph_stats.eager_steps;
+    m.tokens.upload(tokens, static_cast<size_t>(n) * sizeof(int32_t), m.stream);
+    m.enqueue_forward(m.tokens.as<int32_t>(), n, pos0, nullptr, /*prepared=*/false, all_logits);
   }
-
-  const int first = all_logits ? 0 : n - 1;
-  const int rows = n - first;
-  const float* last_x = m.x.as<float>() + static_cast<int64_t>(first) * m.hidden;
-  model_kernels::rms_norm_rows(last_x, m.final_norm.as<float>(), m.eps, rows, m.hidden, m.h.as<float>(), nullptr);
-  m.linear(*m.lm_head, m.h.as<float>(), rows, m.logits.as<float>(), DeviceBuffer());
-  m.last_logits_row = rows - 1;
   if (logits_host) {
-    TQ_CUDA_CHECK(cudaMemcpy(logits_host, m.logits.get(), static_cast<size_t>(rows) * m.vocab * sizeof(float), cudaMemcpyDeviceToHost));
+    const size_t rows = static_cast<size_t>(m.last_logits_row) + 1;
+    TQ_CUDA_CHECK(cudaMemcpyAsync(logits_host, m.logits.get(), rows * m.vocab * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
   }
-  TQ_CUDA_CHECK(cudaDeviceSynchronize());
+  TQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  if (replay) {
+    float ms = 0;
+    TQ_CUDA_CHECK(cudaEventElapsedTime(&ms, m.step_begin, m.step_end));
+    m.graph_stats.device_seconds += ms * 1e-3;
+  }
+}
+
+GpuLlamaModel::DecodeGraphStats GpuLlamaModel::decode_graph_stats() const { return impl_->graph_stats; }
+
+void GpuLlamaModel::set_decode_graph(bool on) {
+  Impl& m = *impl_;
+  m.graph_on = on;
+  if (!on) {
+    m.graph_stats.eager_reason = "decode graphs switched off";
+  } else if (m.graph_stats.eager_reason == "decode graphs switched off" || m.graph_stats.eager_reason == "TQ_CUDA_GRAPH=0") {
+    m.graph_stats.eager_reason.clear();
+    for (const Impl::Layer& L : m.layers)
+      if (!L.fused_path) m.graph_stats.eager_reason = "the standard attention path (its expand launch changes with the context length)";
+  }
 }
 
 int32_t GpuLlamaModel::argmax() const {
   const Impl& m = *impl_;
   TQ_CHECK(m.capacity > 0, "GPU argmax before any forward");
-  model_kernels::argmax(m.logits.as<float>() + m.last_logits_row * m.vocab, m.vocab, m.argmax_out.as<int32_t>(), nullptr);
+  model_kernels::argmax(m.logits.as<float>() + m.last_logits_row * m.vocab, m.vocab, m.argmax_out.as<int32_t>(), m.stream);
   int32_t id = 0;
-  TQ_CUDA_CHECK(cudaMemcpy(&id, m.argmax_out.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+  TQ_CUDA_CHECK(cudaMemcpyAsync(&id, m.argmax_out.get(), sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  TQ_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return id;
 }
 

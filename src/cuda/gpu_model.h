@@ -7,6 +7,14 @@
 // Attention goes through DeviceAttention: the fused path for dense caches and for caches the settings mark
 // fused, the standard (expand, then attend) path otherwise, as on the CPU.
 //
+// Decode steps (one token) run as one CUDA graph, recorded once and replayed: the host launches ~12
+// kernels per layer otherwise, and at ~5 us each the step is bound by launching, not by the GPU (the
+// compressed cache's gain could not show). What changes from step to step lives in device memory (the
+// token, its position, the append destinations, the attention plans and their item counts), uploaded
+// before each replay; a step whose launches differ (a buffer moved) records the graph again. Steps that
+// cannot be replayed (the standard attention path, whose expand launch changes with the length, or
+// graphs switched off) launch their kernels one by one, and decode_graph_stats() says so.
+//
 // Plain C++: no CUDA header is needed to include this.
 #pragma once
 
@@ -40,6 +48,18 @@ class GpuLlamaModel {
   // Greedy choice over the last token's logits of the last forward, computed on the device: the index of
   // the largest value, the lowest on ties, never a NaN (as ops::argmax).
   int32_t argmax() const;
+
+  // How decode steps ran: replays of the recorded graph, recordings, and steps launched kernel by kernel
+  // (with the reason). TQ_CUDA_GRAPH=0 in the environment, or set_decode_graph(false), turns graphs off.
+  struct DecodeGraphStats {
+    int64_t replays = 0, captures = 0, eager_steps = 0;
+    std::string eager_reason;  // why decode steps are not replayed, when they are not
+    // Where replayed steps spent their time: the host preparing them (uploads, plans, the launch) and
+    // the device running the graph (CUDA events around it), summed over the replays.
+    double host_seconds = 0, device_seconds = 0;
+  };
+  DecodeGraphStats decode_graph_stats() const;
+  void set_decode_graph(bool on);
 
   int64_t vocab_size() const;
   std::string describe() const;      // the caches' description

@@ -13,6 +13,9 @@ namespace {
 constexpr int kThreads = 256;
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__device__ void store(float* p, float v) { *p = v; }
+__device__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 unsigned blocks_for(int64_t count) { return static_cast<unsigned>((count + kThreads - 1) / kThreads); }
 
 __global__ void embed_kernel(const uint16_t* table, const int32_t* tokens, int hidden, float* x) {
@@ -23,9 +26,11 @@ __global__ void embed_kernel(const uint16_t* table, const int32_t* tokens, int h
 }
 
 // One block per row; the sum of squares reduced in float (the order differs from the CPU's, within rounding).
-__global__ void rms_norm_kernel(const float* x, const float* weight, float eps, int cols, float* y) {
+// Out is float or __nv_bfloat16 (the next GEMM's input, rounded to nearest even).
+template <typename Out>
+__global__ void rms_norm_kernel(const float* x, const float* weight, float eps, int cols, Out* y) {
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
-  float* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
+  Out* yr = y + static_cast<int64_t>(blockIdx.x) * cols;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += xr[i] * xr[i];
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -35,7 +40,7 @@ __global__ void rms_norm_kernel(const float* x, const float* weight, float eps, 
   float total = 0.0f;
   for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(cols) + eps);
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), weight[i]);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) store(yr + i, __fmul_rn(__fmul_rn(xr[i], inv), weight[i]));
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t count, int cols) {
@@ -48,11 +53,12 @@ __global__ void add_kernel(float* x, const float* y, int64_t count) {
   if (i < count) x[i] += y[i];
 }
 
-__global__ void swiglu_kernel(float* gate, const float* up, int64_t count) {
+template <typename Out>
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t count, Out* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) {
     const float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
+    store(out + i, g / (1.0f + expf(-g)) * up[i]);
   }
 }
 
@@ -61,13 +67,17 @@ __global__ void to_bf16_kernel(const float* x, int64_t count, __nv_bfloat16* out
   if (i < count) out[i] = __float2bfloat16_rn(x[i]);
 }
 
-// One block per (token, head); a thread per frequency pair.
-__global__ void rope_kernel(float* x, int heads, int head_dim, int rotary_dim, bool interleaved, const float* inv_freq,
-                            int pos0) {
-  const int token = blockIdx.x / heads;
-  float* xh = x + static_cast<int64_t>(blockIdx.x) * head_dim;
+// One block per (token, head) of q, then of k; a thread per frequency pair. The first position is pos0,
+// or *pos_dev when that is given (a replayed decode step reads it from the device).
+__global__ void rope_kernel(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, int rotary_dim, bool interleaved,
+                            const float* inv_freq, int pos0, const int32_t* pos_dev) {
+  const int q_blocks = n * q_heads;
+  const bool is_q = static_cast<int>(blockIdx.x) < q_blocks;
+  const int b = is_q ? blockIdx.x : blockIdx.x - q_blocks, heads = is_q ? q_heads : k_heads;
+  const int token = b / heads;
+  float* xh = (is_q ? q : k) + static_cast<int64_t>(b) * head_dim;
   const int half = rotary_dim / 2;
-  const float pos = static_cast<float>(pos0 + token);
+  const float pos = static_cast<float>((pos_dev ? *pos_dev : pos0) + token);
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     const double angle = static_cast<double>(__fmul_rn(inv_freq[j], pos));
     const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
@@ -125,6 +135,13 @@ void rms_norm_rows(const float* x, const float* weight, float eps, int64_t rows,
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 
+void rms_norm_rows_bf16(const float* x, const float* weight, float eps, int64_t rows, int cols, uint16_t* y, void* stream) {
+  if (rows == 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(x, weight, eps, cols,
+                                                                                  reinterpret_cast<__nv_bfloat16*>(y));
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
 void add_bias(float* y, const float* bias, int64_t rows, int cols, void* stream) {
   const int64_t count = rows * cols;
   if (count == 0) return;
@@ -138,9 +155,9 @@ void add_inplace(float* x, const float* y, int64_t count, void* stream) {
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void swiglu(float* gate, const float* up, int64_t count, void* stream) {
+void swiglu_bf16(const float* gate, const float* up, int64_t count, uint16_t* out, void* stream) {
   if (count == 0) return;
-  swiglu_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(gate, up, count);
+  swiglu_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(gate, up, count, reinterpret_cast<__nv_bfloat16*>(out));
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -150,11 +167,12 @@ void to_bf16(const float* x, int64_t count, uint16_t* out, void* stream) {
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope(float* x, int n, int heads, int head_dim, int rotary_dim, bool interleaved, const float* inv_freq, int pos0,
-          void* stream) {
-  if (n == 0 || heads == 0) return;
-  rope_kernel<<<static_cast<unsigned>(n * heads), 64, 0, as_stream(stream)>>>(x, heads, head_dim, rotary_dim, interleaved,
-                                                                              inv_freq, pos0);
+void rope(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, int rotary_dim, bool interleaved,
+          const float* inv_freq, int pos0, const int32_t* pos_dev, void* stream) {
+  const int blocks = n * (q_heads + k_heads);
+  if (blocks == 0) return;
+  rope_kernel<<<static_cast<unsigned>(blocks), 64, 0, as_stream(stream)>>>(q, q_heads, k, k_heads, n, head_dim, rotary_dim,
+                                                                           interleaved, inv_freq, pos0, pos_dev);
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 

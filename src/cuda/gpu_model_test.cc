@@ -149,6 +149,67 @@ TEST(GpuModel, GreedyIdsAgreeWithTheCpu) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(gpu_ids[i], cpu_ids[i]) << "generated token " << i;
 }
 
+// A decode step replayed from the recorded graph computes what the same step launched kernel by kernel
+// computes: the same kernels, the same plans. The first runs cross tile (16) and page (256) boundaries,
+// so page allocation and plan growth happen between replays, and the graph is recorded once; the last
+// one grows the attention plan from 16 to 18 work items (8 to 9 parts of 16 tiles per KV head, at 2161
+// positions; the same on any GPU with 19 or more blocks per wave), past the recorded grid of 16, so
+// the graph is recorded again.
+TEST(GpuModel, DecodeGraphReplaysTheEagerStep) {
+  TQ_REQUIRE_GPU();
+  if (!std::filesystem::exists(hd128_path() + "/config.json")) GTEST_SKIP() << hd128_path() << " is absent";
+  const auto cpu = LlamaModel::open(hd128_path());
+  const int64_t V = cpu->vocab_size();
+  struct Case {
+    const char* spec;
+    int n_prompt, n_decode, recordings;
+  };
+  for (const Case& c : {Case{"f16", 250, 24, 1}, Case{"k8v3", 250, 24, 1}, Case{"k8v3", 2150, 16, 2}}) {
+    SCOPED_TRACE(std::string(c.spec) + " from " + std::to_string(c.n_prompt));
+    KVSettings kv = parse_kv_spec(c.spec);
+    kv.fused = true;
+    const int n_prompt = c.n_prompt, n_decode = c.n_decode;
+    const auto tokens = random_tokens(V, n_prompt + n_decode, 5);
+    GpuLlamaModel graphed(*cpu, kv, n_prompt + n_decode), eager(*cpu, kv, n_prompt + n_decode);
+    eager.set_decode_graph(false);
+    std::vector<float> a(static_cast<size_t>(V)), b(a.size());
+    graphed.forward(tokens.data(), n_prompt, 0, a.data());
+    eager.forward(tokens.data(), n_prompt, 0, b.data());
+    for (int i = n_prompt; i < n_prompt + n_decode; ++i) {
+      graphed.forward(&tokens[i], 1, i, a.data());
+      eager.forward(&tokens[i], 1, i, b.data());
+      EXPECT_LT(relative_error(a.data(), b.data(), V), 1e-5) << "position " << i;
+    }
+    const auto g = graphed.decode_graph_stats(), e = eager.decode_graph_stats();
+    EXPECT_EQ(g.replays, n_decode);
+    EXPECT_EQ(g.captures, c.recordings);
+    EXPECT_EQ(g.eager_steps, 0);
+    EXPECT_TRUE(g.eager_reason.empty()) << g.eager_reason;
+    EXPECT_EQ(e.replays, 0);
+    EXPECT_EQ(e.eager_steps, n_decode);
+    EXPECT_FALSE(e.eager_reason.empty());
+    // After a reset the same graph serves the new sequence.
+    graphed.reset();
+    eager.reset();
+    graphed.forward(tokens.data(), 8, 0, a.data());
+    eager.forward(tokens.data(), 8, 0, b.data());
+    graphed.forward(&tokens[8], 1, 8, a.data());
+    eager.forward(&tokens[8], 1, 8, b.data());
+    EXPECT_LT(relative_error(a.data(), b.data(), V), 1e-5);
+    EXPECT_LE(graphed.decode_graph_stats().captures, c.recordings + 1);  // a shorter plan: at most one more
+  }
+  // The standard path over a compressed cache is not replayable: its steps run eagerly and say why.
+  KVSettings standard = parse_kv_spec("k8v3");
+  standard.fused = false;
+  GpuLlamaModel gpu(*cpu, standard, 16);
+  const auto tokens = random_tokens(V, 2, 9);
+  gpu.forward(tokens.data(), 1, 0, nullptr);
+  gpu.forward(tokens.data() + 1, 1, 1, nullptr);
+  EXPECT_EQ(gpu.decode_graph_stats().eager_steps, 2);
+  EXPECT_EQ(gpu.decode_graph_stats().replays, 0);
+  EXPECT_NE(gpu.decode_graph_stats().eager_reason.find("standard"), std::string::npos);
+}
+
 TEST(GpuModel, ResetStartsAgain) {
   TQ_REQUIRE_GPU();
   if (!std::filesystem::exists(hd128_path() + "/config.json")) GTEST_SKIP() << hd128_path() << " is absent";

@@ -3,11 +3,22 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "cuda/layout.h"
 #include "cuda/plan.h"
 
 namespace tq::cuda {
+
+// Clears every byte of a parameter block, padding included: blocks are compared byte for byte (a launch
+// recorded in a CUDA graph is replayed while its parameters are unchanged), so that no stale padding
+// makes equal parameters look different.
+template <typename T>
+void clear_bytes(T& block) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  std::memset(static_cast<void*>(&block), 0, sizeof block);
+}
 
 // What the main tier holds, as the attention kernel is specialised: TurboQuant codes, or FP16/BF16.
 enum class MainKind : int32_t { tq = 0, dense_f16 = 1, dense_bf16 = 2 };
@@ -57,6 +68,7 @@ struct AttentionKernelParams {
   const float* sinks = nullptr;     // [n_heads] learned sink logits, or nullptr
   const float* k_signs = nullptr;   // [D] rotation signs of the main tier's K (nullptr: not rotated)
   const float* v_signs = nullptr;   // [D] ... of V
+  const int32_t* n_items = nullptr; // device count of the items; blocks past it return (nullptr: the grid is the count)
   int32_t n_heads = 0, n_kv = 0, group = 1, window = 0;
   float q_scale = 1;                // softmax scale times log2(e): scores are in base 2
   float inv_sqrt_dim = 1;           // the rotation's 1/sqrt(D)

@@ -79,6 +79,9 @@ std::vector<Result> run_model_cuda(const ModelBenchArgs& a, const LlamaModel& mo
           pos += n;
         }
         std::vector<double> pp, tg;
+        const auto before = gpu.decode_graph_stats();
+        const int64_t replays_before = before.replays;
+        const double host_before = before.host_seconds, device_before = before.device_seconds;
         for (int rep = 0; rep < a.reps; ++rep) {
           if (a.prompt > 0) {
             const auto t0 = clock::now();
@@ -107,7 +110,15 @@ std::vector<Result> run_model_cuda(const ModelBenchArgs& a, const LlamaModel& mo
           const auto [m, s] = mean_sd(tg);
           results.push_back({"cuda", spec, path, "tg" + std::to_string(a.gen), depth, 0, m, s, kv_bytes, fp16_bytes, peak_rss_bytes()});
         }
-        std::fprintf(stderr, "  cuda %s %s depth %d done\n", spec.c_str(), path.c_str(), depth);
+        const auto graph = gpu.decode_graph_stats();
+        const double replays = static_cast<double>(std::max<int64_t>(1, graph.replays - replays_before));
+        std::fprintf(stderr,
+                     "  cuda %s %s depth %d done (decode steps: %lld graph replays [host %.1f us, device %.1f us per step], %lld recordings, "
+                     "%lld launched kernel by kernel%s%s)\n",
+                     spec.c_str(), path.c_str(), depth, static_cast<long long>(graph.replays),
+                     1e6 * (graph.host_seconds - host_before) / replays, 1e6 * (graph.device_seconds - device_before) / replays,
+                     static_cast<long long>(graph.captures), static_cast<long long>(graph.eager_steps), graph.eager_reason.empty() ? "" : ": ",
+                     graph.eager_reason.c_str());
       }
     }
   }
