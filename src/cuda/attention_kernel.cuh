@@ -678,9 +678,13 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   // After the tile loops: per-warp accumulators [kAttnWarps][rows * D], then merged sums.
   float (*sm_o)[kRowsPerItem * D] = reinterpret_cast<float (*)[kRowsPerItem * D]>(dyn_smem);
 
-  if (p.n_items != nullptr && static_cast<int>(blockIdx.x) >= *p.n_items) return;  // replayable grids: surplus
-  TQ_ATTN_MARK(0);
+  TQ_ATTN_MARK(11);
+  // Replayable grids have surplus blocks; the item array has room for the whole grid, so the item load
+  // goes out beside the count's (one round trip, not two).
+  const int n_items = p.n_items != nullptr ? *p.n_items : static_cast<int>(gridDim.x);
   const WorkItem it = p.items[blockIdx.x];
+  if (static_cast<int>(blockIdx.x) >= n_items) return;
+  TQ_ATTN_MARK(0);
   const RequestParams rq = p.requests[it.request];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bool main_tier = it.tier == 0;

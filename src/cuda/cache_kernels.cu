@@ -11,6 +11,7 @@
 // Expand (the standard path): one warp per (tile, KV head): decode the codes to levels x scales in
 // shared memory, inverse-rotate each token, write BF16 tiles in the original domain.
 #include "cuda/attention_kernel.cuh"
+#include "cuda/check.h"
 #include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
 
@@ -52,7 +53,9 @@ __device__ __forceinline__ uint16_t dense_bits(CodeKind kind, float x) {
 
 __device__ __forceinline__ Slot slot_of(bool key, int tok, int dim) { return key ? k_slot(tok, dim) : v_slot(tok, dim); }
 
-__device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int dim, int code) {
+// staged: for nibble kinds, the warp's shared-memory image of the code section ([words * 32] words,
+// zeroed), which the bits are ORed into; flush_staged_codes() then ORs its non-zero words into the tile.
+__device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int dim, int code, uint32_t* staged) {
   const Slot sl = slot_of(e.is_key, tok, dim);
   uint8_t* section = tile + e.codes;
   if (is_nibble(e.kind)) {
@@ -61,7 +64,7 @@ __device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int di
       if (!((code >> k) & 1)) continue;
       int w, bit;
       nib_bit(b, sl.e, k, &w, &bit);
-      atomicOr(reinterpret_cast<unsigned int*>(section + lane_word_offset(e.words, sl.lane, w)), 1u << bit);
+      atomicOr(staged + lane_word_offset(e.words, sl.lane, w) / 4, 1u << bit);
     }
   } else {
     section[lane_word_offset(e.words, sl.lane, sl.e / 4) + sl.e % 4] = static_cast<uint8_t>(code);
@@ -78,6 +81,34 @@ __device__ void encode_dense(uint8_t* tile, const EncodeParams& e, int tok, cons
 }
 
 inline constexpr int kMaxLevels = 256;  // 8-bit codes
+inline constexpr int kMaxSectionWords = 16 * 32;  // nibble code sections: 4 bits x 256 dims x 16 tokens
+
+// Other positions share the words of a nibble section, so the bits go in with atomic ORs; one per word
+// that holds any of this position's bits (not one per bit: a warp's ~200 atomics on a few dozen words
+// serialised at L2 took 2.6 us of the 5 us append of a V3 vector on the H200).
+__device__ void flush_staged_codes(uint8_t* tile, const EncodeParams& e, const uint32_t* staged, int lane) {
+  uint32_t* section = reinterpret_cast<uint32_t*>(tile + e.codes);
+  for (int i = lane; i < e.words * 32; i += 32)
+    if (staged[i] != 0u) atomicOr(section + i, staged[i]);
+}
+
+// Diagnostics build only (-DTQ_ATTN_TIMELINE): the global timer (ns) at the phases of each warp's encode
+// (the first 4 warps; the last launch's stamps remain), read by the decode-step timeline (gpu_model.cc).
+#ifdef TQ_ATTN_TIMELINE
+__device__ unsigned long long g_append_phase[4][8];
+#define TQ_APPEND_PHASE(i)                                                      \
+  do {                                                                          \
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) {                         \
+      unsigned long long stamp;                                                 \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");       \
+      g_append_phase[threadIdx.x >> 5][i] = stamp;                              \
+    }                                                                           \
+  } while (0)
+#else
+#define TQ_APPEND_PHASE(i) \
+  do {                     \
+  } while (0)
+#endif
 
 // y, chosen: this warp's shared-memory rows of D floats; levels, thresholds: its shared-memory copies of
 // the level table [kMaxLevels] and the thresholds between levels [kMaxLevels - 1].
@@ -90,8 +121,9 @@ inline constexpr int kMaxLevels = 256;  // 8-bit codes
 // side (a branch-free search of fixed length).
 template <int D, int G>
 __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok, const float* x, float* y, float* chosen,
-                                  float* levels, float* thresholds, int lane) {
+                                  float* levels, float* thresholds, uint32_t* staged, int lane) {
   constexpr int kGroups = D / G, kPerLane = kMaxLevels / 32, E = D / 32;  // E: consecutive elements per lane
+  TQ_APPEND_PHASE(0);
   float level_r[kPerLane], threshold_r[kPerLane];
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
@@ -107,6 +139,10 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
     levels[lane + 32 * k] = level_r[k];
     thresholds[lane + 32 * k] = threshold_r[k];
   }
+  const bool nibble = is_nibble(e.kind);
+  if (nibble)
+    for (int i = lane; i < e.words * 32; i += 32) staged[i] = 0u;
+  TQ_APPEND_PHASE(1);
   // Butterflies in the CPU's stage order h = 1, 2, 4, ...: first inside a lane, then across lanes.
 #pragma unroll
   for (int h = 1; h < E; h *= 2) {
@@ -129,6 +165,7 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
 #pragma unroll
   for (int i = 0; i < E; ++i) y[lane * E + i] = __fmul_rn(v[i], e.inv_sqrt_dim);
   __syncwarp();
+  TQ_APPEND_PHASE(2);
 
   // Every group's statistic scale.
   float sumsq[kGroups], inv[kGroups], stat[kGroups];
@@ -143,15 +180,18 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
     stat[g] = encode_stat_scale(e, sumsq[g], absmax);
     inv[g] = stat[g] > 0.0f ? __fdiv_rn(1.0f, stat[g]) : 0.0f;
   }
+  TQ_APPEND_PHASE(3);
   // Codes: element lane + 32 k of the vector, for every k.
 #pragma unroll
   for (int k = 0; k < E; ++k) {
     const int j = lane + 32 * k;
     const int code = encode_code(e, thresholds, __fmul_rn(y[j], inv[j / G]));
     chosen[j] = levels[code];
-    write_code(tile, e, tok, j, code);
+    write_code(tile, e, tok, j, code, staged);
   }
   __syncwarp();
+  if (nibble) flush_staged_codes(tile, e, staged, lane);
+  TQ_APPEND_PHASE(4);
   // The stored (fitted) scales.
   float xc[kGroups] = {}, c_sumsq[kGroups] = {};
   if (e.scale_fit != 0) {
@@ -166,12 +206,34 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
       reinterpret_cast<uint16_t*>(tile + e.scales)[idx] = half_bits(stored);
     }
   }
+  TQ_APPEND_PHASE(5);
 }
+
+// Diagnostics build only (-DTQ_ATTN_TIMELINE): the global timer (ns) when the append kernel's first warp
+// starts and when its last warp ends, for the decode-step timeline (gpu_model.cc).
+#ifdef TQ_ATTN_TIMELINE
+__device__ unsigned long long g_append_timeline[2];
+__device__ void append_stamp(int which) {
+  unsigned long long stamp;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");
+  if (which == 0) {
+    atomicMin(&g_append_timeline[0], stamp);
+  } else {
+    atomicMax(&g_append_timeline[1], stamp);
+  }
+}
+#define TQ_APPEND_MARK(which) \
+  if ((threadIdx.x & 31) == 0) append_stamp(which)
+#else
+#define TQ_APPEND_MARK(which)
+#endif
 
 template <int D>
 __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendParams p) {
+  TQ_APPEND_MARK(0);
   __shared__ float sm_y[kAppendWarps][D], sm_c[kAppendWarps][D];
   __shared__ float sm_levels[kAppendWarps][kMaxLevels], sm_thresholds[kAppendWarps][kMaxLevels];
+  __shared__ uint32_t sm_codes[kAppendWarps][kMaxSectionWords];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int job = blockIdx.x * kAppendWarps + warp;
   if (job >= p.n_tokens * p.n_kv * 2) return;  // whole warps leave; no block barrier below
@@ -185,12 +247,14 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
   } else {
     // Group sizes 32, 64 and 128 (the cache checks; K and V share one).
     float *y = sm_y[warp], *c = sm_c[warp], *lv = sm_levels[warp], *th = sm_thresholds[warp];
+    uint32_t* staged = sm_codes[warp];
     switch (e.group_size) {
-      case 32: encode_turboquant<D, 32>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
-      case 64: encode_turboquant<D, 64>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
-      default: encode_turboquant<D, 128 < D ? 128 : D>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
+      case 32: encode_turboquant<D, 32>(tile, e, tk.tok, x, y, c, lv, th, staged, lane); break;
+      case 64: encode_turboquant<D, 64>(tile, e, tk.tok, x, y, c, lv, th, staged, lane); break;
+      default: encode_turboquant<D, 128 < D ? 128 : D>(tile, e, tk.tok, x, y, c, lv, th, staged, lane); break;
     }
   }
+  TQ_APPEND_MARK(1);
 }
 
 // ------------------------------------------------------------------ expand
@@ -362,6 +426,19 @@ void launch_expand_d(const ExpandParams& p, cudaStream_t stream) {
 }  // namespace
 
 namespace kernels {
+
+#ifdef TQ_ATTN_TIMELINE
+void read_append_timeline(unsigned long long* host) {
+  TQ_CUDA_CHECK(cudaMemcpyFromSymbol(host, g_append_timeline, sizeof(g_append_timeline)));
+}
+void read_append_phases(unsigned long long* host) {
+  TQ_CUDA_CHECK(cudaMemcpyFromSymbol(host, g_append_phase, sizeof(g_append_phase)));
+}
+void clear_append_timeline() {
+  const unsigned long long init[2] = {~0ull, 0ull};
+  TQ_CUDA_CHECK(cudaMemcpyToSymbol(g_append_timeline, init, sizeof(init)));
+}
+#endif
 
 bool launch_append(int dim, const AppendParams& p, void* stream) {
   if (p.n_tokens == 0) return true;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -90,6 +91,45 @@ bool graphs_allowed_by_environment() {
   const char* e = std::getenv("TQ_CUDA_GRAPH");
   return !(e && std::string(e) == "0");
 }
+
+#ifdef TQ_ATTN_TIMELINE
+}  // namespace
+namespace kernels {
+void read_attention_timeline_d128(unsigned long long* host);
+void clear_attention_timeline_d128();
+void read_append_timeline(unsigned long long* host);
+void clear_append_timeline();
+void read_append_phases(unsigned long long* host);
+}  // namespace kernels
+namespace {
+
+// Diagnostics build: TQ_TIMELINE=<position> prints, for the decode step at that position, when the last
+// layer's append kernel ran and the phases of its attention kernel (us after the append started).
+void print_step_timeline(int grid) {
+  constexpr int kBlocks = 4096, kMarks = 16;
+  std::vector<unsigned long long> t(kBlocks * kMarks);
+  unsigned long long ap[2];
+  kernels::read_attention_timeline_d128(t.data());
+  kernels::read_append_timeline(ap);
+  const unsigned long long t0 = ap[0];
+  std::fprintf(stderr, "  step timeline (last layer), us after its append started: append ends %.2f\n", (ap[1] - t0) * 1e-3);
+  unsigned long long ph[4][8];
+  kernels::read_append_phases(&ph[0][0]);
+  for (int w = 0; w < 4; ++w) {
+    std::fprintf(stderr, "    append warp %d phases:", w);
+    for (int i = 1; i < 6; ++i) std::fprintf(stderr, " %.2f", (static_cast<double>(ph[w][i]) - static_cast<double>(ph[w][0])) * 1e-3);
+    std::fprintf(stderr, " us after its start %.2f\n", (static_cast<double>(ph[w][0]) - static_cast<double>(t0)) * 1e-3);
+  }
+  for (int m = 0; m < kMarks; ++m) {
+    std::vector<double> v;
+    for (int b = 0; b < std::min(grid, kBlocks); ++b)
+      if (t[b * kMarks + m] != 0) v.push_back((static_cast<double>(t[b * kMarks + m]) - static_cast<double>(t0)) * 1e-3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "    mark %2d: %7.2f / %7.2f / %7.2f  (%zu blocks)\n", m, v.front(), v[v.size() / 2], v.back(), v.size());
+  }
+}
+#endif
 
 }  // namespace
 
@@ -294,8 +334,23 @@ void GpuLlamaModel::Impl::decode_step(int32_t token, int pos0) {
     step_signature = std::move(signature);
     ++graph_stats.captures;
   }
+#ifdef TQ_ATTN_TIMELINE
+  const char* at = std::getenv("TQ_TIMELINE");
+  const bool timeline = at && std::atoi(at) == pos0;
+  if (timeline) {
+    TQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    kernels::clear_attention_timeline_d128();
+    kernels::clear_append_timeline();
+  }
+#endif
   TQ_CUDA_CHECK(cudaEventRecord(step_begin, stream));
   TQ_CUDA_CHECK(cudaGraphLaunch(step_graph, stream));
+#ifdef TQ_ATTN_TIMELINE
+  if (timeline) {
+    TQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    print_step_timeline(4096);
+  }
+#endif
   TQ_CUDA_CHECK(cudaEventRecord(step_end, stream));
   graph_stats.host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - host_begin).count();
   ++graph_stats.replays;

@@ -48,11 +48,6 @@ __global__ void add_bias_kernel(float* y, const float* bias, int64_t count, int 
   if (i < count) y[i] += bias[i % cols];
 }
 
-__global__ void add_kernel(float* x, const float* y, int64_t count) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) x[i] += y[i];
-}
-
 template <typename Out>
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t count, Out* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -146,12 +141,6 @@ void add_bias(float* y, const float* bias, int64_t rows, int cols, void* stream)
   const int64_t count = rows * cols;
   if (count == 0) return;
   add_bias_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(y, bias, count, cols);
-  TQ_CUDA_CHECK(cudaGetLastError());
-}
-
-void add_inplace(float* x, const float* y, int64_t count, void* stream) {
-  if (count == 0) return;
-  add_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(x, y, count);
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 

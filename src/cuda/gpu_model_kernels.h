@@ -14,8 +14,6 @@ void rms_norm_rows(const float* x, const float* weight, float eps, int64_t rows,
 void rms_norm_rows_bf16(const float* x, const float* weight, float eps, int64_t rows, int cols, uint16_t* y, void* stream);
 // y[rows][cols] += bias[cols].
 void add_bias(float* y, const float* bias, int64_t rows, int cols, void* stream);
-// x[count] += y[count] (the residual).
-void add_inplace(float* x, const float* y, int64_t count, void* stream);
 // out[count] = BF16(silu(gate) * up): the down projection's input.
 void swiglu_bf16(const float* gate, const float* up, int64_t count, uint16_t* out, void* stream);
 // out[count] = BF16(x) (round to nearest even): the GEMM inputs.

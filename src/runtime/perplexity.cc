@@ -82,8 +82,10 @@ KVSettings parse_kv_spec(const std::string& spec) {
       kv.grid = value;
     } else if (key == "fused") {
       kv.fused = true;
+    } else if (key == "bt") {
+      kv.block_tokens = std::stoi(value);
     } else {
-      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., fused)");
+      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, fused)");
     }
   }
   kv.resolve();

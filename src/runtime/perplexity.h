@@ -50,7 +50,8 @@ std::vector<QualityReport> measure_quality(const LlamaModel& model, std::span<co
                                            const WindowRunner& runner = {});
 
 // A compact name for a KV configuration, also accepted by parse_kv_spec: "k8v3", "k8v3+mt128",
-// "q8_0/q4_0", "q4_0_rot/q4_0_rot", "k4v4+fit=plain+g=128", "f16".
+// "q8_0/q4_0", "q4_0_rot/q4_0_rot", "k4v4+fit=plain+g=128", "f16", "k8v3+bt=256" (bt: positions per
+// cache page).
 KVSettings parse_kv_spec(const std::string& spec);
 
 }  // namespace tq

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "runtime/generate.h"
 #include "runtime/kv_settings.h"
+#include "runtime/perplexity.h"
 #include "runtime/sampler.h"
 
 namespace tq {
@@ -111,6 +112,25 @@ TEST(KVSettings, FlagsResolveAndContradictionsAreErrors) {
 }
 
 std::string shared(const std::string& rel) { return std::string(TQ_SHARED_DIR) + "/" + rel; }
+
+TEST(KVSettings, CompactSpecsParseAndBadOnesSayWhy) {
+  const KVSettings a = parse_kv_spec("k8v3+mt128+g=32+bt=256");
+  EXPECT_EQ(a.k_bits, 8);
+  EXPECT_EQ(a.v_bits, 3);
+  EXPECT_EQ(a.min_tokens, 128);
+  EXPECT_EQ(a.group_size, 32);
+  EXPECT_EQ(a.block_tokens, 256);
+  EXPECT_FALSE(a.fused);
+  EXPECT_TRUE(parse_kv_spec("k4v4+fused").fused);
+  EXPECT_FALSE(parse_kv_spec("f16").compressed());
+  try {
+    parse_kv_spec("k8v3+pages=4");
+    FAIL() << "an unknown option was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pages=4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_kv_spec("k8"), Error);
+}
 
 TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {
   const std::string path = shared("models/stories260K/stories260K.gguf");
