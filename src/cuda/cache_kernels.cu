@@ -53,9 +53,7 @@ __device__ __forceinline__ uint16_t dense_bits(CodeKind kind, float x) {
 
 __device__ __forceinline__ Slot slot_of(bool key, int tok, int dim) { return key ? k_slot(tok, dim) : v_slot(tok, dim); }
 
-// staged: for nibble kinds, the warp's shared-memory image of the code section ([words * 32] words,
-// zeroed), which the bits are ORed into; flush_staged_codes() then ORs its non-zero words into the tile.
-__device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int dim, int code, uint32_t* staged) {
+__device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int dim, int code) {
   const Slot sl = slot_of(e.is_key, tok, dim);
   uint8_t* section = tile + e.codes;
   if (is_nibble(e.kind)) {
@@ -64,7 +62,7 @@ __device__ void write_code(uint8_t* tile, const EncodeParams& e, int tok, int di
       if (!((code >> k) & 1)) continue;
       int w, bit;
       nib_bit(b, sl.e, k, &w, &bit);
-      atomicOr(staged + lane_word_offset(e.words, sl.lane, w) / 4, 1u << bit);
+      atomicOr(reinterpret_cast<unsigned int*>(section + lane_word_offset(e.words, sl.lane, w)), 1u << bit);
     }
   } else {
     section[lane_word_offset(e.words, sl.lane, sl.e / 4) + sl.e % 4] = static_cast<uint8_t>(code);
@@ -81,16 +79,6 @@ __device__ void encode_dense(uint8_t* tile, const EncodeParams& e, int tok, cons
 }
 
 inline constexpr int kMaxLevels = 256;  // 8-bit codes
-inline constexpr int kMaxSectionWords = 16 * 32;  // nibble code sections: 4 bits x 256 dims x 16 tokens
-
-// Other positions share the words of a nibble section, so the bits go in with atomic ORs; one per word
-// that holds any of this position's bits (not one per bit: a warp's ~200 atomics on a few dozen words
-// serialised at L2 took 2.6 us of the 5 us append of a V3 vector on the H200).
-__device__ void flush_staged_codes(uint8_t* tile, const EncodeParams& e, const uint32_t* staged, int lane) {
-  uint32_t* section = reinterpret_cast<uint32_t*>(tile + e.codes);
-  for (int i = lane; i < e.words * 32; i += 32)
-    if (staged[i] != 0u) atomicOr(section + i, staged[i]);
-}
 
 // Diagnostics build only (-DTQ_ATTN_TIMELINE): the global timer (ns) at the phases of each warp's encode
 // (the first 4 warps; the last launch's stamps remain), read by the decode-step timeline (gpu_model.cc).
@@ -121,7 +109,7 @@ __device__ unsigned long long g_append_phase[4][8];
 // side (a branch-free search of fixed length).
 template <int D, int G>
 __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok, const float* x, float* y, float* chosen,
-                                  float* levels, float* thresholds, uint32_t* staged, int lane) {
+                                  float* levels, float* thresholds, int lane) {
   constexpr int kGroups = D / G, kPerLane = kMaxLevels / 32, E = D / 32;  // E: consecutive elements per lane
   TQ_APPEND_PHASE(0);
   float level_r[kPerLane], threshold_r[kPerLane];
@@ -139,9 +127,6 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
     levels[lane + 32 * k] = level_r[k];
     thresholds[lane + 32 * k] = threshold_r[k];
   }
-  const bool nibble = is_nibble(e.kind);
-  if (nibble)
-    for (int i = lane; i < e.words * 32; i += 32) staged[i] = 0u;
   TQ_APPEND_PHASE(1);
   // Butterflies in the CPU's stage order h = 1, 2, 4, ...: first inside a lane, then across lanes.
 #pragma unroll
@@ -187,10 +172,9 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
     const int j = lane + 32 * k;
     const int code = encode_code(e, thresholds, __fmul_rn(y[j], inv[j / G]));
     chosen[j] = levels[code];
-    write_code(tile, e, tok, j, code, staged);
+    write_code(tile, e, tok, j, code);
   }
   __syncwarp();
-  if (nibble) flush_staged_codes(tile, e, staged, lane);
   TQ_APPEND_PHASE(4);
   // The stored (fitted) scales.
   float xc[kGroups] = {}, c_sumsq[kGroups] = {};
@@ -233,7 +217,6 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
   TQ_APPEND_MARK(0);
   __shared__ float sm_y[kAppendWarps][D], sm_c[kAppendWarps][D];
   __shared__ float sm_levels[kAppendWarps][kMaxLevels], sm_thresholds[kAppendWarps][kMaxLevels];
-  __shared__ uint32_t sm_codes[kAppendWarps][kMaxSectionWords];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int job = blockIdx.x * kAppendWarps + warp;
   if (job >= p.n_tokens * p.n_kv * 2) return;  // whole warps leave; no block barrier below
@@ -247,11 +230,10 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
   } else {
     // Group sizes 32, 64 and 128 (the cache checks; K and V share one).
     float *y = sm_y[warp], *c = sm_c[warp], *lv = sm_levels[warp], *th = sm_thresholds[warp];
-    uint32_t* staged = sm_codes[warp];
     switch (e.group_size) {
-      case 32: encode_turboquant<D, 32>(tile, e, tk.tok, x, y, c, lv, th, staged, lane); break;
-      case 64: encode_turboquant<D, 64>(tile, e, tk.tok, x, y, c, lv, th, staged, lane); break;
-      default: encode_turboquant<D, 128 < D ? 128 : D>(tile, e, tk.tok, x, y, c, lv, th, staged, lane); break;
+      case 32: encode_turboquant<D, 32>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
+      case 64: encode_turboquant<D, 64>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
+      default: encode_turboquant<D, 128 < D ? 128 : D>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
     }
   }
   TQ_APPEND_MARK(1);
