@@ -113,40 +113,44 @@ class StopFilter {
 
 }  // namespace
 
-GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, PromptCache& caches,
-                        std::span<const int32_t> prompt, const GenerateOptions& options, ThreadPool& pool,
-                        const std::function<void(std::string_view)>& on_text) {
-  using clock = std::chrono::steady_clock;
-  const ModelConfig& c = model.config();
-  const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(c.max_position_embeddings);
+namespace {
+
+// Bad requests fail before any model or cache state changes.
+void check_request(std::span<const int32_t> prompt, int ctx, const GenerateOptions& options) {
   TQ_CHECK(!prompt.empty(), "the prompt is empty (no tokens)");
   TQ_CHECK(static_cast<int>(prompt.size()) < ctx, "the prompt has ", prompt.size(), " tokens, more than the context of ", ctx,
            " can hold with room to generate");
   TQ_CHECK(options.max_tokens >= 0, "--max-tokens must not be negative");
-  for (auto& layer : caches) TQ_CHECK(layer->add_sequence() == 0, "generate needs empty caches");
+  TQ_CHECK(options.prefill_chunk >= 1, "the prefill chunk must be at least one token, got ", options.prefill_chunk);
+}
+
+}  // namespace
+
+GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                              const std::vector<int32_t>& eos, int ctx, const GenerateOptions& options,
+                              const std::function<void(std::string_view)>& on_text) {
+  using clock = std::chrono::steady_clock;
+  check_request(prompt, ctx, options);
 
   GenerateResult result;
   result.prompt_tokens = static_cast<int>(prompt.size());
-  const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
-  std::vector<float> logits(model.vocab_size());
   std::vector<int32_t> history(prompt.begin(), prompt.end());
 
   const auto t0 = clock::now();
   for (size_t done = 0; done < prompt.size();) {
     const int n = static_cast<int>(std::min<size_t>(options.prefill_chunk, prompt.size() - done));
-    model.forward(prompt.data() + done, n, static_cast<int>(done), caches, 0, logits.data(), false, pool, &result.layers);
+    model.feed(prompt.data() + done, n, static_cast<int>(done));
     done += n;
   }
   const auto t1 = clock::now();
   result.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-  Sampler sampler(options.sampling);
   StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true, /*at_text_start=*/false);
   StopFilter stops(options.stop);
   int pos = static_cast<int>(prompt.size());
   result.stop_reason = "max tokens";
   for (int step = 0; step < options.max_tokens; ++step) {
-    const int32_t next = sampler.sample(logits, history);
+    const int32_t next = model.next(history);
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
       result.stop_reason = "eos";
       break;
@@ -161,12 +165,12 @@ GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, Pro
       result.stop_reason = "stop string";
       break;
     }
-    if (step + 1 == options.max_tokens) break;
+    if (step + 1 == options.max_tokens) break;  // the last token needs no forward pass
     if (pos + 1 >= ctx) {
       result.stop_reason = "context full";
       break;
     }
-    model.forward(&next, 1, pos++, caches, 0, logits.data(), false, pool, &result.layers);
+    model.feed(&next, 1, pos++);
   }
   if (result.stop_reason != "stop string") {
     stops.add(stream.flush());
@@ -175,6 +179,27 @@ GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, Pro
     if (!rest.empty()) on_text(rest);
   }
   result.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  return result;
+}
+
+GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, PromptCache& caches,
+                        std::span<const int32_t> prompt, const GenerateOptions& options, ThreadPool& pool,
+                        const std::function<void(std::string_view)>& on_text) {
+  const ModelConfig& c = model.config();
+  const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(c.max_position_embeddings);
+  check_request(prompt, ctx, options);
+  for (auto& layer : caches) TQ_CHECK(layer->add_sequence() == 0, "generate needs empty caches");
+  const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
+  std::vector<float> logits(model.vocab_size());  // [vocab]: the last fed token's
+  std::vector<LayerAttentionReport> layers;
+  Sampler sampler(options.sampling);
+  TokenSteps steps;
+  steps.feed = [&](const int32_t* tokens, int n, int pos) {
+    model.forward(tokens, n, pos, caches, 0, logits.data(), false, pool, &layers);
+  };
+  steps.next = [&](const std::vector<int32_t>& history) { return sampler.sample(logits, history); };
+  GenerateResult result = generate_steps(steps, tokenizer, prompt, eos, ctx, options, on_text);
+  result.layers = std::move(layers);
   return result;
 }
 

@@ -42,6 +42,21 @@ GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, Pro
                         std::span<const int32_t> prompt, const GenerateOptions& options, ThreadPool& pool,
                         const std::function<void(std::string_view)>& on_text);
 
+// What the generation loop asks of a model, wherever it runs: feed(tokens, n, pos) runs tokens [0, n)
+// at positions pos .. pos + n - 1 (the prompt in chunks, then one token at a time); next(history) picks
+// the following id from the last fed token's outputs (history: prompt and generated ids so far).
+struct TokenSteps {
+  std::function<void(const int32_t* tokens, int n, int pos)> feed;
+  std::function<int32_t(const std::vector<int32_t>& history)> next;
+};
+
+// The generation loop itself (generate() runs it on the CPU model; turboquant-generate --device cuda on
+// the GPU one): prefill in options.prefill_chunk pieces, then next / eos / stop strings / context checks
+// and one feed per generated token, with the same stop reasons. eos: the ids that end the sequence.
+GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                              const std::vector<int32_t>& eos, int ctx, const GenerateOptions& options,
+                              const std::function<void(std::string_view)>& on_text);
+
 // The end-of-sequence ids of a model (config, generation config and tokenizer together).
 std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer);
 

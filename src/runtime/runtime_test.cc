@@ -201,6 +201,56 @@ TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
   }
+  // The caches are untouched by the refused request: they still take a new generation.
+  o.ctx_size = 0;
+  o.stop.clear();
+  const auto again = generate(*model, *tok, caches3, ids, o, pool, [](std::string_view) {});
+  EXPECT_EQ(again.text, full.text);
+}
+
+// The generation loop (generate_steps, which the GPU path drives too) feeds the prompt in chunks at the
+// right positions: chunks of 3 give the tokens that one chunk gives, and the context ends a run with
+// its own stop reason.
+TEST(Generate, PromptChunksAndTheContextLimitInTheSharedLoop) {
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/models/demo";
+  const auto model = LlamaModel::open(dir);
+  const auto tok = load_model_tokenizer(model->files());
+  ThreadPool pool(2);
+  KVSettings kv;
+  kv.resolve();
+  const auto ids = tok->encode("It is a truth universally acknowledged", true);
+  GenerateOptions o;
+  o.max_tokens = 12;
+  o.sampling.temperature = 0;
+  auto run = [&](int chunk, int ctx, std::vector<int>* fed_positions) {
+    PromptCache caches = build_prompt_cache(*model, kv);
+    for (auto& c : caches) c->add_sequence();
+    std::vector<float> logits(model->vocab_size());
+    Sampler sampler(o.sampling);
+    TokenSteps steps;
+    steps.feed = [&](const int32_t* tokens, int n, int pos) {
+      if (fed_positions) fed_positions->push_back(pos);
+      model->forward(tokens, n, pos, caches, 0, logits.data(), false, pool);
+    };
+    steps.next = [&](const std::vector<int32_t>& history) { return sampler.sample(logits, history); };
+    GenerateOptions oc = o;
+    oc.prefill_chunk = chunk;
+    return generate_steps(steps, *tok, ids, {}, ctx, oc, [](std::string_view) {});
+  };
+  std::vector<int> positions;
+  const auto whole = run(512, 1000, nullptr);
+  const auto chunked = run(3, 1000, &positions);
+  EXPECT_EQ(chunked.tokens, whole.tokens);
+  EXPECT_EQ(whole.stop_reason, "max tokens");
+  ASSERT_GE(positions.size(), 2u);
+  const int n_prompt = static_cast<int>(ids.size());
+  for (int i = 0; i * 3 < n_prompt; ++i) EXPECT_EQ(positions[static_cast<size_t>(i)], 3 * i);
+  EXPECT_EQ(positions.back(), n_prompt + static_cast<int>(whole.tokens.size()) - 2);  // the last token is not fed
+  // A context of prompt + 3 positions: three tokens fit (the third needs no forward pass).
+  const auto short_run = run(512, n_prompt + 3, nullptr);
+  EXPECT_EQ(short_run.stop_reason, "context full");
+  EXPECT_EQ(short_run.tokens.size(), 3u);
+  EXPECT_EQ(std::vector<int32_t>(whole.tokens.begin(), whole.tokens.begin() + 3), short_run.tokens);
 }
 
 }  // namespace

@@ -72,62 +72,30 @@ std::string human_bytes(double b) {
 }
 
 #ifdef TQ_HAVE_CUDA_MODEL
-// Generation with the whole forward pass on the GPU (--device cuda): the prompt in chunks, then token
-// after token; greedy decoding without a repetition penalty picks on the device, anything else samples
-// the logits on the host as the CPU path does. Stop strings are not handled here yet (refused).
+// Generation with the whole forward pass on the GPU (--device cuda), through the same loop as the CPU
+// (prompt in chunks, stop strings, EOS, context): greedy decoding without a repetition penalty picks on
+// the device; anything else copies the logits back and samples them on the host as the CPU path does.
 GenerateResult generate_cuda(const LlamaModel& model, const Tokenizer& tokenizer, const KVSettings& kv,
                              const std::vector<int32_t>& prompt, const GenerateOptions& options, MemoryUsage& mem) {
-  using clock = std::chrono::steady_clock;
   std::string why;
   TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
-  TQ_CHECK(options.stop.empty(), "--stop is not supported with --device cuda yet");
   const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(model.config().max_position_embeddings);
-  TQ_CHECK(static_cast<int>(prompt.size()) < ctx, "the prompt has ", prompt.size(), " tokens, more than the context of ", ctx,
-           " can hold with room to generate");
-  const int64_t capacity = std::min<int64_t>(ctx, static_cast<int64_t>(prompt.size()) + options.max_tokens + 1);
+  const int64_t capacity = std::max<int64_t>(1, std::min<int64_t>(ctx, static_cast<int64_t>(prompt.size()) + options.max_tokens + 1));
   cuda::GpuLlamaModel gpu(model, kv, capacity);
-  GenerateResult result;
-  result.prompt_tokens = static_cast<int>(prompt.size());
   const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
   const bool greedy_on_device = options.sampling.temperature == 0.0f && options.sampling.repetition_penalty == 1.0f;
   std::vector<float> logits(static_cast<size_t>(model.vocab_size()));  // [vocab], host sampling only
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
-  const auto t0 = clock::now();
-  int pos = 0;
-  while (pos < static_cast<int>(prompt.size())) {
-    const int n = std::min<int>(options.prefill_chunk, static_cast<int>(prompt.size()) - pos);
-    gpu.forward(prompt.data() + pos, n, pos, greedy_on_device ? nullptr : logits.data());
-    pos += n;
-  }
-  const auto t1 = clock::now();
-  result.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
   Sampler sampler(options.sampling);
-  StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true, /*at_text_start=*/false);
-  result.stop_reason = "max tokens";
-  for (int step = 0; step < options.max_tokens; ++step) {
-    const int32_t next = greedy_on_device ? gpu.argmax() : sampler.sample(logits, history);
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
-      result.stop_reason = "eos";
-      break;
-    }
-    result.tokens.push_back(next);
-    history.push_back(next);
-    const std::string out = stream.push(next);
-    result.text += out;
-    std::cout << out << std::flush;
-    if (pos + 1 >= ctx) {
-      result.stop_reason = "context full";
-      break;
-    }
-    if (step + 1 == options.max_tokens) break;  // the last token needs no forward pass
-    gpu.forward(&next, 1, pos, greedy_on_device ? nullptr : logits.data());
-    ++pos;
-  }
-  const std::string rest = stream.flush();
-  result.text += rest;
-  std::cout << rest;
-  result.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  TokenSteps steps;
+  steps.feed = [&](const int32_t* tokens, int n, int pos) { gpu.forward(tokens, n, pos, greedy_on_device ? nullptr : logits.data()); };
+  steps.next = [&](const std::vector<int32_t>& history) { return greedy_on_device ? gpu.argmax() : sampler.sample(logits, history); };
+  GenerateResult result =
+      generate_steps(steps, tokenizer, prompt, eos, ctx, options, [](std::string_view text) { std::cout << text << std::flush; });
   mem = gpu.cache_memory();
+  const auto graph = gpu.decode_graph_stats();
+  std::fprintf(stderr, "\ndecode steps on the GPU: %lld replays of the recorded graph, %lld recordings, %lld launched kernel by kernel%s%s\n",
+               static_cast<long long>(graph.replays), static_cast<long long>(graph.captures), static_cast<long long>(graph.eager_steps),
+               graph.eager_reason.empty() ? "" : ": ", graph.eager_reason.c_str());
   return result;
 }
 #endif
