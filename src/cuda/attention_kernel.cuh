@@ -38,13 +38,15 @@ inline constexpr int kMaxCachedPages = 256;
 #ifdef TQ_ATTN_TIMELINE
 inline constexpr int kTimelineBlocks = 4096, kTimelineMarks = 16;
 __device__ unsigned long long g_attn_timeline[kTimelineBlocks][kTimelineMarks];
-#define TQ_ATTN_MARK(i)                                                         \
-  do {                                                                          \
-    if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks) {                     \
-      unsigned long long stamp;                                                 \
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");       \
-      g_attn_timeline[blockIdx.x][i] = stamp;                                   \
-    }                                                                           \
+// The global timer in nanoseconds (also the append kernel's stamps, cache_kernels.cu).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long stamp;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");
+  return stamp;
+}
+#define TQ_ATTN_MARK(i)                                                                       \
+  do {                                                                                        \
+    if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks) g_attn_timeline[blockIdx.x][i] = global_timer_ns(); \
   } while (0)
 #else
 #define TQ_ATTN_MARK(i) \

@@ -84,13 +84,9 @@ inline constexpr int kMaxLevels = 256;  // 8-bit codes
 // (the first 4 warps; the last launch's stamps remain), read by the decode-step timeline (gpu_model.cc).
 #ifdef TQ_ATTN_TIMELINE
 __device__ unsigned long long g_append_phase[4][8];
-#define TQ_APPEND_PHASE(i)                                                      \
-  do {                                                                          \
-    if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) {                         \
-      unsigned long long stamp;                                                 \
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");       \
-      g_append_phase[threadIdx.x >> 5][i] = stamp;                              \
-    }                                                                           \
+#define TQ_APPEND_PHASE(i)                                                                          \
+  do {                                                                                            \
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) g_append_phase[threadIdx.x >> 5][i] = global_timer_ns(); \
   } while (0)
 #else
 #define TQ_APPEND_PHASE(i) \
@@ -198,8 +194,7 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
 #ifdef TQ_ATTN_TIMELINE
 __device__ unsigned long long g_append_timeline[2];
 __device__ void append_stamp(int which) {
-  unsigned long long stamp;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");
+  const unsigned long long stamp = global_timer_ns();
   if (which == 0) {
     atomicMin(&g_append_timeline[0], stamp);
   } else {
