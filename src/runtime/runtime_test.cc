@@ -166,9 +166,11 @@ TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {
   }
 }
 
+// The demo model the project ships (models/demo).
+std::string demo_model_dir() { return std::string(TQ_SOURCE_DIR) + "/models/demo"; }
+
 TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
-  const std::string dir = std::string(TQ_SOURCE_DIR) + "/models/demo";
-  const auto model = LlamaModel::open(dir);
+  const auto model = LlamaModel::open(demo_model_dir());
   const auto tok = load_model_tokenizer(model->files());
   ThreadPool pool(2);
   KVSettings kv;
@@ -212,8 +214,7 @@ TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
 // right positions: chunks of 3 give the tokens that one chunk gives, and the context ends a run with
 // its own stop reason.
 TEST(Generate, PromptChunksAndTheContextLimitInTheSharedLoop) {
-  const std::string dir = std::string(TQ_SOURCE_DIR) + "/models/demo";
-  const auto model = LlamaModel::open(dir);
+  const auto model = LlamaModel::open(demo_model_dir());
   const auto tok = load_model_tokenizer(model->files());
   ThreadPool pool(2);
   KVSettings kv;
