@@ -3,12 +3,12 @@
 
 namespace tq::cuda::kernels {
 
-bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream) {
-  if (kind == MainKind::dense_f16) return launch_attention_instance<64, 64, MainKind::dense_f16>(p, n_items, stream);
-  if (kind == MainKind::dense_bf16) return launch_attention_instance<64, 64, MainKind::dense_bf16>(p, n_items, stream);
+bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, bool overlap, void* stream) {
+  if (kind == MainKind::dense_f16) return launch_attention_instance<64, 64, MainKind::dense_f16>(p, n_items, overlap, stream);
+  if (kind == MainKind::dense_bf16) return launch_attention_instance<64, 64, MainKind::dense_bf16>(p, n_items, overlap, stream);
   switch (group_size) {
-    case 32: return launch_attention_instance<64, 32, MainKind::tq>(p, n_items, stream);
-    case 64: return launch_attention_instance<64, 64, MainKind::tq>(p, n_items, stream);
+    case 32: return launch_attention_instance<64, 32, MainKind::tq>(p, n_items, overlap, stream);
+    case 64: return launch_attention_instance<64, 64, MainKind::tq>(p, n_items, overlap, stream);
     default: return false;
   }
 }

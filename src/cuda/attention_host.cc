@@ -2,6 +2,7 @@
 // slots), uploads the plan once and enqueues the kernels on run().
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -14,19 +15,19 @@
 namespace tq::cuda {
 
 namespace kernels {
-bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream);
-bool launch_attention_d128(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream);
-bool launch_attention_d256(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream);
+bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, bool overlap, void* stream);
+bool launch_attention_d128(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, bool overlap, void* stream);
+bool launch_attention_d256(int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, bool overlap, void* stream);
 int attention_blocks_per_sm_d64(int group_size, MainKind kind, int tile_bytes);
 int attention_blocks_per_sm_d128(int group_size, MainKind kind, int tile_bytes);
 int attention_blocks_per_sm_d256(int group_size, MainKind kind, int tile_bytes);
 
-bool launch_attention(int dim, int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, void* stream) {
+bool launch_attention(int dim, int group_size, MainKind kind, const AttentionKernelParams& p, int n_items, bool overlap, void* stream) {
   if (n_items == 0) return true;
   switch (dim) {
-    case 64: return launch_attention_d64(group_size, kind, p, n_items, stream);
-    case 128: return launch_attention_d128(group_size, kind, p, n_items, stream);
-    case 256: return launch_attention_d256(group_size, kind, p, n_items, stream);
+    case 64: return launch_attention_d64(group_size, kind, p, n_items, overlap, stream);
+    case 128: return launch_attention_d128(group_size, kind, p, n_items, overlap, stream);
+    case 256: return launch_attention_d256(group_size, kind, p, n_items, overlap, stream);
     default: return false;
   }
 }
@@ -51,24 +52,27 @@ struct DeviceAttention::Impl {
   WorkPlan plan;
   int64_t bytes = 0;
   std::string cache_description;
-  DeviceBuffer plan_blob, partials, counters, scratch;  // plan_blob: items, groups, requests, sinks, expand tiles, item count
+  const DeviceKVCache* described_cache = nullptr;
+  DeviceBuffer plan_blob, partials, counters, scratch;  // plan_blob: item records, groups, sinks, expand tiles, item count
   PinnedStaging stage;
   int grid = 0;  // thread blocks launched (replayable: the item count rounded up to a power of two, at most the capacity)
   // Replayable plans keep their arrays at fixed places with room for this many entries (grown, never shrunk).
   bool replayable = false;
-  int items_cap = 0, groups_cap = 0, requests_cap = 0;
+  int items_cap = 0, groups_cap = 0;
+  bool overlap_append = false;  // launch as a programmatic dependent of the stream's previous kernel
 };
 
 DeviceAttention::DeviceAttention() : impl_(std::make_unique<Impl>()) {}
 DeviceAttention::~DeviceAttention() = default;
 
 void DeviceAttention::set_replayable(bool on) { impl_->replayable = on; }
+void DeviceAttention::set_overlap_append(bool on) { impl_->overlap_append = on; }
 
 std::string DeviceAttention::launch_signature() const {
   const Impl& a = *impl_;
   std::string sig;
   auto add = [&](const void* p, size_t n) { sig.append(static_cast<const char*>(p), n); };
-  const int32_t shape[5] = {a.dim, a.group_size, static_cast<int32_t>(a.kind), a.grid, a.run_expand ? 1 : 0};
+  const int32_t shape[6] = {a.dim, a.group_size, static_cast<int32_t>(a.kind), a.grid, a.run_expand ? 1 : 0, a.overlap_append ? 1 : 0};
   add(shape, sizeof shape);
   add(&a.params, sizeof a.params);
   if (a.run_expand) add(&a.expand, sizeof a.expand);
@@ -76,7 +80,7 @@ std::string DeviceAttention::launch_signature() const {
 }
 
 void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAttentionRequest> requests, const AttentionParams& params,
-                           AttentionPath path, void* stream) {
+                           AttentionPath path, void* stream, UploadBatch* batch) {
   Impl& a = *impl_;
   const DeviceKVCache::Impl& c = cache.impl();
   TQ_CHECK(path != AttentionPath::reference, "the CUDA backend runs the fused and standard attention paths (reference is CPU only)");
@@ -86,7 +90,10 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   a.path = path;
   a.dim = c.dim;
   a.group_size = c.group_size;
-  a.cache_description = cache.describe();
+  if (a.described_cache != &cache) {  // once per cache: formatting it costs the decode step's host time
+    a.cache_description = cache.describe();
+    a.described_cache = &cache;
+  }
   const bool expand = path == AttentionPath::standard && c.main_kind == MainKind::tq;
   a.run_expand = expand;
   a.kind = expand ? MainKind::dense_bf16 : c.main_kind;
@@ -170,6 +177,14 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
 #endif
   constexpr int kItemsPerSm = TQ_ATTN_ITEMS_PER_SM;
   shape.target_blocks = sm_count * std::min(per_sm, kItemsPerSm);
+  // Shortest item: its fixed costs (prologue, publishing a part, a share of the merge) against its tiles.
+  // Measured on the H200 (tq-llama-hd128 decode at 32K, device time per step, K8/V3): 16 tiles 383.5 us,
+  // 8 tiles 387.5 us, 4 tiles 392.8 us. TQ_ATTN_MIN_TILES=N overrides it (experiments).
+  static const int min_tiles_override = [] {
+    const char* v = std::getenv("TQ_ATTN_MIN_TILES");
+    return v != nullptr ? std::max(1, std::atoi(v)) : 0;
+  }();
+  if (min_tiles_override > 0) shape.min_tiles_per_item = min_tiles_override;
   a.plan = plan_attention(shape, pr);
 
   // The plan's arrays go up in one copy through page-locked memory (no wait for the stream: the decode
@@ -178,12 +193,11 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   // the first call sizes them for a grid that fills the GPU (plus a partial item per output group and
   // tier, the most the split's rounding adds).
   const int n_items = static_cast<int>(a.plan.items.size()), n_groups = static_cast<int>(a.plan.groups.size());
-  int cap_items = n_items, cap_groups = n_groups, cap_requests = static_cast<int>(rq.size());
+  int cap_items = n_items, cap_groups = n_groups;
   if (a.replayable) {
     a.items_cap = std::max({a.items_cap, n_items, shape.target_blocks + 2 * n_groups});
     a.groups_cap = std::max(a.groups_cap, n_groups);
-    a.requests_cap = std::max(a.requests_cap, cap_requests);
-    cap_items = a.items_cap, cap_groups = a.groups_cap, cap_requests = a.requests_cap;
+    cap_items = a.items_cap, cap_groups = a.groups_cap;
   }
   size_t blob_bytes = 0;
   auto place = [&](size_t bytes) {
@@ -191,23 +205,39 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     blob_bytes += (bytes + 15) / 16 * 16;
     return at;
   };
-  const size_t at_items = place(cap_items * sizeof(WorkItem));
+  const size_t at_items = place(cap_items * sizeof(ItemRecord));
   const size_t at_groups = place(cap_groups * sizeof(OutputGroup));
-  const size_t at_requests = place(cap_requests * sizeof(RequestParams));
   const size_t at_sinks = place(params.sinks ? params.n_heads * sizeof(float) : 0);
   const size_t at_count = place(sizeof(int32_t));
   const size_t at_tiles = place(expand_tiles.size() * sizeof(int32_t));
-  uint8_t* host = a.stage.begin(std::max<size_t>(16, blob_bytes));
-  std::memcpy(host + at_items, a.plan.items.data(), a.plan.items.size() * sizeof(WorkItem));
+  const UploadBatch::Region region = batch ? batch->take(blob_bytes) : UploadBatch::Region{};
+  uint8_t* host = region.host ? region.host : a.stage.begin(std::max<size_t>(16, blob_bytes));
+  ItemRecord* records = reinterpret_cast<ItemRecord*>(host + at_items);
+  for (int i = 0; i < n_items; ++i) {
+    const WorkItem& w = a.plan.items[i];
+    ItemRecord& r = records[i];
+    clear_bytes(r);
+    r.item = w;
+    r.request = rq[w.request];
+    r.pages[0] = r.pages[1] = -1;
+    if (w.tier == 0) {
+      // The standard path's BF16 tiles sit at the same page and tile indices as the codes they expand.
+      const int first_page = w.tile_begin / c.tiles_per_page;
+      const int32_t* row = c.host_page_table.data() + static_cast<size_t>(r.request.slot) * c.n_pages;
+      for (int k = 0; k < 2 && first_page + k < c.n_pages; ++k) r.pages[k] = row[first_page + k];
+    }
+  }
   std::memcpy(host + at_groups, a.plan.groups.data(), a.plan.groups.size() * sizeof(OutputGroup));
-  std::memcpy(host + at_requests, rq.data(), rq.size() * sizeof(RequestParams));
   if (params.sinks) std::memcpy(host + at_sinks, params.sinks, params.n_heads * sizeof(float));
   std::memcpy(host + at_count, &n_items, sizeof(int32_t));
   std::memcpy(host + at_tiles, expand_tiles.data(), expand_tiles.size() * sizeof(int32_t));
-  // Sizes with room to grow: the plan grows with the context, and a reallocation synchronises the device.
-  if (a.plan_blob.bytes() < blob_bytes) a.plan_blob.reserve(std::max<size_t>(size_t{64} << 10, 2 * blob_bytes));
-  a.stage.upload(a.plan_blob, blob_bytes, stream);
-  uint8_t* blob = a.plan_blob.as<uint8_t>();
+  uint8_t* blob = region.device;
+  if (blob == nullptr) {
+    // Sizes with room to grow: the plan grows with the context, and a reallocation synchronises the device.
+    if (a.plan_blob.bytes() < blob_bytes) a.plan_blob.reserve(std::max<size_t>(size_t{64} << 10, 2 * blob_bytes));
+    a.stage.upload(a.plan_blob, blob_bytes, stream);
+    blob = a.plan_blob.as<uint8_t>();
+  }
   if (expand) a.expand.tiles = reinterpret_cast<const int32_t*>(blob + at_tiles);
   const size_t part_bytes = (2 * kRowsPerItem + kRowsPerItem * static_cast<size_t>(c.dim)) * sizeof(float);
   if (a.partials.bytes() < std::max<size_t>(1, a.plan.n_parts) * part_bytes)
@@ -223,9 +253,8 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   clear_bytes(k);  // padding too: launch_signature() compares the bytes
   k.main = main;
   k.sink = c.sink_params();
-  k.items = reinterpret_cast<const WorkItem*>(blob + at_items);
+  k.items = reinterpret_cast<const ItemRecord*>(blob + at_items);
   k.groups = reinterpret_cast<const OutputGroup*>(blob + at_groups);
-  k.requests = reinterpret_cast<const RequestParams*>(blob + at_requests);
   k.partials = a.partials.as<float>();
   k.counters = a.counters.as<uint32_t>();
   k.sinks = params.sinks ? reinterpret_cast<const float*>(blob + at_sinks) : nullptr;
@@ -265,7 +294,9 @@ void DeviceAttention::run(void* stream) {
              ", group ", a.group_size);
     TQ_CUDA_CHECK(cudaGetLastError());
   }
-  TQ_CHECK(kernels::launch_attention(a.dim, a.group_size, a.kind, a.params, a.grid, stream),
+  // The standard path's expand kernel runs between the append and this one: nothing to overlap.
+  const bool overlap = a.overlap_append && !a.run_expand;
+  TQ_CHECK(kernels::launch_attention(a.dim, a.group_size, a.kind, a.params, a.grid, overlap, stream),
            "internal error: no attention kernel for head_dim ", a.dim, ", group ", a.group_size);
   TQ_CUDA_CHECK(cudaGetLastError());
 }

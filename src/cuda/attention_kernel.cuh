@@ -16,10 +16,14 @@
 //      like K's.
 // The warps' states are merged in shared memory. An item that covers its group alone writes the output;
 // otherwise it writes a partial state, and the last items of the group to arrive (a counter gives the
-// order) merge it one row each: maxima, sums and the row's partial values in one round of loads, the
-// rotated-domain sum (main tier) and the original-domain sum (sink tier), the learned sink, the inverse
-// rotation once per row (a per-warp transform with shuffles), the output row. The prologue issues all of
-// its loads before the first tile copies, which would otherwise queue ahead of them.
+// order) merge it, one merger per row and chunk of up to 32 parts: all parts' maxima and sums and the
+// chunk's row values in one round of loads, the rotated-domain sum (main tier) and the original-domain
+// sum (sink tier), the learned sink, the inverse rotation (a per-warp transform with shuffles), and the
+// chunk's share of the output row, added into the output (zeroed by the group's first part) when the
+// group has more than one chunk. The prologue issues all of its loads before the first tile copies, which
+// would otherwise queue ahead of them. Launched as a programmatic dependent of the layer's append
+// (DeviceAttention::set_overlap_append), a block waits for the append only before the tiles that hold
+// the queries' own positions.
 #pragma once
 
 #include <cmath>
@@ -347,6 +351,7 @@ __device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp,
 struct MainPages {
   const int* cached;  // shared memory: page ids of pages [first, first + count)
   int first, count;
+  int early[2];       // ids of pages first and first + 1 from the item record (before `cached` is filled)
 };
 
 // The main-tier tiles of this warp (every kAttnWarps-th tile of the item) go through a ring of kStages
@@ -361,6 +366,7 @@ struct TilePipeline {
   uint8_t* ring;     // [kStages][tile_bytes], this warp's buffers
   uint32_t bars;     // shared address of this warp's kStages mbarriers (8 bytes each)
   int slot, head, n_kv, first, n, lane;
+  int wait_from;     // tiles from this index on hold the queries' own positions (see fetch_next)
   int issued = 0;    // tiles fetched so far
   int next_page = 0, next_in_page = 0;  // the next tile to fetch: page index in the sequence, tile in the page
 
@@ -372,6 +378,8 @@ struct TilePipeline {
     n = first < it.tile_end ? (it.tile_end - first + kAttnWarps - 1) / kAttnWarps : 0;
     next_page = first / tp.tiles_per_page;
     next_in_page = first - next_page * tp.tiles_per_page;
+    const int fresh = rq.pos0 - tp.first_pos;
+    wait_from = fresh <= 0 ? 0 : fresh / kTileTokens;
   }
   // Lane 0 makes the warp's barriers (each phase completes with lane 0's arrival plus the copy's bytes).
   __device__ __forceinline__ void init_barriers() const {
@@ -382,10 +390,18 @@ struct TilePipeline {
     }
     __syncwarp();
   }
+  __device__ __forceinline__ int next_index() const { return first + issued * kAttnWarps; }
+  // A tile that holds the queries' own positions may still be being written by the stream's previous
+  // kernel (the append, when the launch overlaps it: DeviceAttention::set_overlap_append): lane 0 waits
+  // for that kernel before copying it. Tiles are fetched in ascending order, so one wait covers the rest.
   __device__ __forceinline__ void fetch_next() {
     if (lane == 0) {
+      const int index = next_index();
+      if (index >= wait_from && (issued == 0 || index - kAttnWarps < wait_from)) grid_dependency_wait();
       const int k = next_page - pg.first;
-      const int page = (k >= 0 && k < pg.count) ? pg.cached[k] : tp.page_table[slot * tp.page_stride + next_page];
+      const int page = (k >= 0 && k < pg.count) ? pg.cached[k]
+                       : (k >= 0 && k < 2)      ? pg.early[k]
+                                                : tp.page_table[slot * tp.page_stride + next_page];
       const uint8_t* src =
           tp.base + ((static_cast<int64_t>(page) * n_kv + head) * tp.tiles_per_page + next_in_page) * static_cast<int64_t>(tp.tile_bytes);
       const int stage = issued % kStages;
@@ -400,10 +416,11 @@ struct TilePipeline {
       ++next_page;
     }
   }
+  // The first copies, except tiles that would make the prologue wait for the previous kernel.
   __device__ __forceinline__ void start() {
 #pragma unroll
     for (int k = 0; k < kStages - 1; ++k)
-      if (k < n) fetch_next();
+      if (k < n && next_index() < wait_from) fetch_next();
   }
   __device__ __forceinline__ const uint8_t* wait_tile(int k) const {
     const int stage = k % kStages;
@@ -413,7 +430,7 @@ struct TilePipeline {
   template <typename TileFn>
   __device__ __forceinline__ void run(TileFn&& fn) {
     for (int k = 0; k < n; ++k) {
-      if (issued < n) fetch_next();  // tile k + kStages - 1, into the buffer tile k - 1 used
+      while (issued < n && issued < k + kStages) fetch_next();  // up to tile k + kStages - 1 (the buffer tile k - 1 used)
       fn(wait_tile(k), first + k * kAttnWarps);
       __syncwarp();  // every lane is done with the buffer before lane 0 refills it
     }
@@ -534,6 +551,8 @@ __device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const 
                           const MaskInfo& mk, WarpAcc<D>& w) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const TierParams& tp = p.sink;
+  // Its newest tiles may still be being written by an overlapped append (TilePipeline::fetch_next).
+  if (it.tile_end * kTileTokens > rq.pos0) grid_dependency_wait();
   for (int tile = it.tile_begin + warp; tile < it.tile_end; tile += kAttnWarps) {
     const uint8_t* base = tile_address(tp, rq.slot, it.kv_head, p.n_kv, tile);
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -595,11 +614,12 @@ __device__ void fwht_rows(float* x, int rows) {
 
 // Writes the output rows: rot (main tier, rotated domain when `rotated`) and orig (sink tier) hold sums
 // weighted relative to row_max; row_sum is the matching softmax denominator without the learned sink;
-// v_signs (shared memory) the V rotation's signs.
+// v_signs (shared memory) the V rotation's signs. accumulate: add to the output (which holds zeros or
+// other parts' shares of the same sums: the map from sums to output is linear) instead of storing.
 template <int D>
 __device__ void write_output(const AttentionKernelParams& p, const RequestParams& rq, int kv_head, int row0, int n_rows, float* rot,
                              bool has_rot, bool rotated, const float* v_signs, const float* orig, bool has_orig, const float* row_max,
-                             const float* row_sum, float* row_scale) {
+                             const float* row_sum, float* row_scale, bool accumulate = false) {
   const int rows_total = rq.n_q * p.group;
   if (threadIdx.x < n_rows) {
     const int r = threadIdx.x, grow = row0 + r;
@@ -624,7 +644,12 @@ __device__ void write_output(const AttentionKernelParams& p, const RequestParams
     if (has_rot) v = rotated ? rot[idx] * p.inv_sqrt_dim * v_signs[d] : rot[idx];
     if (has_orig) v += orig[idx];
     const int i = grow / p.group, hq = kv_head * p.group + grow % p.group;
-    rq.out[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d] = v * row_scale[r];
+    float* out = rq.out + (static_cast<int64_t>(i) * p.n_heads + hq) * D + d;
+    if (accumulate) {
+      atomicAdd(out, v * row_scale[r]);
+    } else {
+      *out = v * row_scale[r];
+    }
   }
 }
 
@@ -684,10 +709,11 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   // Replayable grids have surplus blocks; the item array has room for the whole grid, so the item load
   // goes out beside the count's (one round trip, not two).
   const int n_items = p.n_items != nullptr ? *p.n_items : static_cast<int>(gridDim.x);
-  const WorkItem it = p.items[blockIdx.x];
+  const ItemRecord record = p.items[blockIdx.x];
   if (static_cast<int>(blockIdx.x) >= n_items) return;
   TQ_ATTN_MARK(0);
-  const RequestParams rq = p.requests[it.request];
+  const WorkItem& it = record.item;
+  const RequestParams& rq = record.request;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bool main_tier = it.tier == 0;
   const bool tq_main = MK == MainKind::tq && main_tier;
@@ -736,9 +762,10 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     }
   }
 
-  // Main tier: start fetching this warp's first tiles (page ids from the global table for now).
+  // Main tier: start fetching this warp's first tiles (page ids from the item record, or the global table past
+  // its two pages; later fetches find them in shared memory).
   constexpr int kStages = MK == MainKind::tq ? kStagesTq : kStagesDense;
-  MainPages pg{sm_pages, 0, 0};
+  MainPages pg{sm_pages, first_page, 0, {record.pages[0], record.pages[1]}};
   static_assert(kStages <= kMaxStages);
   TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * p.main.tile_bytes, sm_bars[warp]);
   if (main_tier) {
@@ -762,7 +789,6 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
       if (tid + j * kAttnThreads < page_count) sm_pages[tid + j * kAttnThreads] = page_ids[j];
     if (k_byte_lut) reinterpret_cast<uint32_t*>(sm_k_table)[tid] = k_table_word;
     if (v_byte_lut) reinterpret_cast<uint32_t*>(sm_v_table)[tid] = v_table_word;
-    pg.first = first_page;
     pg.count = page_count;  // later fetches look pages up in shared memory (after the barrier below)
   }
   __syncthreads();
@@ -835,7 +861,9 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   }
   __syncthreads();
 
-  // Merge the warps into sm_o[0] (relative to the block's row maxima).
+  // Merge the warps into sm_o[0] (relative to the block's row maxima), the item's valid rows only (a
+  // decode step of a model with 2 query heads per KV head fills 2 of the 8).
+  const int valid_rows = min(kRowsPerItem, rows_total - it.row0);
   if (tid < kRowsPerItem) {
     float m = -INFINITY;
     for (int k = 0; k < kAttnWarps; ++k) m = fmaxf(m, sm_m[k][tid]);
@@ -845,7 +873,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     sm_row_max[tid] = m;
     sm_row_sum[tid] = l;
   }
-  for (int idx = tid; idx < kRowsPerItem * D; idx += kAttnThreads) {
+  for (int idx = tid; idx < valid_rows * D; idx += kAttnThreads) {
     const int r = idx / D;
     float m = -INFINITY;
 #pragma unroll
@@ -867,13 +895,18 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   }
 
   // Several items share this group: publish the partial state (valid rows only). The last blocks to
-  // arrive merge it, one row each (with fewer parts than rows, every n_mergers-th row): the merge is bound
-  // by how fast one multiprocessor pulls the partials out of L2 (measured on the H200 at 1 x 128K, 33 parts
-  // of 4 rows: 2-3 us for one block pulling all rows), so the rows go to different multiprocessors.
-  // A merger waits until every part has been published; the blocks it waits for are running or have free
-  // slots to start in (every other block has finished), so the wait ends.
+  // arrive merge the parts: one merger per row and chunk of up to kChunk parts, so that each merger loads
+  // its values in one round of loads and the work spreads over multiprocessors (a merge is bound by how
+  // fast one multiprocessor pulls partials out of L2 and by its round trips: on the H200 one block per
+  // row took 5.6 us for 128 parts at 2 KV heads and 32K). Every merger reads all parts' maxima and sums
+  // (the row's softmax statistics) and adds its chunk's share of the output row; with more than one chunk
+  // the group's first part has zeroed the rows before it published. A merger waits until every part
+  // has been published; the blocks it waits for are running or have free slots to start in (every other
+  // block has finished), so the wait ends.
   const OutputGroup og = sm_og;
-  const int valid_rows = min(kRowsPerItem, rows_total - it.row0);
+  constexpr int kChunk = 32;  // parts per merger
+  const int n_chunks = (og.n_parts + kChunk - 1) / kChunk;
+  const bool accumulate = n_chunks > 1;
   const int stride = 2 * kRowsPerItem + kRowsPerItem * D;
   float* part = p.partials + static_cast<int64_t>(it.part) * stride;
   if (tid < kRowsPerItem) {
@@ -882,13 +915,20 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   }
   for (int idx = tid; idx < valid_rows * D / 4; idx += kAttnThreads)
     reinterpret_cast<float4*>(part + 2 * kRowsPerItem)[idx] = reinterpret_cast<const float4*>(sm_o[0])[idx];
+  if (accumulate && it.part == og.first_part) {
+    for (int idx = tid; idx < valid_rows * D; idx += kAttnThreads) {
+      const int grow = og.row0 + idx / D, i = grow / p.group, hq = og.kv_head * p.group + grow % p.group;
+      rq.out[(static_cast<int64_t>(i) * p.n_heads + hq) * D + idx % D] = 0.0f;
+    }
+  }
   __threadfence();
   __syncthreads();
   uint32_t* counter = p.counters + it.group;
   if (tid == 0) sm_last = static_cast<int>(atomicAdd(counter, 1u));  // arrival order
   __syncthreads();
   TQ_ATTN_MARK(5);
-  const int n_mergers = min(valid_rows, og.n_parts);
+  const int n_units = valid_rows * n_chunks;  // (row, chunk) pairs
+  const int n_mergers = min(n_units, og.n_parts);
   const int merger = og.n_parts - 1 - sm_last;
   if (merger >= n_mergers) return;
   if (tid == 0) {
@@ -907,18 +947,19 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   float* orig = rot + D;
   const float* parts = p.partials + static_cast<int64_t>(og.first_part) * stride;
   constexpr int kDims = (D + kAttnThreads - 1) / kAttnThreads;  // dims per thread: tid, tid + 128, ...
-  constexpr int kEarly = 32;  // parts whose row values are loaded together with the maxima (one round trip)
-  for (int r = merger; r < valid_rows; r += n_mergers) {
+  for (int u = merger; u < n_units; u += n_mergers) {
+    const int r = u / n_chunks, k0 = (u % n_chunks) * kChunk, k_end = min(og.n_parts, k0 + kChunk);
+    // The chunk's row values go out first, beside the maxima and sums: one round trip for all.
     const float* row0 = parts + 2 * kRowsPerItem + r * D;
-    float early[kEarly][kDims];
+    float v[kChunk][kDims];
 #pragma unroll
-    for (int k = 0; k < kEarly; ++k)
+    for (int k = 0; k < kChunk; ++k)
 #pragma unroll
       for (int j = 0; j < kDims; ++j) {
         const int d = tid + j * kAttnThreads;
-        early[k][j] = k < og.n_parts && d < D ? __ldcg(row0 + static_cast<int64_t>(k) * stride + d) : 0.0f;
+        v[k][j] = k0 + k < k_end && d < D ? __ldcg(row0 + static_cast<int64_t>(k0 + k) * stride + d) : 0.0f;
       }
-    // The row's maximum and sum over the parts.
+    // The row's maximum and sum over all parts.
     float m_part[kMaxPartsPerGroup / kAttnThreads], l_part[kMaxPartsPerGroup / kAttnThreads];
     float m = -INFINITY;
 #pragma unroll
@@ -939,35 +980,18 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     }
     l = block_sum(l, sm_l[0]);  // ends with a barrier: the weights are complete
 
-    // Weighted sums of the row; sink-tier parts (the first n_sink_parts) are in the original domain.
+    // The chunk's weighted sums; sink-tier parts (the first n_sink_parts) are in the original domain.
     float a_rot[kDims] = {}, a_orig[kDims] = {};
-    auto add = [&](int k, const float* v) {
-      const float w = weights[k];
-      const bool sink_part = k < og.n_sink_parts;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (k0 + k >= k_end) break;
+      const float w = weights[k0 + k];
+      const bool sink_part = k0 + k < og.n_sink_parts;
 #pragma unroll
       for (int j = 0; j < kDims; ++j) {
-        a_orig[j] = fmaf(sink_part ? w : 0.0f, v[j], a_orig[j]);
-        a_rot[j] = fmaf(sink_part ? 0.0f : w, v[j], a_rot[j]);
+        a_orig[j] = fmaf(sink_part ? w : 0.0f, v[k][j], a_orig[j]);
+        a_rot[j] = fmaf(sink_part ? 0.0f : w, v[k][j], a_rot[j]);
       }
-    };
-#pragma unroll
-    for (int k = 0; k < kEarly; ++k)
-      if (k < og.n_parts) add(k, early[k]);
-    // The other parts in batches of kEarly, each batch's loads issued together: one L2 round trip per
-    // batch, not per part (measured on the H200 with 2 KV heads at 32K, 128 parts per group: the merge
-    // took 8.5 us when each part's load waited for the previous part's sum).
-    for (int k0 = kEarly; k0 < og.n_parts; k0 += kEarly) {
-      float v[kEarly][kDims];
-#pragma unroll
-      for (int k = 0; k < kEarly; ++k)
-#pragma unroll
-        for (int j = 0; j < kDims; ++j) {
-          const int d = tid + j * kAttnThreads;
-          v[k][j] = k0 + k < og.n_parts && d < D ? __ldcg(row0 + static_cast<int64_t>(k0 + k) * stride + d) : 0.0f;
-        }
-#pragma unroll
-      for (int k = 0; k < kEarly; ++k)
-        if (k0 + k < og.n_parts) add(k0 + k, v[k]);
     }
 #pragma unroll
     for (int j = 0; j < kDims; ++j) {
@@ -984,7 +1008,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     __syncthreads();
     TQ_ATTN_MARK(6);
     write_output<D>(p, rq, og.kv_head, og.row0 + r, 1, rot, og.n_parts > og.n_sink_parts, rotated_v, sm_v_signs, orig,
-                    og.n_sink_parts > 0, sm_row_max, sm_row_sum, sm_row_scale);
+                    og.n_sink_parts > 0, sm_row_max, sm_row_sum, sm_row_scale, accumulate);
     __syncthreads();  // the row's buffers are free again
   }
   TQ_ATTN_MARK(7);

@@ -34,10 +34,20 @@ void prepare_attention(int smem) {
 }
 
 template <int D, int G, MainKind MK>
-bool launch_attention_instance(const AttentionKernelParams& p, int n_items, void* stream) {
+bool launch_attention_instance(const AttentionKernelParams& p, int n_items, bool overlap, void* stream) {
   const int smem = attention_dynamic_smem(D, MK, p.main.tile_bytes);
   prepare_attention<D, G, MK>(smem);
-  attention_kernel<D, G, MK><<<n_items, kAttnThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(n_items));
+  config.blockDim = dim3(kAttnThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, attention_kernel<D, G, MK>, p));
   return true;
 }
 

@@ -210,6 +210,9 @@ __device__ void append_stamp(int which) {
 template <int D>
 __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendParams p) {
   TQ_APPEND_MARK(0);
+  // An attention launch that overlaps the append (DeviceAttention::set_overlap_append) may start now: it
+  // waits for this kernel before it reads the tiles this one writes.
+  grid_dependents_may_start();
   __shared__ float sm_y[kAppendWarps][D], sm_c[kAppendWarps][D];
   __shared__ float sm_levels[kAppendWarps][kMaxLevels], sm_thresholds[kAppendWarps][kMaxLevels];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

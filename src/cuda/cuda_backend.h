@@ -48,6 +48,8 @@ struct DeviceProperties {
 };
 DeviceProperties device_properties();
 
+class UploadBatch;  // device_cache_impl.h: many small uploads in one copy
+
 struct DeviceCacheCapacity {
   int max_sequences = 16;   // sequences alive at once
   int64_t max_tokens = 0;   // main-tier positions of all sequences together (rounded up to whole pages)
@@ -85,8 +87,10 @@ class DeviceKVCache {
   // prepare_append does the host work (checks, pages, the positions' destinations queued for upload on
   // `stream`) and returns the kernel's parameters; launch_append enqueues the kernel. Calls with the same
   // number of positions return the same parameters, byte for byte (the destinations live at one device
-  // address), so a recorded launch stays valid.
-  AppendParams prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream = nullptr);
+  // address), so a recorded launch stays valid. With a batch, the destinations go up with the batch's copy
+  // (the caller's upload(), before the launch) when they fit in it.
+  AppendParams prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream = nullptr,
+                              UploadBatch* batch = nullptr);
   void launch_append(const AppendParams& params, void* stream = nullptr) const;
 
   // Position pos decoded to floats in the original domain, k, v: [n_kv_heads][head_dim] (like KVCache::read).
@@ -134,8 +138,9 @@ class DeviceAttention {
 
   // path: fused (reads the packed codes) or standard (expands the main tier to BF16 in the original
   // domain, then runs ordinary attention over the BF16 tiles). params.sinks is a host pointer [n_heads].
+  // With a batch, the plan goes up with the batch's copy (the caller's upload(), before run()) when it fits.
   void plan(const DeviceKVCache& cache, std::span<const DeviceAttentionRequest> requests, const AttentionParams& params,
-            AttentionPath path, void* stream = nullptr);
+            AttentionPath path, void* stream = nullptr, UploadBatch* batch = nullptr);
   void run(void* stream = nullptr);
 
   // Replayable plans (off by default): the plan's arrays keep fixed device addresses with room for a grid
@@ -146,6 +151,13 @@ class DeviceAttention {
   // blocks): a recorded run() may be replayed while it is unchanged.
   void set_replayable(bool on);
   std::string launch_signature() const;
+
+  // Overlapped launch (off by default): run() may start while the stream's previous kernel is still
+  // running, when that kernel is the cache's append (DeviceKVCache::launch_append lets its dependents
+  // start at once); the kernel waits for it only before the tiles that hold the queries' own positions,
+  // the ones the append writes. So the append hides behind the prologue and the older tiles. Only for
+  // queries at the positions just appended, with the append launched right before run() on its stream.
+  void set_overlap_append(bool on);
 
   // What plan() decided, for reports and tests.
   int items() const;

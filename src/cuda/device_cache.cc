@@ -122,6 +122,26 @@ void PinnedStaging::upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t
   pending_ = true;
 }
 
+void UploadBatch::begin() {
+  if (wanted_ > capacity_) {
+    capacity_ = std::max<size_t>(2 * wanted_, 64 << 10);
+    device_.reserve(capacity_);  // frees the old area: cudaFree waits for the work that reads it
+  }
+  host_ = stage_.begin(capacity_);
+  used_ = wanted_ = 0;
+}
+UploadBatch::Region UploadBatch::take(size_t bytes) {
+  const size_t at = wanted_;
+  wanted_ += (bytes + 15) / 16 * 16;
+  if (host_ == nullptr || wanted_ > capacity_) return {};
+  used_ = wanted_;
+  return {host_ + at, device_.as<uint8_t>() + at};
+}
+void UploadBatch::upload(void* stream) {
+  if (used_ > 0) stage_.upload(device_, used_, stream);
+  host_ = nullptr;  // regions are taken between begin() and upload()
+}
+
 // ------------------------------------------------------------------ formats
 
 void set_encode_rule(EncodeParams& e, const GroupQuantizer::Plan& plan) {
@@ -413,7 +433,8 @@ TierParams DeviceKVCache::Impl::sink_params() const {
   return t;
 }
 
-AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream) {
+AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream,
+                                           UploadBatch* batch) {
   Impl& c = *impl_;
   // Check everything before changing anything: sequences exist, counts are sane, pages suffice.
   int total = 0;
@@ -439,14 +460,22 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   std::vector<AppendToken> tokens;
   tokens.reserve(total);
   for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, stream);
-  c.staging_tokens.reserve(tokens.size() * sizeof(AppendToken));
   const size_t token_bytes = tokens.size() * sizeof(AppendToken);
-  std::memcpy(c.tokens_stage.begin(token_bytes), tokens.data(), token_bytes);
-  c.tokens_stage.upload(c.staging_tokens, token_bytes, stream);
+  const UploadBatch::Region region = batch ? batch->take(token_bytes) : UploadBatch::Region{};
+  const AppendToken* tokens_dev;
+  if (region.host) {
+    std::memcpy(region.host, tokens.data(), token_bytes);
+    tokens_dev = reinterpret_cast<const AppendToken*>(region.device);
+  } else {
+    c.staging_tokens.reserve(token_bytes);
+    std::memcpy(c.tokens_stage.begin(token_bytes), tokens.data(), token_bytes);
+    c.tokens_stage.upload(c.staging_tokens, token_bytes, stream);
+    tokens_dev = c.staging_tokens.as<AppendToken>();
+  }
 
   p.main_base = c.main_pool.as<uint8_t>();
   p.sink_base = c.sink_pool.as<uint8_t>();
-  p.tokens = c.staging_tokens.as<AppendToken>();
+  p.tokens = tokens_dev;
   p.k = k;
   p.v = v;
   p.n_tokens = total;

@@ -155,4 +155,20 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// Programmatic dependent launch (Hopper). A kernel launched with the programmatic-serialization
+// attribute may start while the stream's previous kernel still runs, once every block of that kernel has
+// called grid_dependents_may_start() (or exited); grid_dependency_wait() then blocks the calling thread
+// until the previous kernel has finished and its writes are visible. Without the attribute (or before
+// sm_90) the wait returns at once and the trigger does nothing.
+__device__ __forceinline__ void grid_dependents_may_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace tq::cuda

@@ -179,8 +179,9 @@ struct GpuLlamaModel::Impl {
   DeviceBuffer cublas_workspace;  // given to cuBLAS so that a recorded GEMM allocates nothing
 
   // The decode step's graph: the step's token and position, and what the recorded launches were.
-  DeviceBuffer step;          // int32 [2]: token, position
+  DeviceBuffer step;          // int32 [2]: token, position (when the step's batch has no room for them)
   PinnedStaging step_stage;
+  UploadBatch step_upload;    // a decode step's inputs, append destinations and attention plans: one copy
   cudaGraphExec_t step_graph = nullptr;
   cudaEvent_t step_begin = nullptr, step_end = nullptr;  // around each replay
   std::string step_signature;  // the launches' parameter bytes the graph was recorded with
@@ -234,18 +235,18 @@ struct GpuLlamaModel::Impl {
   // recorded step). prepared: the layers' append launches and attention plans (step_attention) were
   // made before (a replayed decode step); otherwise each layer makes them as it goes (attention).
   void enqueue_forward(const int32_t* tokens_dev, int n, int pos0, const int32_t* pos_dev, bool prepared, bool all_logits);
-  void prepare_layer(Layer& L, DeviceAttention& attention, int n, int pos0);
+  void prepare_layer(Layer& L, DeviceAttention& attention, int n, int pos0, UploadBatch* batch = nullptr);
   void decode_step(int32_t token, int pos0);
 };
 
-void GpuLlamaModel::Impl::prepare_layer(Layer& L, DeviceAttention& attention, int n, int pos0) {
+void GpuLlamaModel::Impl::prepare_layer(Layer& L, DeviceAttention& attention, int n, int pos0, UploadBatch* batch) {
   const DeviceKVCache::Span span{seq, n};
-  L.append = L.cache->prepare_append({&span, 1}, k(n), v(n), stream);
+  L.append = L.cache->prepare_append({&span, 1}, k(n), v(n), stream, batch);
   AttentionParams p;
   p.n_heads = n_heads;
   p.window = L.window;
   const DeviceAttentionRequest r{seq, q(n), n, pos0, att.as<float>()};
-  attention.plan(*L.cache, {&r, 1}, p, L.fused_path ? AttentionPath::fused : AttentionPath::standard, stream);
+  attention.plan(*L.cache, {&r, 1}, p, L.fused_path ? AttentionPath::fused : AttentionPath::standard, stream, batch);
 }
 
 void GpuLlamaModel::Impl::enqueue_forward(const int32_t* tokens_dev, int n, int pos0, const int32_t* pos_dev, bool prepared,
@@ -303,23 +304,33 @@ void GpuLlamaModel::Impl::enqueue_forward(const int32_t* tokens_dev, int n, int 
 
 void GpuLlamaModel::Impl::decode_step(int32_t token, int pos0) {
   const auto host_begin = std::chrono::steady_clock::now();
-  // What changes from step to step goes up first: the token and position, then every layer's append
-  // destinations and attention plan (each through its own page-locked staging).
+  // What changes from step to step goes up first, in one copy: the token and position, then every
+  // layer's append destinations and attention plan.
+  step_upload.begin();
   const int32_t step_host[2] = {token, pos0};
-  std::memcpy(step_stage.begin(sizeof step_host), step_host, sizeof step_host);
-  step_stage.upload(step, sizeof step_host, stream);
-  std::string signature;
+  const UploadBatch::Region region = step_upload.take(sizeof step_host);
+  const int32_t* step_dev;
+  if (region.host) {
+    std::memcpy(region.host, step_host, sizeof step_host);
+    step_dev = reinterpret_cast<const int32_t*>(region.device);
+  } else {
+    std::memcpy(step_stage.begin(sizeof step_host), step_host, sizeof step_host);
+    step_stage.upload(step, sizeof step_host, stream);
+    step_dev = step.as<int32_t>();
+  }
+  std::string signature(reinterpret_cast<const char*>(&step_dev), sizeof step_dev);
   for (Layer& L : layers) {
-    prepare_layer(L, *L.step_attention, 1, pos0);
+    prepare_layer(L, *L.step_attention, 1, pos0, &step_upload);
     signature.append(reinterpret_cast<const char*>(&L.append), sizeof L.append);
     signature += L.step_attention->launch_signature();
   }
+  step_upload.upload(stream);
   if (!step_graph || signature != step_signature) {
     // (Re)record: the first step, or a launch whose parameters moved (a buffer grew).
     cudaGraph_t graph = nullptr;
     TQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
-      enqueue_forward(step.as<int32_t>(), 1, pos0, step.as<int32_t>() + 1, /*prepared=*/true, /*all_logits=*/false);
+      enqueue_forward(step_dev, 1, pos0, step_dev + 1, /*prepared=*/true, /*all_logits=*/false);
     } catch (...) {
       (void)cudaStreamEndCapture(stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -447,6 +458,14 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
     }
     m.seq = L.cache->add_sequence();  // the same id in every layer (each cache starts empty)
     L.step_attention->set_replayable(true);
+    // Attention follows its layer's append on the stream and starts while the append still runs (it
+    // waits for it before the newest tiles). TQ_ATTN_OVERLAP=0 launches them one after the other.
+    static const bool overlap = [] {
+      const char* v = std::getenv("TQ_ATTN_OVERLAP");
+      return v == nullptr || std::string(v) != "0";
+    }();
+    L.attention->set_overlap_append(overlap);
+    L.step_attention->set_overlap_append(overlap);
     if (!L.fused_path && m.graph_stats.eager_reason.empty())
       m.graph_stats.eager_reason = "the standard attention path (its expand launch changes with the context length)";
     m.layers.push_back(std::move(L));
@@ -457,6 +476,9 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
   }
   m.weight_bytes += static_cast<int64_t>(m.embed.data.bytes() + m.lm_head_own.data.bytes());
   m.argmax_out.reserve(sizeof(int32_t));
+  // Room for a decode step's uploads: per layer an attention plan (a work item of 32 bytes per block of a
+  // grid that fills the GPU, a few hundred on an H200) and the append positions; it grows if needed.
+  m.step_upload.reserve(m.layers.size() * (size_t{32} << 10) + (size_t{64} << 10));
   m.step.reserve(2 * sizeof(int32_t));
   TQ_CUDA_CHECK(cudaEventCreate(&m.step_begin));
   TQ_CUDA_CHECK(cudaEventCreate(&m.step_end));

@@ -58,11 +58,21 @@ struct RequestParams {
   int32_t pad = 0;
 };
 
+// What a block of the attention kernel reads first, in one round trip: its work item, the item's request
+// and the ids of the first two main-tier pages its tiles lie in. With these the block starts copying
+// tiles at once (a work item -> request -> page table chain of loads took three round trips, about 2 us
+// of the H200's prologue before the first tile was on its way).
+struct alignas(16) ItemRecord {
+  WorkItem item;
+  RequestParams request;
+  int32_t pages[2];  // main tier: ids of pages tile_begin / tiles_per_page and the next one (-1: none)
+};
+static_assert(sizeof(ItemRecord) == 80);
+
 struct AttentionKernelParams {
   TierParams main, sink;
-  const WorkItem* items = nullptr;
+  const ItemRecord* items = nullptr;
   const OutputGroup* groups = nullptr;
-  const RequestParams* requests = nullptr;
   float* partials = nullptr;        // [parts][16 + 8 * D]: row maxima, row sums, rows x D accumulators
   uint32_t* counters = nullptr;     // [groups], zero between launches
   const float* sinks = nullptr;     // [n_heads] learned sink logits, or nullptr

@@ -6,8 +6,10 @@
 
 namespace tq::cuda::kernels {
 
-// Attention: head_dim 64, 128 or 256; group_size 32, 64 or 128 (TurboQuant main tier only).
-bool launch_attention(int dim, int group_size, MainKind kind, const AttentionKernelParams& params, int n_items, void* stream);
+// Attention: head_dim 64, 128 or 256; group_size 32, 64 or 128 (TurboQuant main tier only). overlap: a
+// programmatic dependent launch that may start while the stream's previous kernel (an append that lets
+// it) still runs; the kernel waits for that kernel before it reads tiles holding the queries' positions.
+bool launch_attention(int dim, int group_size, MainKind kind, const AttentionKernelParams& params, int n_items, bool overlap, void* stream);
 // Thread blocks of that kernel one multiprocessor holds at once (0 when none is compiled). Sets the
 // kernel's dynamic shared-memory limit on first use; throws tq::Error when the device cannot give it.
 int attention_blocks_per_sm(int dim, int group_size, MainKind kind, int tile_bytes);

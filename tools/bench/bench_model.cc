@@ -56,7 +56,7 @@ std::vector<Result> run_model_cuda(const ModelBenchArgs& a, const LlamaModel& mo
   TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
   std::vector<int> depths = a.depths;
   std::sort(depths.begin(), depths.end());
-  const int per_depth = a.reps * (a.prompt + a.gen);
+  const int per_depth = a.reps * (a.prompt + a.gen) + 1;  // + the warm-up step
   const int64_t max_tokens = static_cast<int64_t>(depths.back()) + static_cast<int64_t>(depths.size()) * per_depth + 1;
   SplitMix64 rng(1);
   const int V = static_cast<int>(model.vocab_size());
@@ -77,6 +77,13 @@ std::vector<Result> run_model_cuda(const ModelBenchArgs& a, const LlamaModel& mo
           const int n = std::min(512, depth - pos);
           gpu.forward(tokens.data() + pos, n, pos, nullptr);
           pos += n;
+        }
+        // One untimed decode step first: the step's graph is recorded for this depth's plan shapes (several
+        // ms, once), as any long generation does once, not in every timed repetition.
+        if (a.gen > 0) {
+          gpu.forward(tokens.data() + pos, 1, pos, nullptr);
+          (void)gpu.argmax();
+          ++pos;
         }
         std::vector<double> pp, tg;
         const auto before = gpu.decode_graph_stats();
