@@ -155,6 +155,16 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// Atomics on global memory whose old value nobody reads (code bits ORed into shared words, the final
+// merge's shares of an output row): red carries no result back. (On the H200 the append's code writes
+// took as long with atomicOr: the cost of that phase was the code search, see cache_kernels.cu.)
+__device__ __forceinline__ void red_or(unsigned int* address, unsigned int bits) {
+  asm volatile("red.global.or.b32 [%0], %1;" ::"l"(__cvta_generic_to_global(address)), "r"(bits) : "memory");
+}
+__device__ __forceinline__ void red_add(float* address, float value) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(__cvta_generic_to_global(address)), "f"(value) : "memory");
+}
+
 // Programmatic dependent launch (Hopper). A kernel launched with the programmatic-serialization
 // attribute may start while the stream's previous kernel still runs, once every block of that kernel has
 // called grid_dependents_may_start() (or exited); grid_dependency_wait() then blocks the calling thread
