@@ -20,10 +20,11 @@
 // chunk's row values in one round of loads, the rotated-domain sum (main tier) and the original-domain
 // sum (sink tier), the learned sink, the inverse rotation (a per-warp transform with shuffles), and the
 // chunk's share of the output row, added into the output (zeroed by the group's first part) when the
-// group has more than one chunk. The prologue issues all of its loads before the first tile copies, which
-// would otherwise queue ahead of them. Launched as a programmatic dependent of the layer's append
-// (DeviceAttention::set_overlap_append), a block waits for the append only before the tiles that hold
-// the queries' own positions.
+// group has more than one chunk (the chunks' additions land in varying order, so such outputs agree from
+// run to run within float rounding, not bit for bit). The prologue issues all of its loads before the
+// first tile copies, which would otherwise queue ahead of them. Launched as a programmatic dependent of
+// the layer's append (DeviceAttention::set_overlap_append), a block waits for the append only before the
+// tiles that hold the queries' own positions.
 #pragma once
 
 #include <cmath>
