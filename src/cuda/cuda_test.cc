@@ -396,7 +396,50 @@ TEST_F(Cuda, PlainDenseCaches) {
     }
 }
 
-// The plan is reusable: graph replays give the same bits as a direct run (the merge counters reset).
+// Long contexts split into more than 64 parts per output group, so the final merge runs as several
+// mergers per row (chunks of 32 parts) adding their shares into the zeroed output: checked against the
+// CPU reference with and without the sink tier and learned sinks, and on a dense cache. The part count
+// is asserted on the plan (2 KV heads at 20000 positions: 78 parts per group wherever the GPU holds at
+// least 20 blocks of the split at once).
+TEST_F(Cuda, ManyPartsMergeIntoTheOutput) {
+  ThreadPool pool(4);
+  std::vector<Case> cases;
+  for (int min_tokens : {0, 64})
+    for (bool sinks : {false, true}) {
+      Case c;
+      c.n_heads = 4;
+      c.n_kv = 2;
+      c.lengths = {20000};
+      c.min_tokens = min_tokens;
+      c.sinks = sinks;
+      cases.push_back(c);
+    }
+  Case dense = cases.front();
+  dense.dense = KVType::f16;
+  cases.push_back(dense);
+  for (const Case& c : cases) {
+    check_case(c, pool);
+    // The plan of the same shape: its parts per output group.
+    DeviceKVCache probe(c.n_kv, c.dim, cache_options(c), {1, c.lengths[0] + 64});
+    const int seq = probe.add_sequence();
+    const std::vector<float> zeros(static_cast<size_t>(c.lengths[0]) * c.n_kv * c.dim, 0.0f);
+    probe.append(seq, zeros.data(), zeros.data(), c.lengths[0]);
+    float* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 2 * c.n_heads * c.dim * sizeof(float)), cudaSuccess);
+    const DeviceAttentionRequest r{seq, d, 1, c.lengths[0] - 1, d + c.n_heads * c.dim};
+    AttentionParams p;
+    p.n_heads = c.n_heads;
+    DeviceAttention a;
+    a.plan(probe, {&r, 1}, p, AttentionPath::fused);
+    EXPECT_GT(a.parts(), 64 * c.n_kv) << name(c) << ": " << a.describe();
+    cudaFree(d);
+  }
+}
+
+// The plan is reusable: graph replays give the same bits as a direct run (the merge counters reset). At
+// most 35 parts per group here (items of 16 tiles or more): at most two merge chunks per row, whose two
+// additions into the zeroed output commute, so the bits repeat (three or more chunks would agree only
+// within rounding).
 TEST_F(Cuda, GraphReplaysRepeatTheDirectRun) {
   SplitMix64 rng(123);
   TurboQuantCacheOptions o;
