@@ -734,16 +734,30 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   // 3. Values: weights per value group (the group's scale folded in), then the accumulation.
   switch (J.values) {
     case BlockValues::turboquant_records: {
+      // The records' binary16 scales, two groups per 32-bit load, times the weights.
       const int groups = dim / J.v_group;
       const hn::Rebind<hwy::float16_t, D16> dh;
-      HWY_ALIGN uint16_t sc16[kBlockTokens];
-      for (int g = 0; g < groups; ++g) {
-        for (int t = 0; t < n; ++t) std::memcpy(&sc16[t], J.v + static_cast<size_t>(t) * J.v_stride + J.v_code_bytes + 2 * g, 2);
-        for (int t = n; t < n16; ++t) sc16[t] = 0;
-        for (int t = 0; t < n16; t += N) {
-          const auto sc = hn::PromoteTo(d, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(sc16) + t));
-          for (int r = 0; r < rows; ++r)
-            hn::Store(hn::Mul(sc, hn::Load(d, s + r * kBlockTokens + t)), d, w + (g * kBlockRows + r) * kBlockTokens + t);
+      HWY_ALIGN uint16_t sc16[2][kBlockTokens];
+      for (int g = 0; g < groups; g += 2) {
+        const bool pair = g + 1 < groups;
+        const uint8_t* at = J.v + J.v_code_bytes + 2 * g;
+        if (pair) {
+          for (int t = 0; t < n; ++t, at += J.v_stride) {
+            uint32_t word;
+            std::memcpy(&word, at, 4);
+            sc16[0][t] = static_cast<uint16_t>(word);
+            sc16[1][t] = static_cast<uint16_t>(word >> 16);
+          }
+        } else {
+          for (int t = 0; t < n; ++t, at += J.v_stride) std::memcpy(&sc16[0][t], at, 2);
+        }
+        for (int h = 0; h < (pair ? 2 : 1); ++h) {
+          for (int t = n; t < n16; ++t) sc16[h][t] = 0;
+          for (int t = 0; t < n16; t += N) {
+            const auto sc = hn::PromoteTo(d, hn::Load(dh, reinterpret_cast<const hwy::float16_t*>(sc16[h]) + t));
+            for (int r = 0; r < rows; ++r)
+              hn::Store(hn::Mul(sc, hn::Load(d, s + r * kBlockTokens + t)), d, w + ((g + h) * kBlockRows + r) * kBlockTokens + t);
+          }
         }
       }
       HWY_ALIGN float lv[32] = {};
