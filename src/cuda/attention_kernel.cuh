@@ -49,15 +49,18 @@ __device__ __forceinline__ unsigned long long global_timer_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(stamp)::"memory");
   return stamp;
 }
-#define TQ_ATTN_MARK(i)                                                                       \
-  do {                                                                                        \
-    if (threadIdx.x == 0 && blockIdx.x < kTimelineBlocks) g_attn_timeline[blockIdx.x][i] = global_timer_ns(); \
+// Stores the global timer into `slot` when `cond` holds (diagnostics build); nothing otherwise (the
+// arguments are not evaluated). The attention and append stamps below go through it.
+#define TQ_STAMP_IF(cond, slot) \
+  do {                          \
+    if (cond) (slot) = global_timer_ns(); \
   } while (0)
 #else
-#define TQ_ATTN_MARK(i) \
-  do {                  \
+#define TQ_STAMP_IF(cond, slot) \
+  do {                          \
   } while (0)
 #endif
+#define TQ_ATTN_MARK(i) TQ_STAMP_IF(threadIdx.x == 0 && blockIdx.x < kTimelineBlocks, g_attn_timeline[blockIdx.x][i])
 
 template <int D>
 struct WarpAcc {

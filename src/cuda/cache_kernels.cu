@@ -94,15 +94,8 @@ inline constexpr int kMaxLevels = 256;  // 8-bit codes
 // (the first 4 warps; the last launch's stamps remain), read by the decode-step timeline (gpu_model.cc).
 #ifdef TQ_ATTN_TIMELINE
 __device__ unsigned long long g_append_phase[4][8];
-#define TQ_APPEND_PHASE(i)                                                                          \
-  do {                                                                                            \
-    if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) g_append_phase[threadIdx.x >> 5][i] = global_timer_ns(); \
-  } while (0)
-#else
-#define TQ_APPEND_PHASE(i) \
-  do {                     \
-  } while (0)
 #endif
+#define TQ_APPEND_PHASE(i) TQ_STAMP_IF((threadIdx.x & 31) == 0 && threadIdx.x < 128, g_append_phase[threadIdx.x >> 5][i])
 
 // y, chosen: this warp's shared-memory rows of D floats; levels, thresholds: its shared-memory copies of
 // the level table [kMaxLevels] and the thresholds between levels [kMaxLevels - 1].
