@@ -282,26 +282,33 @@ struct Prefetch {
   size_t bytes = 0;
 };
 
-// Walks a Prefetch in `parts` equal slices, one per Next(): after k calls, lines [0, floor(k L / parts))
-// of its L cache lines have been requested. Incremental, without division (two 64-bit divisions per
-// call cost about a third of the value loop's time on the machine of docs/BENCHMARKS.md).
+// Walks a Prefetch in `parts` steps of the same number of cache lines, ceil(L / parts) of its L lines
+// per Next() until all are requested. The step count is fixed for a walk, so the inner loop's branch
+// is predictable; a variable count per step (the exact share floor(k L / parts) - floor((k-1) L / parts))
+// mispredicted often enough to cost about a fifth of the K8 scoring loop on the machine of
+// docs/BENCHMARKS.md, and division per step cost more still.
 class PrefetchSlices {
  public:
-  HWY_INLINE PrefetchSlices(const Prefetch& pf, size_t parts)
-      : base_(pf.base), lines_(pf.base && parts > 0 ? (pf.bytes + 63) / 64 : 0), parts_(parts) {}
+  HWY_INLINE PrefetchSlices(const Prefetch& pf, size_t parts) {
+    const size_t lines = pf.base && parts > 0 ? (pf.bytes + 63) / 64 : 0;
+    next_ = pf.base;
+    end_ = pf.base + 64 * lines;
+    step_ = lines == 0 ? 0 : lines / parts;
+    extra_ = lines == 0 ? 0 : lines % parts;
+  }
   HWY_INLINE void Next() {
-    if (lines_ == 0) return;
-    acc_ += lines_;
-    while (acc_ >= parts_) {
-      acc_ -= parts_;
-      __builtin_prefetch(base_ + 64 * line_, 0, 1);
-      ++line_;
+    for (size_t i = 0; i < step_; ++i, next_ += 64) __builtin_prefetch(next_, 0, 1);
+    if (extra_ > 0) {
+      __builtin_prefetch(next_, 0, 1);
+      next_ += 64;
+      --extra_;
     }
   }
 
  private:
-  const uint8_t* base_;
-  size_t lines_, parts_, acc_ = 0, line_ = 0;
+  const uint8_t* next_;
+  const uint8_t* end_;
+  size_t step_, extra_;
 };
 
 // Level lookup of a code vector from a table of at most 16 levels held in registers.
@@ -426,13 +433,13 @@ HWY_INLINE void AccumulatePosition(__m512i code, __m512 levels, const float* HWY
   const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
   const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
   for (int r = 0; r < kRows; ++r) {
-    // The weight as an embedded-broadcast memory operand: the load port broadcasts, so the vector
-    // pipes only see the multiply-adds.
-    const float* wp = wt + r * kBlockTokens;
-    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][0]) : [x] "v"(x0), [w] "m"(*wp));
-    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][1]) : [x] "v"(x1), [w] "m"(*wp));
-    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][2]) : [x] "v"(x2), [w] "m"(*wp));
-    __asm__("vfmadd231ps %[w]%{1to16%}, %[x], %[a]" : [a] "+v"(a[r][3]) : [x] "v"(x3), [w] "m"(*wp));
+    // One broadcast register per row feeds the four multiply-adds (measured faster than four
+    // embedded-broadcast memory operands, which issue four loads).
+    const __m512 w = _mm512_set1_ps(wt[r * kBlockTokens]);
+    a[r][0] = _mm512_fmadd_ps(w, x0, a[r][0]);
+    a[r][1] = _mm512_fmadd_ps(w, x1, a[r][1]);
+    a[r][2] = _mm512_fmadd_ps(w, x2, a[r][2]);
+    a[r][3] = _mm512_fmadd_ps(w, x3, a[r][3]);
   }
 }
 
@@ -450,8 +457,9 @@ HWY_INLINE void AccumulateTurboQuantPermuted(const tq::attn_kernels::BlockJob& J
   const size_t plane_bytes = static_cast<size_t>(dim) / 8;
   const __m512 levels = _mm512_load_ps(levels16);
   PrefetchSlices slices(pf, static_cast<size_t>(dim / 64) * n);
+  const int group_shift = J.v_group == 64 ? 0 : 1;  // chunk c of 64 dimensions is in value group c >> shift (groups of 64 or 128)
   for (int c = 0; c < dim / 64; ++c) {
-    const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
+    const float* HWY_RESTRICT wc = w + static_cast<size_t>(c >> group_shift) * kBlockRows * kBlockTokens;
     __m512 a[kRows][4];
     LoadScaledChunk<kRows>(J.acc, dim, c, alpha, a);
     const uint8_t* HWY_RESTRICT rec = J.v + 8 * c;
@@ -489,12 +497,13 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void AccumulateTurboQuantGfni(
   for (int m = 0; m < 8; ++m)
     for (int k = 0; k < kBits; ++k) rows_mask |= 1ull << (8 * m + 7 - k);
   PrefetchSlices slices(pf, static_cast<size_t>(dim / 64) * n);
+  const int group_shift = J.v_group == 64 ? 0 : 1;  // chunk c of 64 dimensions is in value group c >> shift (groups of 64 or 128)
   for (int c = 0; c < dim / 64; ++c) {
     HWY_ALIGN uint8_t index_bytes[64] = {};
     for (int m = 0; m < 8; ++m)
       for (int k = 0; k < kBits; ++k) index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * plane_bytes + 8 * c + m);
     const __m512i index = _mm512_load_si512(index_bytes);
-    const float* HWY_RESTRICT wc = w + static_cast<size_t>(64 * c / J.v_group) * kBlockRows * kBlockTokens;
+    const float* HWY_RESTRICT wc = w + static_cast<size_t>(c >> group_shift) * kBlockRows * kBlockTokens;
     __m512 a[kRows][4];
     LoadScaledChunk<kRows>(J.acc, dim, c, alpha, a);
     const uint8_t* HWY_RESTRICT rec = J.v;
@@ -540,7 +549,7 @@ HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJo
 #endif
 
 // Whether this target accumulates TurboQuant values of this group size in the permuted order.
-HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && v_group % 64 == 0; }
+HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && (v_group == 64 || v_group == 128); }
 
 #if HWY_TARGET == HWY_AVX3_DL
 // TurboQuant keys of 1..4 bits from a column region of 64 positions (planes [dim][bits][8 bytes]): per
@@ -651,6 +660,70 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
 }
 #endif
 
+// The online-softmax update of a block's rows (scores s [kBlockRows][kBlockTokens], positions [0, n16)):
+// masks what each row must not see, p = exp(s - m_new) in place, alpha[r] = exp(m_old - m_new), and
+// m, l (and the other domain's accumulators) updated. The rows are independent chains (maximum,
+// exponentials, sum), written side by side so that they overlap instead of running one after another.
+template <int kRows>
+HWY_INLINE void OnlineSoftmax(const tq::attn_kernels::BlockJob& J, int n16, float* HWY_RESTRICT s, float* HWY_RESTRICT alpha) {
+  const D16 d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const auto lowest = hn::Set(d, -87.0f);  // below this exp underflows
+  bool live[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    float* sr = s + r * kBlockTokens;
+    const int lo = J.lo[r], hi = J.hi[r];
+    live[r] = lo < hi;
+    for (int t = 0; t < lo; ++t) sr[t] = neg_inf;
+    for (int t = hi; t < n16; ++t) sr[t] = neg_inf;
+  }
+  hn::Vec<D16> mx[kRows], sum[kRows];
+  for (int r = 0; r < kRows; ++r) mx[r] = hn::Set(d, neg_inf);
+  for (int t = 0; t < n16; t += N)
+    for (int r = 0; r < kRows; ++r) mx[r] = hn::Max(mx[r], hn::Load(d, s + r * kBlockTokens + t));
+  float m_new[kRows];
+  constexpr int kGap = (kRows + N - 1) / N * N;
+  HWY_ALIGN float gap[kGap];  // m_old - m_new per row (<= 0), then alpha
+  for (int i = 0; i < kGap; ++i) gap[i] = 0.0f;
+  for (int r = 0; r < kRows; ++r) {
+    const float block_max = hn::GetLane(hn::MaxOfLanes(d, mx[r]));
+    const float m_old = J.m[r];
+    m_new[r] = block_max > m_old ? block_max : m_old;
+    // A row that saw nothing yet (m_old = -inf) has no state to rescale: alpha = exp(-inf) = 0.
+    gap[r] = m_old == neg_inf ? -std::numeric_limits<float>::infinity() : m_old - m_new[r];
+  }
+  for (int i = 0; i < kGap; i += N) {
+    const auto g = hn::Load(d, gap + i);
+    hn::Store(hn::IfThenZeroElse(hn::Lt(g, lowest), ExpNonPositive(d, hn::Max(g, lowest))), d, gap + i);
+  }
+  hn::Vec<D16> shift[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    shift[r] = hn::Set(d, m_new[r]);
+    sum[r] = hn::Zero(d);
+  }
+  for (int t = 0; t < n16; t += N)
+    for (int r = 0; r < kRows; ++r) {
+      float* sr = s + r * kBlockTokens + t;
+      const auto z = hn::Sub(hn::Load(d, sr), shift[r]);
+      const auto e = hn::IfThenZeroElse(hn::Lt(z, lowest), ExpNonPositive(d, hn::Max(z, lowest)));
+      sum[r] = hn::Add(sum[r], e);
+      hn::Store(e, d, sr);
+    }
+  for (int r = 0; r < kRows; ++r) {
+    if (!live[r]) {  // this row sees none of the block: its state stays, its weights are zero
+      float* sr = s + r * kBlockTokens;
+      for (int t = 0; t < n16; ++t) sr[t] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
+    alpha[r] = gap[r];
+    J.m[r] = m_new[r];
+    J.l[r] = J.l[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(d, sum[r]));
+    if (J.acc_other != nullptr && alpha[r] != 1.0f) Scale(J.acc_other + static_cast<size_t>(r) * J.dim, J.dim, alpha[r]);
+  }
+}
+
 void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   using tq::attn_kernels::BlockKeys;
   using tq::attn_kernels::BlockValues;
@@ -722,35 +795,11 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 
   // 2. Masking and the online-softmax update: p = exp(s - m_new) in place, alpha rescales the old state.
   HWY_ALIGN float alpha[kBlockRows];
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const auto lowest = hn::Set(d, -87.0f);  // below this exp underflows
-  for (int r = 0; r < rows; ++r) {
-    float* sr = s + r * kBlockTokens;
-    const int lo = J.lo[r], hi = J.hi[r];
-    if (lo >= hi) {  // this row sees none of the block
-      for (int t = 0; t < n16; ++t) sr[t] = 0.0f;
-      alpha[r] = 1.0f;
-      continue;
-    }
-    for (int t = 0; t < lo; ++t) sr[t] = neg_inf;
-    for (int t = hi; t < n16; ++t) sr[t] = neg_inf;
-    auto mx = hn::Set(d, neg_inf);
-    for (int t = 0; t < n16; t += N) mx = hn::Max(mx, hn::Load(d, sr + t));
-    const float block_max = hn::GetLane(hn::MaxOfLanes(d, mx));
-    const float m_old = J.m[r];
-    const float m_new = block_max > m_old ? block_max : m_old;
-    alpha[r] = m_old == neg_inf ? 0.0f : std::exp(m_old - m_new);
-    const auto sh = hn::Set(d, m_new);
-    auto sum = hn::Zero(d);
-    for (int t = 0; t < n16; t += N) {
-      const auto z = hn::Sub(hn::Load(d, sr + t), sh);
-      const auto e = hn::IfThenZeroElse(hn::Lt(z, lowest), ExpNonPositive(d, hn::Max(z, lowest)));
-      sum = hn::Add(sum, e);
-      hn::Store(e, d, sr + t);
-    }
-    J.m[r] = m_new;
-    J.l[r] = J.l[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(d, sum));
-    if (J.acc_other != nullptr && alpha[r] != 1.0f) Scale(J.acc_other + static_cast<size_t>(r) * dim, dim, alpha[r]);
+  switch (rows) {
+    case 1: OnlineSoftmax<1>(J, n16, s, alpha); break;
+    case 2: OnlineSoftmax<2>(J, n16, s, alpha); break;
+    case 3: OnlineSoftmax<3>(J, n16, s, alpha); break;
+    default: OnlineSoftmax<4>(J, n16, s, alpha); break;
   }
 
   // 3. Values: weights per value group (the group's scale folded in), then the accumulation.
