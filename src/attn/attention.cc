@@ -157,6 +157,7 @@ constexpr int kTile = 16;  // positions of a decoded key tile (formats scored by
 struct PartialState {
   std::vector<float> m, l;                 // [rows]
   AlignedVector<float> acc_orig, acc_rot;  // [rows][dim]: values in the original / V-rotated domain
+  bool orig_used = false, rot_used = false;  // whether the item had segments of that value domain
 };
 
 // A range of KV heads over a range of a request's segments. Decode steps take all heads of a run of
@@ -209,6 +210,12 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
     st.l.assign(rows, 0.0f);
     st.acc_orig.assign(static_cast<size_t>(rows) * dim, 0.0f);
     st.acc_rot.assign(static_cast<size_t>(rows) * dim, 0.0f);
+    st.orig_used = st.rot_used = false;
+    for (int si = item.seg_begin; si < item.seg_end; ++si) {
+      const bool rotated = plan.segs[si].v_format->rotated();
+      st.rot_used = st.rot_used || rotated;
+      st.orig_used = st.orig_used || !rotated;
+    }
   }
   const int last_q = r.pos0 + r.n_q - 1;
   const int oldest_visible = p.window > 0 ? r.pos0 - p.window + 1 : 0;
@@ -341,8 +348,6 @@ struct FusedWorkspace {
   std::vector<WorkItem> items;
   std::vector<std::pair<int, int>> runs;     // segment runs of one request
   std::vector<PartialState> states;          // [items x heads]
-  std::vector<const PartialState*> parts;    // the slices of one (request, KV head)
-  AlignedVector<float> out_orig, out_rot;    // [dim]
 };
 
 void attend_fused(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& p,
@@ -443,28 +448,33 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     }
   });
 
-  // Accumulators filled in the permuted order of the block kernel back to dimension order (only the
-  // main tier's TurboQuant values write acc_rot; the sink tier is never rotated).
+  // Merge the slices of each (request, KV head), one pair per task: rescale to the common maximum and
+  // add; the learned sink adds exp(sink - m) to the denominator only. A value domain no slice used is
+  // skipped. The main tier's TurboQuant accumulators are in the block kernel's permuted dimension order
+  // (the same in every slice), so the merged row is put back in order once, before the inverse rotation.
   const RecordPlan& v_main = cache.v_format().plan();
-  if (v_main.type == KVType::turboquant && values_in_registers(v_main, dim) &&
-      attn_kernels::block_permutes_values(v_main.group_size))
-    for (auto& st : states) attn_kernels::unpermute_values(st.acc_rot.data(), static_cast<int>(st.acc_rot.size() / dim), dim);
-
-  // Merge the slices of each (request, KV head): rescale to the common maximum and add; the learned
-  // sink adds exp(sink - m) to the denominator only.
-  for (size_t ri = 0; ri < requests.size(); ++ri) {
-    const auto& r = requests[ri];
-    const int rows = r.n_q * s.group;
-    for (int h = 0; h < s.n_kv; ++h) {
-      std::vector<const PartialState*>& parts = ws.parts;
+  const bool permuted = v_main.type == KVType::turboquant && values_in_registers(v_main, dim) &&
+                        attn_kernels::block_permutes_values(v_main.group_size);
+  pool.parallel_for(requests.size() * s.n_kv, [&](size_t b, size_t e, int) {
+    // Per OS thread, kept between calls (see FusedWorkspace).
+    thread_local std::vector<const PartialState*> parts;  // the slices of one (request, KV head)
+    thread_local AlignedVector<float> out_orig, out_rot;  // [dim]
+    out_orig.resize(dim);
+    out_rot.resize(dim);
+    for (size_t task = b; task < e; ++task) {
+      const size_t ri = task / s.n_kv;
+      const int h = static_cast<int>(task % s.n_kv);
+      const auto& r = requests[ri];
+      const int rows = r.n_q * s.group;
       parts.clear();
+      bool orig_used = false, rot_used = false;
       for (const WorkItem& it : items)
-        if (it.request == static_cast<int>(ri) && h >= it.head_begin && h < it.head_end)
-          parts.push_back(&states[it.first_state + (h - it.head_begin)]);
-      AlignedVector<float>& out_orig = ws.out_orig;
-      AlignedVector<float>& out_rot = ws.out_rot;
-      out_orig.resize(dim);
-      out_rot.resize(dim);
+        if (it.request == static_cast<int>(ri) && h >= it.head_begin && h < it.head_end) {
+          const PartialState* st = &states[it.first_state + (h - it.head_begin)];
+          parts.push_back(st);
+          orig_used = orig_used || st->orig_used;
+          rot_used = rot_used || st->rot_used;
+        }
       for (int row = 0; row < rows; ++row) {
         const int i = row / s.group, hq = h * s.group + row % s.group;
         float m = p.sinks ? p.sinks[hq] : kNegInf;
@@ -476,20 +486,25 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
           if (st->m[row] == kNegInf) continue;
           const float w = std::exp(st->m[row] - m);
           l += st->l[row] * w;
-          const float* ao = st->acc_orig.data() + static_cast<size_t>(row) * dim;
-          const float* ar = st->acc_rot.data() + static_cast<size_t>(row) * dim;
-          for (int j = 0; j < dim; ++j) {
-            out_orig[j] += w * ao[j];
-            out_rot[j] += w * ar[j];
+          if (st->orig_used) {
+            const float* ao = st->acc_orig.data() + static_cast<size_t>(row) * dim;
+            for (int j = 0; j < dim; ++j) out_orig[j] += w * ao[j];
+          }
+          if (st->rot_used) {
+            const float* ar = st->acc_rot.data() + static_cast<size_t>(row) * dim;
+            for (int j = 0; j < dim; ++j) out_rot[j] += w * ar[j];
           }
         }
-        if (v_rot) v_rot->inverse(out_rot.data());
+        if (rot_used) {
+          if (permuted) attn_kernels::unpermute_values(out_rot.data(), 1, dim);
+          if (v_rot) v_rot->inverse(out_rot.data());
+        }
         float* o = r.out + (static_cast<size_t>(i) * s.n_heads + hq) * dim;
         const float inv = l > 0 ? 1.0f / l : 0.0f;
         for (int j = 0; j < dim; ++j) o[j] = (out_orig[j] + out_rot[j]) * inv;
       }
     }
-  }
+  });
 }
 
 }  // namespace
