@@ -46,4 +46,11 @@ struct ModelBenchArgs {
 };
 int run_model(const ModelBenchArgs& args);
 
+// Which 512-bit instructions share the multiply-add pipes (x86-64 with AVX-512 VNNI/VBMI/BF16/GFNI).
+struct PipesArgs {
+  long iterations = 20000000;  // loop iterations per timing (each times 5 rounds, best kept)
+  bool json = false;
+};
+int run_pipes(const PipesArgs& args);
+
 }  // namespace tq::bench

@@ -58,6 +58,11 @@ int main(int argc, char** argv) {
   mo->add_option("-o,--output", mb.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   mo->add_option("--device", mb.device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
 
+  PipesArgs pipes;
+  auto* pi = app.add_subcommand("pipes", "which 512-bit instructions share the multiply-add pipes (why integer dot products do or do not help)");
+  pi->add_option("--iterations", pipes.iterations, "loop iterations per timing")->check(CLI::Range(1000L, 1000000000L));
+  pi->add_flag("--json", pipes.json, "print JSON instead of a Markdown table");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c->parsed()) {
@@ -77,6 +82,7 @@ int main(int argc, char** argv) {
       attn.standard = !no_standard;
       return run_attention(attn);
     }
+    if (pi->parsed()) return run_pipes(pipes);
     if (mo->parsed()) {
       mb.standard = !mb_no_standard;
       return run_model(mb);
