@@ -282,17 +282,17 @@ struct Prefetch {
   size_t bytes = 0;
 };
 
-// Walks a Prefetch in `parts` steps of the same number of cache lines, ceil(L / parts) of its L lines
-// per Next() until all are requested. The step count is fixed for a walk, so the inner loop's branch
-// is predictable; a variable count per step (the exact share floor(k L / parts) - floor((k-1) L / parts))
+// Walks a Prefetch in `parts` steps, one per Next() (call it at most `parts` times): each step requests
+// floor(L / parts) of its L cache lines, and the first L % parts steps one more, so after `parts` steps
+// all L lines are requested. The inner loop's trip count is fixed for a walk, so its branch is
+// predictable; the exact share per step (floor(k L / parts) - floor((k-1) L / parts), in a while loop)
 // mispredicted often enough to cost about a fifth of the K8 scoring loop on the machine of
-// docs/BENCHMARKS.md, and division per step cost more still.
+// docs/BENCHMARKS.md, and a division per step cost more still.
 class PrefetchSlices {
  public:
   HWY_INLINE PrefetchSlices(const Prefetch& pf, size_t parts) {
     const size_t lines = pf.base && parts > 0 ? (pf.bytes + 63) / 64 : 0;
     next_ = pf.base;
-    end_ = pf.base + 64 * lines;
     step_ = lines == 0 ? 0 : lines / parts;
     extra_ = lines == 0 ? 0 : lines % parts;
   }
@@ -307,7 +307,6 @@ class PrefetchSlices {
 
  private:
   const uint8_t* next_;
-  const uint8_t* end_;
   size_t step_, extra_;
 };
 
