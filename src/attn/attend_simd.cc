@@ -690,7 +690,7 @@ HWY_INLINE void OnlineSoftmax(const tq::attn_kernels::BlockJob& J, int n16, floa
     const float m_old = J.m[r];
     m_new[r] = block_max > m_old ? block_max : m_old;
     // A row that saw nothing yet (m_old = -inf) has no state to rescale: alpha = exp(-inf) = 0.
-    gap[r] = m_old == neg_inf ? -std::numeric_limits<float>::infinity() : m_old - m_new[r];
+    gap[r] = m_old == neg_inf ? neg_inf : m_old - m_new[r];
   }
   for (int i = 0; i < kGap; i += N) {
     const auto g = hn::Load(d, gap + i);
