@@ -555,34 +555,37 @@ HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && (v_gr
 // dimension, the codes of all 64 positions from one byte permute and one GF(2) affine transform (see
 // AccumulateTurboQuantGfni), the levels by vpermps per 16 positions, and one multiply-add per query
 // row; the group's scales multiply the group's partial scores.
+// Scores positions [t0, t0 + 64) of a region of T = 64 or 128 positions (a dimension's kBits planes,
+// kBits * T / 8 bytes, within one 64-byte load) into scores [kRows][kBlockTokens].
 template <int kBits, int kRows>
-__attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J,
-                                                                          const Prefetch& pf) {
+__attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J, int t0,
+                                                                          float* HWY_RESTRICT scores,
+                                                                          PrefetchSlices& slices) {
   const int dim = J.dim, group = J.k_group, groups = dim / group;
-  constexpr size_t kPlane = 8;  // bytes per plane for 64 positions
+  const size_t plane = static_cast<size_t>(J.T) / 8;  // bytes per plane
   const __m512 levels = _mm512_loadu_ps(J.k_levels);
   const __m512i bit_of_byte = _mm512_set1_epi64(static_cast<long long>(0x8040201008040201ull));
   HWY_ALIGN uint8_t index_bytes[64] = {};
   __mmask64 rows_mask = 0;
   for (int m = 0; m < 8; ++m)
     for (int k = 0; k < kBits; ++k) {
-      index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * kPlane + m);
+      index_bytes[8 * m + 7 - k] = static_cast<uint8_t>(k * plane + t0 / 8 + m);
       rows_mask |= 1ull << (8 * m + 7 - k);
     }
   const __m512i index = _mm512_load_si512(index_bytes);
-  const __mmask64 dim_bytes = (1ull << (kBits * kPlane)) - 1;
+  const size_t dim_bytes = kBits * plane;
+  const __mmask64 dim_mask = dim_bytes >= 64 ? ~0ull : (1ull << dim_bytes) - 1;
   const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
   __m512 score[kRows][4];
   for (int r = 0; r < kRows; ++r)
     for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
-  PrefetchSlices slices(pf, static_cast<size_t>(dim));
   for (int g = 0; g < groups; ++g) {
     __m512 acc[kRows][4];
     for (int r = 0; r < kRows; ++r)
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
     for (int j = g * group; j < (g + 1) * group; ++j) {
       slices.Next();
-      const __m512i planes = _mm512_maskz_loadu_epi8(dim_bytes, J.k_region + static_cast<size_t>(j) * kBits * kPlane);
+      const __m512i planes = _mm512_maskz_loadu_epi8(dim_mask, J.k_region + static_cast<size_t>(j) * dim_bytes);
       const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, _mm512_maskz_permutexvar_epi8(rows_mask, index, planes), 0);
       __m512 x[4];
       x[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(code)), levels);
@@ -595,21 +598,29 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
       }
     }
     for (int u = 0; u < 4; ++u) {
-      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + J.t0 + 16 * u)));
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + t0 + 16 * u)));
       for (int r = 0; r < kRows; ++r) score[r][u] = _mm512_fmadd_ps(acc[r][u], sc, score[r][u]);
     }
   }
   for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_store_ps(J.scores + r * kBlockTokens + 16 * u, score[r][u]);
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
+
+// The block's positions in 64-position halves.
+template <int kBits, int kRows>
+HWY_INLINE void ScoreTqColumnsGfniHalves(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
+  const int halves = (n16 + 63) / 64;
+  PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * halves);
+  for (int h = 0; h < halves; ++h) ScoreTqColumnsGfni<kBits, kRows>(J, J.t0 + 64 * h, J.scores + 64 * h, slices);
 }
 
 template <int kBits>
-HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
+HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
   switch (J.rows) {
-    case 1: return ScoreTqColumnsGfni<kBits, 1>(J, pf);
-    case 2: return ScoreTqColumnsGfni<kBits, 2>(J, pf);
-    case 3: return ScoreTqColumnsGfni<kBits, 3>(J, pf);
-    default: return ScoreTqColumnsGfni<kBits, 4>(J, pf);
+    case 1: return ScoreTqColumnsGfniHalves<kBits, 1>(J, n16, pf);
+    case 2: return ScoreTqColumnsGfniHalves<kBits, 2>(J, n16, pf);
+    case 3: return ScoreTqColumnsGfniHalves<kBits, 3>(J, n16, pf);
+    default: return ScoreTqColumnsGfniHalves<kBits, 4>(J, n16, pf);
   }
 }
 #endif
@@ -623,21 +634,20 @@ HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, cons
 // contract): on a Zen 5 class core the float scorer made the K8/V3 step 9% faster (16K, 1 thread: 1.96 ->
 // 1.79 ms), on Zen 4 the two were within 3%, and the float scorer does not round the query.
 template <int kRows>
-void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
+void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_RESTRICT scores, PrefetchSlices& slices) {
   const int dim = J.dim, group = J.k_group, groups = dim / group;
   const size_t Ts = static_cast<size_t>(J.T);
   const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + Ts * dim);
   __m512 score[kRows][4];
   for (int r = 0; r < kRows; ++r)
     for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
-  PrefetchSlices slices(pf, static_cast<size_t>(dim));
   for (int g = 0; g < groups; ++g) {
     __m512 acc[kRows][4];
     for (int r = 0; r < kRows; ++r)
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
     for (int j = g * group; j < (g + 1) * group; ++j) {
       slices.Next();
-      const uint8_t* c = J.k_region + static_cast<size_t>(j) * Ts + J.t0;
+      const uint8_t* c = J.k_region + static_cast<size_t>(j) * Ts + t0;
       __m512 x[4];
       for (int u = 0; u < 4; ++u)
         x[u] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * u))));
@@ -647,7 +657,7 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
       }
     }
     for (int u = 0; u < 4; ++u) {
-      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * Ts + J.t0 + 16 * u)));
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * Ts + t0 + 16 * u)));
       for (int r = 0; r < kRows; ++r) {
         const __m512 offset = _mm512_set1_ps(J.k_umax * J.qsum[r * groups + g]);
         score[r][u] = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][u], offset), sc, score[r][u]);
@@ -655,7 +665,13 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, const Prefetch& pf) {
     }
   }
   for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_store_ps(J.scores + r * kBlockTokens + 16 * u, score[r][u]);
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
+template <int kRows>
+void ScoreU8Float(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
+  const int halves = (n16 + 63) / 64;
+  PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * halves);
+  for (int h = 0; h < halves; ++h) ScoreU8Float64<kRows>(J, J.t0 + 64 * h, J.scores + 64 * h, slices);
 }
 #endif
 
@@ -740,12 +756,12 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
   if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (J.T - J.t0 >= 64 && J.qsum != nullptr) {
+    if (J.T - J.t0 >= (n16 + 63) / 64 * 64 && J.qsum != nullptr) {
       switch (rows) {
-        case 1: ScoreU8Float64<1>(J, during_keys); break;
-        case 2: ScoreU8Float64<2>(J, during_keys); break;
-        case 3: ScoreU8Float64<3>(J, during_keys); break;
-        default: ScoreU8Float64<4>(J, during_keys); break;
+        case 1: ScoreU8Float<1>(J, n16, during_keys); break;
+        case 2: ScoreU8Float<2>(J, n16, during_keys); break;
+        case 3: ScoreU8Float<3>(J, n16, during_keys); break;
+        default: ScoreU8Float<4>(J, n16, during_keys); break;
       }
     } else
 #endif
@@ -761,12 +777,14 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
     bool done = false;
 #if HWY_TARGET == HWY_AVX3_DL
     static const bool gfni = __builtin_cpu_supports("gfni");
-    if (gfni && J.T == 64 && J.t0 == 0) {
+    // Whole 64-position halves of the region, each dimension's planes within one 64-byte load.
+    if (gfni && J.T % 64 == 0 && J.t0 % 64 == 0 && J.T - J.t0 >= (n16 + 63) / 64 * 64 &&
+        J.k_plan->bits * (J.T / 8) <= 64) {
       switch (J.k_plan->bits) {
-        case 1: ScoreTqColumnsGfniRows<1>(J, during_keys); break;
-        case 2: ScoreTqColumnsGfniRows<2>(J, during_keys); break;
-        case 3: ScoreTqColumnsGfniRows<3>(J, during_keys); break;
-        default: ScoreTqColumnsGfniRows<4>(J, during_keys); break;
+        case 1: ScoreTqColumnsGfniRows<1>(J, n16, during_keys); break;
+        case 2: ScoreTqColumnsGfniRows<2>(J, n16, during_keys); break;
+        case 3: ScoreTqColumnsGfniRows<3>(J, n16, during_keys); break;
+        default: ScoreTqColumnsGfniRows<4>(J, n16, during_keys); break;
       }
       done = true;
     }

@@ -27,6 +27,7 @@ struct Case {
   std::vector<int> lengths = {1};  // one sequence per entry
   int n_q = 1;                     // queries per sequence (the last n_q positions)
   bool reference = true;
+  int block_tokens = kDefaultBlockTokens;
   float q_scale = 1.0f;            // > 1: sharper softmax
   float q_outlier = 1.0f;          // dimension 5 of every query scaled by this
 };
@@ -36,7 +37,7 @@ std::string name(const Case& c) {
                   "/" + std::to_string(c.n_kv) + " dim " + std::to_string(c.dim) + " len";
   for (int l : c.lengths) s += " " + std::to_string(l);
   return s + " min_tokens " + std::to_string(c.min_tokens) + " window " + std::to_string(c.window) +
-         (c.sinks ? " sinks" : "") + " n_q " + std::to_string(c.n_q);
+         (c.sinks ? " sinks" : "") + " n_q " + std::to_string(c.n_q) + " block " + std::to_string(c.block_tokens);
 }
 
 // Fills a cache, runs all three paths on the same codes and compares them.
@@ -47,7 +48,7 @@ void check_case(const Case& c, ThreadPool& pool) {
   o.k_bits = c.k_bits;
   o.v_bits = c.v_bits;
   o.min_tokens_before_quant = c.min_tokens;
-  o.block_tokens = 64;
+  o.block_tokens = c.block_tokens;
   KVCache cache(c.n_kv, c.dim, turboquant_cache_options(o, 0));
   std::vector<int> seqs;
   for (int len : c.lengths) {
@@ -93,14 +94,19 @@ struct Shape3 {
 };
 const Shape3 kShapes[] = {{8, 8, 128}, {32, 8, 128}, {16, 2, 256}, {8, 2, 64}};
 const int kBits[][2] = {{8, 3}, {8, 4}, {4, 4}, {4, 3}, {3, 3}, {2, 2}};
+const int kBlockSizes[] = {64, 128, 256};
 
 TEST(Attention, FusedStandardAndReferenceAgreeAcrossBitsShapesAndContexts) {
   ThreadPool pool(2);
+  int i = 0;
   for (const auto& b : kBits)
     for (const auto& sh : kShapes)
       for (int len : {1, 7, 64, 1000, 4096}) {
         Case c{b[0], b[1], sh.n_heads, sh.n_kv, sh.dim};
         c.lengths = {len};
+        // Block sizes in turn: the kernel attends to whole 64-position blocks, to 128 positions of one
+        // block per call, and to 256-position blocks in two calls (t0 = 128).
+        c.block_tokens = kBlockSizes[i++ % 3];
         // The double-precision reference is slow: run it on the shorter contexts and one long one.
         c.reference = len <= 1000 || (b[0] == 8 && b[1] == 3);
         check_case(c, pool);
@@ -294,19 +300,21 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
   using attn_kernels::BlockKeys;
   using attn_kernels::BlockValues;
   SplitMix64 rng(11);
-  const int T = 64;
   int cases = 0;
+  // Column regions of 64, 128 and 256 positions; in the 256 one the block starts at column t0 = 128.
+  for (int T : {64, 128, 256})
   for (int dim : {64, 128, 256})
     for (int k_kind = 0; k_kind < 4; ++k_kind)
       for (int v_kind = 0; v_kind < 3; ++v_kind)
         for (int v_bits : {2, 3, 4}) {
           if (v_kind != 0 && v_bits != 3) continue;
           const int group = (cases % 2 == 0) ? 64 : 32;
-          const int rows = 1 + cases % 4, n = (cases % 3 == 0) ? 64 : (cases % 3 == 1 ? 37 : 5);
+          const int t0 = T == 256 ? 128 : 0, full = std::min(T - t0, attn_kernels::kBlockTokens);
+          const int rows = 1 + cases % 4, n = (cases % 3 == 0) ? full : (cases % 3 == 1 ? full - 27 : 5);
           ++cases;
           SCOPED_TRACE("dim " + std::to_string(dim) + " keys " + std::to_string(k_kind) + " values " + std::to_string(v_kind) +
                        " bits " + std::to_string(v_bits) + " group " + std::to_string(group) + " rows " + std::to_string(rows) +
-                       " n " + std::to_string(n));
+                       " n " + std::to_string(n) + " T " + std::to_string(T));
           // Keys: a uniform 8-bit TurboQuant or FP16 column region; the decoded keys for the reference.
           VectorFormatSpec kspec;
           if (k_kind == 0 || k_kind == 3) {  // uniform 8-bit, or 2..4-bit Lloyd-Max planes
@@ -319,8 +327,8 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
           std::vector<float> keys(static_cast<size_t>(n) * dim), values(keys.size());
           const auto kx = gaussian(keys.size(), rng);
           for (int t = 0; t < n; ++t) {
-            kf.encode_column(kx.data() + static_cast<size_t>(t) * dim, region.data(), T, t);
-            kf.decode_column_stored(region.data(), T, t, keys.data() + static_cast<size_t>(t) * dim);
+            kf.encode_column(kx.data() + static_cast<size_t>(t) * dim, region.data(), T, t0 + t);
+            kf.decode_column_stored(region.data(), T, t0 + t, keys.data() + static_cast<size_t>(t) * dim);
           }
           // Values: TurboQuant or FP16 records, or a float tile.
           VectorFormatSpec vspec;
@@ -388,7 +396,7 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
           }
           job.k_region = region.data();
           job.T = T;
-          job.t0 = 0;
+          job.t0 = t0;
           float levels[16] = {};
           bool permuted = false;
           if (v_kind == 0) {

@@ -414,7 +414,11 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
     m.lm_head = &m.lm_head_own;
   }
   m.final_norm = upload_f32(w.final_norm);
-  const KVCacheOptions full = kv.cache_options();
+  KVCacheOptions full = kv.cache_options();
+  // The device kernels were tuned with 64-position pages; the CPU default (kDefaultBlockTokens) applies
+  // to the CPU block kernel only.
+  constexpr int kDevicePageTokens = 64;
+  if (kv.block_tokens == 0) full.block_tokens = kDevicePageTokens;
   const bool dense = !kv.compressed();
   DeviceCacheCapacity capacity;
   capacity.max_sequences = 1;
@@ -448,7 +452,7 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
       // position; the window is applied by the attention.
       L.window = static_cast<int>(*c.sliding_window);
       o = KVCacheOptions{};
-      o.block_tokens = kv.block_tokens;
+      o.block_tokens = full.block_tokens;
     }
     L.fused_path = kv.fused || dense || L.window > 0;
     try {

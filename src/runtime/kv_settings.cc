@@ -43,7 +43,8 @@ void KVSettings::resolve() {
   for (int b : {k_bits, v_bits}) TQ_CHECK(b == 0 || (b >= 2 && b <= 8), "KV bits must be in 2..8, got ", b);
   TQ_CHECK(group_size == 32 || group_size == 64 || group_size == 128, "--kv-group-size must be 32, 64 or 128, got ", group_size);
   TQ_CHECK(min_tokens >= 0, "--kv-min-tokens must not be negative");
-  TQ_CHECK(block_tokens >= 16 && block_tokens % 16 == 0, "KV block size must be a multiple of 16");
+  TQ_CHECK(block_tokens == 0 || (block_tokens >= 16 && block_tokens % 16 == 0),
+           "KV block size must be a positive multiple of 16, got ", block_tokens);
   for (std::string* t : {&k_type, &v_type}) {
     if (t->empty()) *t = k_bits ? "turboquant" : "f16";
     TQ_CHECK(valid_type(*t), "unknown KV cache type '", *t,
@@ -97,7 +98,7 @@ KVCacheOptions KVSettings::cache_options() const {
   o.k = spec_for(resolved_k_type(), k_bits, *this, 0x4b4b4b4b);
   o.v = spec_for(resolved_v_type(), v_bits, *this, 0x56565656);
   o.min_tokens = compressed() ? min_tokens : 0;
-  o.block_tokens = block_tokens;
+  o.block_tokens = block_tokens > 0 ? block_tokens : kDefaultBlockTokens;
   return o;
 }
 
@@ -110,7 +111,7 @@ PromptCache build_prompt_cache(const LlamaModel& model, const KVSettings& kv) {
     if (l.kind == LayerKind::sliding_attention) {
       o = KVCacheOptions{};
       o.window = l.window;
-      o.block_tokens = kv.block_tokens;
+      o.block_tokens = full.block_tokens;
     }
     auto cache = std::make_unique<KVCache>(l.n_kv_heads, l.head_dim, o);
     cache->set_fused(kv.fused);

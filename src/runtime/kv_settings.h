@@ -27,7 +27,7 @@ struct KVSettings {
   std::string rotation = "dim";         // dim (the head), group
   std::string codebook = "gaussian";    // gaussian, sphere
   std::string grid;                     // lloyd_max (RMS scale), lloyd_absmax, uniform; "" = per-width default
-  int block_tokens = 64;
+  int block_tokens = 0;  // positions per cache block; 0: the backend's (CPU kDefaultBlockTokens, CUDA 64)
 
   // Resolves the flags into K and V cache types; throws tq::Error for contradictory or bad flags.
   void resolve();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "codec/group_quantizer.h"
+#include "kv/cache.h"
 
 namespace tq::bench {
 
@@ -22,7 +23,7 @@ struct CodecArgs {
 int run_codec(const CodecArgs& args);
 
 struct AttentionArgs {
-  int n_heads = 32, n_kv = 8, dim = 128, group_size = 64, block_tokens = 64;
+  int n_heads = 32, n_kv = 8, dim = 128, group_size = 64, block_tokens = kDefaultBlockTokens;
   std::vector<int> contexts = {1024, 4096, 16384, 65536};
   std::vector<int> threads = {1, 2};
   std::vector<std::pair<int, int>> bit_pairs = {{8, 3}, {4, 4}};
