@@ -26,7 +26,9 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       block_head_bytes_(static_cast<size_t>(options.block_tokens) *
                         (k_format_->record_bytes() + v_format_->record_bytes())),
       k_columns_(k_format_->supports_columns() && options.block_tokens % 16 == 0),
-      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads)) {
+      // Chunks of about 1024 positions whatever the block size, so that the memory a short sequence
+      // reserves does not grow with it.
+      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens))) {
   TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
   TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);
   TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
