@@ -555,8 +555,9 @@ HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && (v_gr
 // dimension, the codes of all 64 positions from one byte permute and one GF(2) affine transform (see
 // AccumulateTurboQuantGfni), the levels by vpermps per 16 positions, and one multiply-add per query
 // row; the group's scales multiply the group's partial scores.
-// Scores positions [t0, t0 + 64) of a region of T = 64 or 128 positions (a dimension's kBits planes,
-// kBits * T / 8 bytes, within one 64-byte load) into scores [kRows][kBlockTokens].
+// Scores positions [t0, t0 + 64) of a region of T positions (a dimension's kBits planes, kBits * T / 8
+// bytes, within one 64-byte load or two: T = 64 or 128, and 256 with two loads from 3 bits up) into
+// scores [kRows][kBlockTokens].
 template <int kBits, int kRows>
 __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J, int t0,
                                                                           float* HWY_RESTRICT scores,
@@ -573,8 +574,9 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
       rows_mask |= 1ull << (8 * m + 7 - k);
     }
   const __m512i index = _mm512_load_si512(index_bytes);
-  const size_t dim_bytes = kBits * plane;
+  const size_t dim_bytes = kBits * plane;  // up to 128: one or two 64-byte loads
   const __mmask64 dim_mask = dim_bytes >= 64 ? ~0ull : (1ull << dim_bytes) - 1;
+  const __mmask64 high_mask = dim_bytes <= 64 ? 0 : dim_bytes >= 128 ? ~0ull : (1ull << (dim_bytes - 64)) - 1;
   const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
   __m512 score[kRows][4];
   for (int r = 0; r < kRows; ++r)
@@ -585,8 +587,12 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
     for (int j = g * group; j < (g + 1) * group; ++j) {
       slices.Next();
-      const __m512i planes = _mm512_maskz_loadu_epi8(dim_mask, J.k_region + static_cast<size_t>(j) * dim_bytes);
-      const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, _mm512_maskz_permutexvar_epi8(rows_mask, index, planes), 0);
+      const uint8_t* planes_at = J.k_region + static_cast<size_t>(j) * dim_bytes;
+      const __m512i planes = _mm512_maskz_loadu_epi8(dim_mask, planes_at);
+      const __m512i matrix = high_mask == 0 ? _mm512_maskz_permutexvar_epi8(rows_mask, index, planes)
+                                            : _mm512_maskz_permutex2var_epi8(rows_mask, planes, index,
+                                                                             _mm512_maskz_loadu_epi8(high_mask, planes_at + 64));
+      const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
       __m512 x[4];
       x[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(code)), levels);
       x[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 1)), levels);
@@ -606,7 +612,7 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
     for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
 }
 
-// The block's positions in 64-position halves.
+// The block's positions, 64 at a time.
 template <int kBits, int kRows>
 HWY_INLINE void ScoreTqColumnsGfniHalves(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
   const int halves = (n16 + 63) / 64;
@@ -777,9 +783,9 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
     bool done = false;
 #if HWY_TARGET == HWY_AVX3_DL
     static const bool gfni = __builtin_cpu_supports("gfni");
-    // Whole 64-position halves of the region, each dimension's planes within one 64-byte load.
+    // Whole 64-position quarters of the block, each dimension's planes within two 64-byte loads.
     if (gfni && J.T % 64 == 0 && J.t0 % 64 == 0 && J.T - J.t0 >= (n16 + 63) / 64 * 64 &&
-        J.k_plan->bits * (J.T / 8) <= 64) {
+        J.k_plan->bits * (J.T / 8) <= 128) {
       switch (J.k_plan->bits) {
         case 1: ScoreTqColumnsGfniRows<1>(J, n16, during_keys); break;
         case 2: ScoreTqColumnsGfniRows<2>(J, n16, during_keys); break;

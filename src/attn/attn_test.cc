@@ -94,7 +94,7 @@ struct Shape3 {
 };
 const Shape3 kShapes[] = {{8, 8, 128}, {32, 8, 128}, {16, 2, 256}, {8, 2, 64}};
 const int kBits[][2] = {{8, 3}, {8, 4}, {4, 4}, {4, 3}, {3, 3}, {2, 2}};
-const int kBlockSizes[] = {64, 128, 256};
+const int kBlockSizes[] = {64, 128, 256, 512};
 
 TEST(Attention, FusedStandardAndReferenceAgreeAcrossBitsShapesAndContexts) {
   ThreadPool pool(2);
@@ -104,9 +104,9 @@ TEST(Attention, FusedStandardAndReferenceAgreeAcrossBitsShapesAndContexts) {
       for (int len : {1, 7, 64, 1000, 4096}) {
         Case c{b[0], b[1], sh.n_heads, sh.n_kv, sh.dim};
         c.lengths = {len};
-        // Block sizes in turn: the kernel attends to whole 64-position blocks, to 128 positions of one
-        // block per call, and to 256-position blocks in two calls (t0 = 128).
-        c.block_tokens = kBlockSizes[i++ % 3];
+        // Block sizes in turn: the kernel attends to whole blocks of 64 to 256 positions per call, and to
+        // 512-position blocks in two calls (t0 = 256).
+        c.block_tokens = kBlockSizes[i++ % 4];
         // The double-precision reference is slow: run it on the shorter contexts and one long one.
         c.reference = len <= 1000 || (b[0] == 8 && b[1] == 3);
         check_case(c, pool);
@@ -301,15 +301,16 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
   using attn_kernels::BlockValues;
   SplitMix64 rng(11);
   int cases = 0;
-  // Column regions of 64, 128 and 256 positions; in the 256 one the block starts at column t0 = 128.
-  for (int T : {64, 128, 256})
+  // Column regions of 64 to 512 positions; in the 512 one the block starts at column t0 = 256 (1-4 bit
+  // keys of 3 bits up take the kernel's decoded-tile path there).
+  for (int T : {64, 128, 256, 512})
   for (int dim : {64, 128, 256})
     for (int k_kind = 0; k_kind < 4; ++k_kind)
       for (int v_kind = 0; v_kind < 3; ++v_kind)
         for (int v_bits : {2, 3, 4}) {
           if (v_kind != 0 && v_bits != 3) continue;
           const int group = (cases % 2 == 0) ? 64 : 32;
-          const int t0 = T == 256 ? 128 : 0, full = std::min(T - t0, attn_kernels::kBlockTokens);
+          const int t0 = T == 512 ? 256 : 0, full = std::min(T - t0, attn_kernels::kBlockTokens);
           const int rows = 1 + cases % 4, n = (cases % 3 == 0) ? full : (cases % 3 == 1 ? full - 27 : 5);
           ++cases;
           SCOPED_TRACE("dim " + std::to_string(dim) + " keys " + std::to_string(k_kind) + " values " + std::to_string(v_kind) +

@@ -40,7 +40,7 @@ void scale(float* x, int n, float a);
 // registers). The accumulators stay in registers across the block's positions.
 
 constexpr int kBlockRows = 4;
-constexpr int kBlockTokens = 128;
+constexpr int kBlockTokens = 256;
 
 enum class BlockKeys : int {
   u8_columns,   // uniform 8-bit TurboQuant column region (codes [dim][T], scales [dim/group][T] binary16)

@@ -26,10 +26,11 @@
 namespace tq {
 
 // Positions per main-tier block when the options do not say: the CPU block kernel attends to up to
-// 128 positions of a block per call, and a call's fixed cost (the softmax update, loading and storing
+// 256 positions of a block per call, and a call's fixed cost (the softmax update, loading and storing
 // the accumulators, the drain between its phases) spread over 128 positions instead of 64 made the
-// K8/V3 decode step about 10% faster at 16K (docs/BENCHMARKS.md).
-constexpr int kDefaultBlockTokens = 128;
+// K8/V3 decode step about 10% faster at 16K, over 256 another 4-5%; 512 gained nothing more
+// (docs/BENCHMARKS.md).
+constexpr int kDefaultBlockTokens = 256;
 
 // A run of consecutive positions stored in one format, as attention reads it.
 struct Segment {
