@@ -550,14 +550,29 @@ HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJo
 // Whether this target accumulates TurboQuant values of this group size in the permuted order.
 HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && (v_group == 64 || v_group == 128); }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The scorers below take a block 64 positions at a time. Whether the column region holds the block's
+// positions rounded up to whole 64s (they read past the filled ones, which are zero):
+HWY_INLINE bool Whole64s(const tq::attn_kernels::BlockJob& J, int n16) {
+  return J.T - J.t0 >= (n16 + 63) / 64 * 64;
+}
+// score64(t0, scores, slices) for each 64 positions of the block, one prefetch walk (a step per
+// dimension) across all of them.
+template <class Score64>
+HWY_INLINE void ScoreBy64(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf, const Score64& score64) {
+  const int pieces = (n16 + 63) / 64;
+  PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * pieces);
+  for (int i = 0; i < pieces; ++i) score64(J.t0 + 64 * i, J.scores + 64 * i, slices);
+}
+#endif
+
 #if HWY_TARGET == HWY_AVX3_DL
-// TurboQuant keys of 1..4 bits from a column region of 64 positions (planes [dim][bits][8 bytes]): per
-// dimension, the codes of all 64 positions from one byte permute and one GF(2) affine transform (see
-// AccumulateTurboQuantGfni), the levels by vpermps per 16 positions, and one multiply-add per query
-// row; the group's scales multiply the group's partial scores.
-// Scores positions [t0, t0 + 64) of a region of T positions (a dimension's kBits planes, kBits * T / 8
-// bytes, within one 64-byte load or two: T = 64 or 128, and 256 with two loads from 3 bits up) into
-// scores [kRows][kBlockTokens].
+// TurboQuant keys of 1..4 bits, positions [t0, t0 + 64) of a column region of T positions (planes
+// [dim][bits][T/8]; a dimension's kBits * T / 8 bytes in one 64-byte load or two: T = 64 or 128, and 256
+// from 3 bits up with two) into scores [kRows][kBlockTokens]: per dimension, the codes of the 64
+// positions from one byte permute and one GF(2) affine transform (see AccumulateTurboQuantGfni), the
+// levels by vpermps per 16 positions, and one multiply-add per query row; the group's scales multiply
+// the group's partial scores.
 template <int kBits, int kRows>
 __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J, int t0,
                                                                           float* HWY_RESTRICT scores,
@@ -612,21 +627,18 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
     for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
 }
 
-// The block's positions, 64 at a time.
 template <int kBits, int kRows>
-HWY_INLINE void ScoreTqColumnsGfniHalves(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  const int halves = (n16 + 63) / 64;
-  PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * halves);
-  for (int h = 0; h < halves; ++h) ScoreTqColumnsGfni<kBits, kRows>(J, J.t0 + 64 * h, J.scores + 64 * h, slices);
+HWY_INLINE void ScoreTqColumnsGfniBlock(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
+  ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreTqColumnsGfni<kBits, kRows>(J, t0, scores, slices); });
 }
 
 template <int kBits>
 HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
   switch (J.rows) {
-    case 1: return ScoreTqColumnsGfniHalves<kBits, 1>(J, n16, pf);
-    case 2: return ScoreTqColumnsGfniHalves<kBits, 2>(J, n16, pf);
-    case 3: return ScoreTqColumnsGfniHalves<kBits, 3>(J, n16, pf);
-    default: return ScoreTqColumnsGfniHalves<kBits, 4>(J, n16, pf);
+    case 1: return ScoreTqColumnsGfniBlock<kBits, 1>(J, n16, pf);
+    case 2: return ScoreTqColumnsGfniBlock<kBits, 2>(J, n16, pf);
+    case 3: return ScoreTqColumnsGfniBlock<kBits, 3>(J, n16, pf);
+    default: return ScoreTqColumnsGfniBlock<kBits, 4>(J, n16, pf);
   }
 }
 #endif
@@ -675,9 +687,7 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_REST
 }
 template <int kRows>
 void ScoreU8Float(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  const int halves = (n16 + 63) / 64;
-  PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * halves);
-  for (int h = 0; h < halves; ++h) ScoreU8Float64<kRows>(J, J.t0 + 64 * h, J.scores + 64 * h, slices);
+  ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreU8Float64<kRows>(J, t0, scores, slices); });
 }
 #endif
 
@@ -762,7 +772,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
   if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if (J.T - J.t0 >= (n16 + 63) / 64 * 64 && J.qsum != nullptr) {
+    if (Whole64s(J, n16) && J.qsum != nullptr) {
       switch (rows) {
         case 1: ScoreU8Float<1>(J, n16, during_keys); break;
         case 2: ScoreU8Float<2>(J, n16, during_keys); break;
@@ -783,9 +793,8 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
     bool done = false;
 #if HWY_TARGET == HWY_AVX3_DL
     static const bool gfni = __builtin_cpu_supports("gfni");
-    // Whole 64-position quarters of the block, each dimension's planes within two 64-byte loads.
-    if (gfni && J.T % 64 == 0 && J.t0 % 64 == 0 && J.T - J.t0 >= (n16 + 63) / 64 * 64 &&
-        J.k_plan->bits * (J.T / 8) <= 128) {
+    // Each dimension's planes within two 64-byte loads.
+    if (gfni && J.T % 64 == 0 && J.t0 % 64 == 0 && Whole64s(J, n16) && J.k_plan->bits * (J.T / 8) <= 128) {
       switch (J.k_plan->bits) {
         case 1: ScoreTqColumnsGfniRows<1>(J, n16, during_keys); break;
         case 2: ScoreTqColumnsGfniRows<2>(J, n16, during_keys); break;

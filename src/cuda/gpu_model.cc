@@ -414,11 +414,10 @@ GpuLlamaModel::GpuLlamaModel(const LlamaModel& cpu_model, const KVSettings& kv, 
     m.lm_head = &m.lm_head_own;
   }
   m.final_norm = upload_f32(w.final_norm);
-  KVCacheOptions full = kv.cache_options();
-  // The device kernels were tuned with 64-position pages; the CPU default (kDefaultBlockTokens) applies
-  // to the CPU block kernel only.
+  // The device kernels were tuned with 64-position pages (the CPU default, kDefaultBlockTokens, is the
+  // CPU block kernel's).
   constexpr int kDevicePageTokens = 64;
-  if (kv.block_tokens == 0) full.block_tokens = kDevicePageTokens;
+  const KVCacheOptions full = kv.cache_options(kDevicePageTokens);
   const bool dense = !kv.compressed();
   DeviceCacheCapacity capacity;
   capacity.max_sequences = 1;

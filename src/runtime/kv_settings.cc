@@ -93,12 +93,12 @@ std::string KVSettings::describe() const {
   return os.str();
 }
 
-KVCacheOptions KVSettings::cache_options() const {
+KVCacheOptions KVSettings::cache_options(int default_block_tokens) const {
   KVCacheOptions o;
   o.k = spec_for(resolved_k_type(), k_bits, *this, 0x4b4b4b4b);
   o.v = spec_for(resolved_v_type(), v_bits, *this, 0x56565656);
   o.min_tokens = compressed() ? min_tokens : 0;
-  o.block_tokens = block_tokens > 0 ? block_tokens : kDefaultBlockTokens;
+  o.block_tokens = block_tokens > 0 ? block_tokens : default_block_tokens;
   return o;
 }
 

@@ -38,7 +38,8 @@ struct KVSettings {
   int effective_v_bits() const;
   std::string describe() const;
   // Cache options for one full-attention layer.
-  KVCacheOptions cache_options() const;
+  // block_tokens 0 takes default_block_tokens, the backend's (CPU: kDefaultBlockTokens).
+  KVCacheOptions cache_options(int default_block_tokens = kDefaultBlockTokens) const;
 };
 
 // One cache per layer of `model`, as the settings ask. Sliding-window layers keep rotating dense caches.
