@@ -691,6 +691,37 @@ void ScoreU8Float(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& 
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// FP16 keys on AVX-512, 64 positions x up to 4 rows per dimension: 16 independent accumulators keep
+// both multiply-add pipes busy (16 positions at a time give only one chain per row, which waits on the
+// multiply-add latency).
+template <int kRows>
+void ScoreF16Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_RESTRICT scores, PrefetchSlices& slices) {
+  const int dim = J.dim;
+  const size_t Ts = static_cast<size_t>(J.T);
+  const auto* k16 = reinterpret_cast<const uint16_t*>(J.k_region);
+  __m512 acc[kRows][4];
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+  for (int j = 0; j < dim; ++j) {
+    slices.Next();
+    const uint16_t* k = k16 + static_cast<size_t>(j) * Ts + t0;
+    __m512 x[4];
+    for (int u = 0; u < 4; ++u) x[u] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 16 * u)));
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, acc[r][u]);
+}
+template <int kRows>
+void ScoreF16Float(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
+  ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreF16Float64<kRows>(J, t0, scores, slices); });
+}
+#endif
+
 // The online-softmax update of a block's rows (scores s [kBlockRows][kBlockTokens], positions [0, n16)):
 // masks what each row must not see, p = exp(s - m_new) in place, alpha[r] = exp(m_old - m_new), and
 // m, l (and the other domain's accumulators) updated. The rows are independent chains (maximum,
@@ -818,10 +849,22 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
     if (J.keys == BlockKeys::scores) PrefetchSlices(during_keys, 1).Next();
   }
   if (J.keys == BlockKeys::f16_columns) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (Whole64s(J, n16)) {
+      switch (rows) {
+        case 1: ScoreF16Float<1>(J, n16, during_keys); break;
+        case 2: ScoreF16Float<2>(J, n16, during_keys); break;
+        case 3: ScoreF16Float<3>(J, n16, during_keys); break;
+        default: ScoreF16Float<4>(J, n16, during_keys); break;
+      }
+    } else
+#endif
+    {
     PrefetchSlices slices(during_keys, static_cast<size_t>(n16 / 16));
     for (int t = 0; t < n16; t += 16) {
       slices.Next();
       ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
+    }
     }
   }
 
