@@ -11,7 +11,10 @@ namespace tq {
 
 class BlockPool {
  public:
-  explicit BlockPool(size_t block_bytes, int blocks_per_chunk = 16);
+  // The first chunk holds first_chunk_blocks blocks, so that a short sequence reserves little. Later
+  // chunks fill whole 2 MiB huge pages (see later_chunk_blocks), or are as big as the first where that
+  // is 2 MiB already. Chunks of 1.75 MiB and more are 2 MiB-aligned and offered as huge pages.
+  explicit BlockPool(size_t block_bytes, int first_chunk_blocks = 16);
 
   int allocate();            // a block id; contents are unspecified
   void release(int block);   // back to the free list
@@ -19,17 +22,25 @@ class BlockPool {
   const uint8_t* data(int block) const;
 
   size_t block_bytes() const { return block_bytes_; }
-  size_t blocks_allocated() const { return chunks_.size() * static_cast<size_t>(blocks_per_chunk_); }
+  size_t blocks_allocated() const {
+    return chunks_.empty() ? 0 : static_cast<size_t>(first_blocks_) + (chunks_.size() - 1) * static_cast<size_t>(later_blocks_);
+  }
   size_t blocks_in_use() const { return blocks_allocated() - free_.size(); }
   size_t bytes_allocated() const { return blocks_allocated() * block_bytes_; }
+  int first_chunk_blocks() const { return first_blocks_; }
+  int later_chunk_blocks() const { return later_blocks_; }
+
+  // Blocks per chunk after the first: the fewest whole 2 MiB pages (up to 16) that whole blocks fill
+  // with at most an eighth left over, or first_chunk_blocks if its chunk is 2 MiB or more already.
+  static int later_chunk_blocks(size_t block_bytes, int first_chunk_blocks);
 
  private:
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
   size_t block_bytes_;
-  int blocks_per_chunk_;
-  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> chunks_;  // [chunk][blocks_per_chunk * block_bytes]
+  int first_blocks_, later_blocks_;
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> chunks_;  // chunk 0: [first_blocks_ * block_bytes], then [later_blocks_ * block_bytes]
   std::vector<int> free_;
 };
 

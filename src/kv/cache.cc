@@ -26,8 +26,9 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       block_head_bytes_(static_cast<size_t>(options.block_tokens) *
                         (k_format_->record_bytes() + v_format_->record_bytes())),
       k_columns_(k_format_->supports_columns() && options.block_tokens % 16 == 0),
-      // Chunks of about 1024 positions whatever the block size (4 blocks at the default 256), so that the
-      // memory a short sequence reserves does not grow with the block size.
+      // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so
+      // that the memory a short sequence reserves does not grow with the block size; later chunks fill
+      // huge pages (BlockPool).
       pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens))) {
   TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
   TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);

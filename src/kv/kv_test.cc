@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -10,6 +11,7 @@
 #include "core/rng.h"
 #include "hwy/tests/hwy_gtest.h"
 #include "core/aligned.h"
+#include "kv/block_pool.h"
 #include "kv/cache.h"
 
 namespace tq {
@@ -199,6 +201,51 @@ TEST(KVCache, MemoryAccountingEqualsTheFormula) {
   EXPECT_EQ(m.fp16_bytes, 1000 * 4096);
   EXPECT_GE(m.allocated_bytes, m.bytes_in_use());
   EXPECT_LT(m.allocated_bytes, m.bytes_in_use() + 16 * 64 * 1472 + 64 * 16);  // at most one chunk of spare blocks
+}
+
+TEST(BlockPool, LaterChunksFillHugePagesAndBlocksNeverOverlap) {
+  // docs/FORMATS.md: K8/V3, H = 8, D = 128, g = 64, T = 256 blocks of 376,832 B: 5 per 2 MiB page.
+  EXPECT_EQ(BlockPool::later_chunk_blocks(376832, 4), 5);
+  EXPECT_EQ(BlockPool::later_chunk_blocks(size_t{1} << 20, 4), 4);  // FP16 blocks: the first chunk is 4 MiB already
+  EXPECT_EQ(BlockPool::later_chunk_blocks(1500 * 1024, 1), 4);      // 4 blocks in 3 pages: 0.14 MiB left over
+  for (size_t block_bytes : {size_t{64}, size_t{4160}, size_t{376832}, size_t{700000}, size_t{3} << 20}) {
+    const size_t lb = BlockPool::later_chunk_blocks(block_bytes, 1);
+    const size_t chunk = lb * block_bytes;
+    if (block_bytes + 64 < (size_t{2} << 20)) {
+      const size_t pages = (chunk + 64 + (size_t{2} << 20) - 1) / (size_t{2} << 20);
+      EXPECT_LE(pages * (size_t{2} << 20) - chunk, pages * (size_t{2} << 20) / 8) << block_bytes;
+    }
+  }
+  BlockPool pool(376832, 4);
+  std::vector<int> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back(pool.allocate());  // chunks of 4, 5, 5, 5 blocks
+  EXPECT_EQ(pool.blocks_allocated(), 19u);
+  EXPECT_EQ(pool.bytes_allocated(), 19u * 376832);
+  for (int id : ids) std::memset(pool.data(id), id + 1, pool.block_bytes());
+  for (int id : ids) {
+    const uint8_t* b = pool.data(id);
+    EXPECT_EQ(b[0], id + 1);
+    EXPECT_EQ(b[pool.block_bytes() - 1], id + 1) << "block " << id << " overlaps another";
+  }
+  // A later chunk starts on a 2 MiB boundary (the huge-page alignment).
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.data(4)) % (uintptr_t{2} << 20), 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.data(9)) % (uintptr_t{2} << 20), 0u);
+  pool.release(ids[3]);
+  EXPECT_EQ(pool.allocate(), ids[3]);
+}
+
+TEST(KVCache, LongSequencesAllocateHugePageChunks) {
+  KVCacheOptions o;
+  o.k = tq_spec(8);
+  o.v = tq_spec(3);
+  o.block_tokens = 256;
+  KVCache cache(8, 128, o);
+  const int seq = cache.add_sequence();
+  const auto k = gaussian(3000 * 8 * 128, 9);
+  cache.append(seq, k.data(), k.data(), 3000);
+  // 12 blocks in use: chunks of 4, 5 and 5 blocks (docs/FORMATS.md).
+  EXPECT_EQ(cache.memory().main_bytes, 3000 * 8 * (132 + 52));
+  EXPECT_EQ(cache.memory().allocated_bytes, 14 * 376832);
 }
 
 TEST(KVCache, RotatingCacheGivesBackBlocksOutsideTheWindow) {
