@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   at->add_option("--group-size", attn.group_size, "TurboQuant group size (32, 64, 128)");
   at->add_option("--block-tokens", attn.block_tokens, "positions per cache block (a multiple of 16)")->check(CLI::PositiveNumber);
   at->add_option("--kv", kv_pairs, "TurboQuant K,V bit pairs, e.g. --kv 8,3 --kv 4,4")->expected(1, 16);
+  at->add_flag("--cold", attn.cold,
+              "each step reads its cache from memory: steps cycle through copies of the cache larger than 256 MiB "
+              "in all (as in a model, where the other layers' caches pass through the CPU caches in between)");
   at->add_flag("--no-standard", no_standard, "skip the (slow) standard path");
   at->add_option("--methods", attn.methods, "subset of dense_f16,fused,standard,q8_0,q4_0")
       ->delimiter(',')
