@@ -24,9 +24,11 @@ int run_codec(const CodecArgs& args);
 
 struct AttentionArgs {
   int n_heads = 32, n_kv = 8, dim = 128, group_size = 64, block_tokens = kDefaultBlockTokens;
-  // Each step attends to the next of enough copies of the cache to exceed kColdBytes, so that every step
-  // reads its cache from memory, as in a model whose other layers pass through the caches in between.
-  bool cold = false;
+  // Cold (the default): each step attends to the next of enough copies of the cache to exceed
+  // kColdBytes, so that every step reads its cache from memory, as in a model whose other layers pass
+  // through the CPU caches in between. Warm: every step attends to one cache, which the last-level
+  // cache partly holds.
+  bool cold = true;
   std::vector<int> contexts = {1024, 4096, 16384, 65536};
   std::vector<int> threads = {1, 2};
   std::vector<std::pair<int, int>> bit_pairs = {{8, 3}, {4, 4}};

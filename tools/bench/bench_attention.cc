@@ -32,6 +32,7 @@ struct Row {
   std::string method;
   int k_bits, v_bits, context, threads;
   double ms, bytes, gbps, ratio_vs_dense, machine_gbps;
+  bool cold;
 };
 
 std::vector<Method> methods(const AttentionArgs& a) {
@@ -111,7 +112,7 @@ int run_attention(const AttentionArgs& a) {
               next = next + 1 == caches.size() ? 0 : next + 1;
             },
             a.min_seconds, 3);
-        Row row{m.method, m.k_bits, m.v_bits, context, threads, sec * 1e3, bytes, bytes / sec / 1e9, 0, machine[threads]};
+        Row row{m.method, m.k_bits, m.v_bits, context, threads, sec * 1e3, bytes, bytes / sec / 1e9, 0, machine[threads], a.cold};
         if (m.method == "dense_f16") dense_ms[threads] = row.ms;
         row.ratio_vs_dense = dense_ms[threads] / row.ms;
         rows.push_back(row);
@@ -124,14 +125,15 @@ int run_attention(const AttentionArgs& a) {
     for (const auto& r : rows)
       out.push_back({{"method", r.method}, {"k_bits", r.k_bits}, {"v_bits", r.v_bits}, {"context", r.context},
                      {"threads", r.threads}, {"ms", r.ms}, {"bytes", r.bytes}, {"gbps", r.gbps},
-                     {"ratio_vs_dense", r.ratio_vs_dense}, {"machine_gbps", r.machine_gbps}});
+                     {"ratio_vs_dense", r.ratio_vs_dense}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold}});
     std::cout << out.dump(1) << "\n";
     return 0;
   }
-  std::printf("One decode step of one layer: %d query heads, %d KV heads, head dim %d, group %d. bytes = the cache "
-              "bytes the step must read; GB/s = bytes / time; x dense = speed relative to the FP16 cache at the same "
-              "context and threads; machine read bandwidth (same run):",
-              a.n_heads, a.n_kv, a.dim, a.group_size);
+  std::printf("One decode step of one layer: %d query heads, %d KV heads, head dim %d, group %d, %s. bytes = the "
+              "cache bytes the step must read; GB/s = bytes / time; x dense = speed relative to the FP16 cache at the "
+              "same context and threads; machine read bandwidth (same run):",
+              a.n_heads, a.n_kv, a.dim, a.group_size,
+              a.cold ? "cold (each step reads its cache from memory)" : "warm (every step attends to the same cache)");
   for (int t : a.threads) std::printf(" %.1f GB/s on %d thread%s;", machine[t], t, t > 1 ? "s" : "");
   std::printf("\n\n");
   MarkdownTable t({"context", "threads", "method", "K/V bits", "ms/step", "MB read", "GB/s", "% of machine", "x dense"});

@@ -38,9 +38,11 @@ int main(int argc, char** argv) {
   at->add_option("--group-size", attn.group_size, "TurboQuant group size (32, 64, 128)");
   at->add_option("--block-tokens", attn.block_tokens, "positions per cache block (a multiple of 16)")->check(CLI::PositiveNumber);
   at->add_option("--kv", kv_pairs, "TurboQuant K,V bit pairs, e.g. --kv 8,3 --kv 4,4")->expected(1, 16);
-  at->add_flag("--cold", attn.cold,
-              "each step reads its cache from memory: steps cycle through copies of the cache larger than 256 MiB "
-              "in all (as in a model, where the other layers' caches pass through the CPU caches in between)");
+  bool warm = false;
+  at->add_flag("--warm", warm,
+               "every step attends to the same cache (which the last-level cache then partly holds); by default "
+               "steps cycle through copies of the cache larger than 256 MiB in all, so that each reads its cache "
+               "from memory as a model's decode step does");
   at->add_flag("--no-standard", no_standard, "skip the (slow) standard path");
   at->add_option("--methods", attn.methods, "subset of dense_f16,fused,standard,q8_0,q4_0")
       ->delimiter(',')
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
         attn.bit_pairs.emplace_back(std::stoi(s.substr(0, comma)), std::stoi(s.substr(comma + 1)));
       }
       attn.standard = !no_standard;
+      attn.cold = !warm;
       return run_attention(attn);
     }
     if (pi->parsed()) return run_pipes(pipes);
