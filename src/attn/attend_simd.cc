@@ -5,6 +5,7 @@
 #include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -657,10 +658,14 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_REST
   const size_t Ts = static_cast<size_t>(J.T);
   const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + Ts * dim);
 #if HWY_TARGET == HWY_AVX3_DL
-  HWY_ALIGN uint8_t spread_bytes[64];  // byte 4i + u of the permuted vector = position 16u + i
-  for (int i = 0; i < 16; ++i)
-    for (int u = 0; u < 4; ++u) spread_bytes[4 * i + u] = static_cast<uint8_t>(16 * u + i);
-  const __m512i spread = _mm512_load_si512(spread_bytes), low_byte = _mm512_set1_epi32(0xff);
+  // Byte 4i + u of the permuted vector = position 16u + i.
+  static constexpr auto kSpread = [] {
+    std::array<uint8_t, 64> b{};
+    for (int i = 0; i < 16; ++i)
+      for (int u = 0; u < 4; ++u) b[4 * i + u] = static_cast<uint8_t>(16 * u + i);
+    return b;
+  }();
+  const __m512i spread = _mm512_loadu_si512(kSpread.data()), low_byte = _mm512_set1_epi32(0xff);
 #endif
   __m512 score[kRows][4];
   for (int r = 0; r < kRows; ++r)
