@@ -42,21 +42,33 @@ HWY_AFTER_NAMESPACE();
 namespace tq::bench {
 HWY_EXPORT(SumFloats);
 
-double measure_read_bandwidth(int threads, size_t bytes) {
-  const size_t n = bytes / sizeof(float);
-  AlignedVector<float> buf(n);
-  ThreadPool pool(threads);
-  // First touch from the threads that will read, so pages are spread as they will be used.
-  pool.parallel_for(n, [&](size_t b, size_t e, int) { std::memset(buf.data() + b, 1, (e - b) * sizeof(float)); });
+struct ReadBandwidthProbe::Impl {
+  AlignedVector<float> buf;
   volatile float sink = 0;
-  const double seconds = seconds_per_call(
+};
+
+ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes) : impl_(std::make_unique<Impl>()) {
+  const size_t n = bytes / sizeof(float);
+  impl_->buf = AlignedVector<float>(n);
+  ThreadPool pool(2);
+  // First touch from two threads, so pages are spread as they will be used.
+  pool.parallel_for(n, [&](size_t b, size_t e, int) { std::memset(impl_->buf.data() + b, 1, (e - b) * sizeof(float)); });
+}
+ReadBandwidthProbe::~ReadBandwidthProbe() = default;
+
+double ReadBandwidthProbe::measure(int threads, double min_seconds) {
+  ThreadPool pool(threads);
+  const size_t n = impl_->buf.size();
+  const float* x = impl_->buf.data();
+  const double seconds = seconds_per_call_in_round(
       [&] {
         std::vector<float> partial(threads, 0.0f);
-        pool.parallel_for(n, [&](size_t b, size_t e, int t) { partial[t] = HWY_DYNAMIC_DISPATCH(SumFloats)(buf.data() + b, e - b); });
-        sink = sink + partial[0];
+        pool.parallel_for(n, [&](size_t b, size_t e, int t) { partial[t] = HWY_DYNAMIC_DISPATCH(SumFloats)(x + b, e - b); });
+        impl_->sink = impl_->sink + partial[0];
       },
-      0.3, 3);
+      min_seconds);
   return static_cast<double>(n * sizeof(float)) / seconds / 1e9;
 }
+
 }  // namespace tq::bench
 #endif

@@ -3,7 +3,20 @@
 
 #include <cstddef>
 
+#include <memory>
+
 namespace tq::bench {
 // GB/s achieved summing a buffer of `bytes` bytes (much larger than the caches) with `threads` threads.
-double measure_read_bandwidth(int threads, size_t bytes = size_t{1} << 30);
+// The buffer is allocated and touched once, and each measure() is one round, so that a benchmark can take
+// the reading between its own rounds (the host's bandwidth moves).
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(size_t bytes = size_t{1} << 30);
+  ~ReadBandwidthProbe();
+  double measure(int threads, double min_seconds);  // GB/s in one round of at least min_seconds
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 }  // namespace tq::bench
