@@ -33,6 +33,18 @@ using D16 = hn::CappedTag<float, 16>;  // up to 16 lanes: one vector per 16 posi
 using tq::attn_kernels::kBlockRows;
 using tq::attn_kernels::kBlockTokens;
 
+// f.template operator()<R>() with R = rows (1..kBlockRows): the kernels take the row count as a
+// compile-time constant, so that their accumulators are fixed register arrays.
+template <class F>
+HWY_INLINE void WithRows(int rows, const F& f) {
+  switch (rows) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    default: return f.template operator()<4>();
+  }
+}
+
 // Dot products of up to 4 query rows with one key at a time: each key vector is loaded once per 4
 // rows, partial sums stay in registers, one horizontal sum per score.
 void ScoreTile(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT k, int tokens, int dim,
@@ -400,12 +412,7 @@ HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const 
 template <class Src>
 HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int group, const float* w, const float* alpha,
                               float* acc, const Prefetch& pf) {
-  switch (rows) {
-    case 1: return AccumulateRows<1>(src, n, dim, group, w, alpha, acc, pf);
-    case 2: return AccumulateRows<2>(src, n, dim, group, w, alpha, acc, pf);
-    case 3: return AccumulateRows<3>(src, n, dim, group, w, alpha, acc, pf);
-    default: return AccumulateRows<4>(src, n, dim, group, w, alpha, acc, pf);
-  }
+  WithRows(rows, [&]<int R>() { AccumulateRows<R>(src, n, dim, group, w, alpha, acc, pf); });
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -525,21 +532,10 @@ HWY_INLINE void AccumulateTurboQuantPermutedRows(const tq::attn_kernels::BlockJo
 #if HWY_TARGET == HWY_AVX3_DL
   // Highway's AVX3_DL target does not require GFNI (every CPU with AVX3_DL measured here has it).
   static const bool gfni = __builtin_cpu_supports("gfni");
-  if (gfni && kBits * (J.dim / 8) <= 64) {
-    switch (J.rows) {
-      case 1: return AccumulateTurboQuantGfni<kBits, 1>(J, w, alpha, levels16, pf);
-      case 2: return AccumulateTurboQuantGfni<kBits, 2>(J, w, alpha, levels16, pf);
-      case 3: return AccumulateTurboQuantGfni<kBits, 3>(J, w, alpha, levels16, pf);
-      default: return AccumulateTurboQuantGfni<kBits, 4>(J, w, alpha, levels16, pf);
-    }
-  }
+  if (gfni && kBits * (J.dim / 8) <= 64)
+    return WithRows(J.rows, [&]<int R>() { AccumulateTurboQuantGfni<kBits, R>(J, w, alpha, levels16, pf); });
 #endif
-  switch (J.rows) {
-    case 1: return AccumulateTurboQuantPermuted<kBits, 1>(J, w, alpha, levels16, pf);
-    case 2: return AccumulateTurboQuantPermuted<kBits, 2>(J, w, alpha, levels16, pf);
-    case 3: return AccumulateTurboQuantPermuted<kBits, 3>(J, w, alpha, levels16, pf);
-    default: return AccumulateTurboQuantPermuted<kBits, 4>(J, w, alpha, levels16, pf);
-  }
+  WithRows(J.rows, [&]<int R>() { AccumulateTurboQuantPermuted<kBits, R>(J, w, alpha, levels16, pf); });
 }
 #undef TQ_PERMUTED_VALUES
 #define TQ_PERMUTED_VALUES 1
@@ -559,6 +555,25 @@ HWY_INLINE bool Whole64s(const tq::attn_kernels::BlockJob& J, int n16) {
 }
 // score64(t0, scores, slices) for each 64 positions of the block, one prefetch walk (a step per
 // dimension) across all of them.
+// The 64-position scorers' shared pieces: zeroed accumulators, acc[r][u] += q[r][j] * x[u] (dimension j
+// against positions 16u..16u+15) and the scores [kRows][64] out.
+template <int kRows>
+HWY_INLINE void ZeroScores64(__m512 (&a)[kRows][4]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) a[r][u] = _mm512_setzero_ps();
+}
+template <int kRows>
+HWY_INLINE void AddDimension64(const tq::attn_kernels::BlockJob& J, int j, const __m512 (&x)[4], __m512 (&acc)[kRows][4]) {
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * J.dim + j]);
+    for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
+  }
+}
+template <int kRows>
+HWY_INLINE void StoreScores64(float* HWY_RESTRICT scores, const __m512 (&score)[kRows][4]) {
+  for (int r = 0; r < kRows; ++r)
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
+}
 template <class Score64>
 HWY_INLINE void ScoreBy64(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf, const Score64& score64) {
   const int pieces = (n16 + 63) / 64;
@@ -595,12 +610,10 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
   const __mmask64 high_mask = dim_bytes <= 64 ? 0 : dim_bytes >= 128 ? ~0ull : (1ull << (dim_bytes - 64)) - 1;
   const auto* sc16 = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
   __m512 score[kRows][4];
-  for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  ZeroScores64<kRows>(score);
   for (int g = 0; g < groups; ++g) {
     __m512 acc[kRows][4];
-    for (int r = 0; r < kRows; ++r)
-      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    ZeroScores64<kRows>(acc);
     for (int j = g * group; j < (g + 1) * group; ++j) {
       slices.Next();
       const uint8_t* planes_at = J.k_region + static_cast<size_t>(j) * dim_bytes;
@@ -614,33 +627,21 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
       x[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 1)), levels);
       x[2] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 2)), levels);
       x[3] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 3)), levels);
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
-        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
-      }
+      AddDimension64<kRows>(J, j, x, acc);
     }
     for (int u = 0; u < 4; ++u) {
       const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + t0 + 16 * u)));
       for (int r = 0; r < kRows; ++r) score[r][u] = _mm512_fmadd_ps(acc[r][u], sc, score[r][u]);
     }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
-}
-
-template <int kBits, int kRows>
-HWY_INLINE void ScoreTqColumnsGfniBlock(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreTqColumnsGfni<kBits, kRows>(J, t0, scores, slices); });
+  StoreScores64<kRows>(scores, score);
 }
 
 template <int kBits>
 HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  switch (J.rows) {
-    case 1: return ScoreTqColumnsGfniBlock<kBits, 1>(J, n16, pf);
-    case 2: return ScoreTqColumnsGfniBlock<kBits, 2>(J, n16, pf);
-    case 3: return ScoreTqColumnsGfniBlock<kBits, 3>(J, n16, pf);
-    default: return ScoreTqColumnsGfniBlock<kBits, 4>(J, n16, pf);
-  }
+  WithRows(J.rows, [&]<int R>() {
+    ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreTqColumnsGfni<kBits, R>(J, t0, scores, slices); });
+  });
 }
 #endif
 
@@ -668,12 +669,10 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_REST
   const __m512i spread = _mm512_loadu_si512(kSpread.data()), low_byte = _mm512_set1_epi32(0xff);
 #endif
   __m512 score[kRows][4];
-  for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) score[r][u] = _mm512_setzero_ps();
+  ZeroScores64<kRows>(score);
   for (int g = 0; g < groups; ++g) {
     __m512 acc[kRows][4];
-    for (int r = 0; r < kRows; ++r)
-      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    ZeroScores64<kRows>(acc);
     for (int j = g * group; j < (g + 1) * group; ++j) {
       slices.Next();
       const uint8_t* c = J.k_region + static_cast<size_t>(j) * Ts + t0;
@@ -691,10 +690,7 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_REST
       for (int u = 0; u < 4; ++u)
         x[u] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * u))));
 #endif
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
-        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
-      }
+      AddDimension64<kRows>(J, j, x, acc);
     }
     for (int u = 0; u < 4; ++u) {
       const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * Ts + t0 + 16 * u)));
@@ -704,12 +700,7 @@ void ScoreU8Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_REST
       }
     }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
-}
-template <int kRows>
-void ScoreU8Float(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreU8Float64<kRows>(J, t0, scores, slices); });
+  StoreScores64<kRows>(scores, score);
 }
 #endif
 
@@ -723,24 +714,15 @@ void ScoreF16Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_RES
   const size_t Ts = static_cast<size_t>(J.T);
   const auto* k16 = reinterpret_cast<const uint16_t*>(J.k_region);
   __m512 acc[kRows][4];
-  for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+  ZeroScores64<kRows>(acc);
   for (int j = 0; j < dim; ++j) {
     slices.Next();
     const uint16_t* k = k16 + static_cast<size_t>(j) * Ts + t0;
     __m512 x[4];
     for (int u = 0; u < 4; ++u) x[u] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 16 * u)));
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 qj = _mm512_set1_ps(J.q[static_cast<size_t>(r) * dim + j]);
-      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(qj, x[u], acc[r][u]);
-    }
+    AddDimension64<kRows>(J, j, x, acc);
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, acc[r][u]);
-}
-template <int kRows>
-void ScoreF16Float(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreF16Float64<kRows>(J, t0, scores, slices); });
+  StoreScores64<kRows>(scores, acc);
 }
 #endif
 
@@ -826,12 +808,9 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (Whole64s(J, n16) && J.qsum != nullptr) {
-      switch (rows) {
-        case 1: ScoreU8Float<1>(J, n16, during_keys); break;
-        case 2: ScoreU8Float<2>(J, n16, during_keys); break;
-        case 3: ScoreU8Float<3>(J, n16, during_keys); break;
-        default: ScoreU8Float<4>(J, n16, during_keys); break;
-      }
+      WithRows(rows, [&]<int R>() {
+        ScoreBy64(J, n16, during_keys, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreU8Float64<R>(J, t0, scores, slices); });
+      });
     } else
 #endif
     {
@@ -873,31 +852,23 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   if (J.keys == BlockKeys::f16_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (Whole64s(J, n16)) {
-      switch (rows) {
-        case 1: ScoreF16Float<1>(J, n16, during_keys); break;
-        case 2: ScoreF16Float<2>(J, n16, during_keys); break;
-        case 3: ScoreF16Float<3>(J, n16, during_keys); break;
-        default: ScoreF16Float<4>(J, n16, during_keys); break;
-      }
+      WithRows(rows, [&]<int R>() {
+        ScoreBy64(J, n16, during_keys, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreF16Float64<R>(J, t0, scores, slices); });
+      });
     } else
 #endif
     {
-    PrefetchSlices slices(during_keys, static_cast<size_t>(n16 / 16));
-    for (int t = 0; t < n16; t += 16) {
-      slices.Next();
-      ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
-    }
+      PrefetchSlices slices(during_keys, static_cast<size_t>(n16 / 16));
+      for (int t = 0; t < n16; t += 16) {
+        slices.Next();
+        ScoreColumnsF16(J.q, rows, reinterpret_cast<const uint16_t*>(J.k_region), J.T, J.t0 + t, dim, s + t, kBlockTokens);
+      }
     }
   }
 
   // 2. Masking and the online-softmax update: p = exp(s - m_new) in place, alpha rescales the old state.
   HWY_ALIGN float alpha[kBlockRows];
-  switch (rows) {
-    case 1: OnlineSoftmax<1>(J, n16, s, alpha); break;
-    case 2: OnlineSoftmax<2>(J, n16, s, alpha); break;
-    case 3: OnlineSoftmax<3>(J, n16, s, alpha); break;
-    default: OnlineSoftmax<4>(J, n16, s, alpha); break;
-  }
+  WithRows(rows, [&]<int R>() { OnlineSoftmax<R>(J, n16, s, alpha); });
 
   // 3. Values: weights per value group (the group's scale folded in), then the accumulation.
   switch (J.values) {
