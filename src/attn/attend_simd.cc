@@ -583,12 +583,45 @@ HWY_INLINE void ScoreBy64(const tq::attn_kernels::BlockJob& J, int n16, const Pr
 #endif
 
 #if HWY_TARGET == HWY_AVX3_DL
+// 64 positions in two orders: natural (vector v, lane k = position 16v + k) and permuted (vector u, lane
+// i = position 4i + u, what vpermps on shifted copies of a byte vector gives). Natural lane k of vector
+// v is permuted lane 4v + k/4 of vector k % 4; permuted lane i of vector u is natural lane 4(i % 4) + u of
+// vector i / 4. Each output vector: two two-source permutes and a blend.
+HWY_INLINE void PermutedToNatural64(const __m512 (&p)[4], __m512 (&n)[4]) {
+  static constexpr auto kIndex = [] {
+    std::array<std::array<int32_t, 16>, 4> idx{};
+    for (int v = 0; v < 4; ++v)
+      for (int k = 0; k < 16; ++k) idx[v][k] = 4 * v + k / 4 + 16 * (k % 2);  // + 16: the second source
+    return idx;
+  }();
+  for (int v = 0; v < 4; ++v) {
+    const __m512i idx = _mm512_loadu_si512(kIndex[v].data());
+    const __m512 from01 = _mm512_permutex2var_ps(p[0], idx, p[1]), from23 = _mm512_permutex2var_ps(p[2], idx, p[3]);
+    n[v] = _mm512_mask_blend_ps(0xCCCC, from01, from23);  // lanes k with k % 4 >= 2 from vectors 2 and 3
+  }
+}
+HWY_INLINE void NaturalToPermuted64(const __m512 (&n)[4], __m512 (&p)[4]) {
+  static constexpr auto kIndex = [] {
+    std::array<std::array<int32_t, 16>, 4> idx{};
+    for (int u = 0; u < 4; ++u)
+      for (int i = 0; i < 16; ++i) idx[u][i] = 4 * (i % 4) + u + 16 * ((i / 4) % 2);
+    return idx;
+  }();
+  for (int u = 0; u < 4; ++u) {
+    const __m512i idx = _mm512_loadu_si512(kIndex[u].data());
+    const __m512 from01 = _mm512_permutex2var_ps(n[0], idx, n[1]), from23 = _mm512_permutex2var_ps(n[2], idx, n[3]);
+    p[u] = _mm512_mask_blend_ps(0xFF00, from01, from23);  // lanes i >= 8 from vectors 2 and 3
+  }
+}
+
 // TurboQuant keys of 1..4 bits, positions [t0, t0 + 64) of a column region of T positions (planes
 // [dim][bits][T/8]; a dimension's kBits * T / 8 bytes in one 64-byte load or two: T = 64 or 128, and 256
 // from 3 bits up with two) into scores [kRows][kBlockTokens]: per dimension, the codes of the 64
 // positions from one byte permute and one GF(2) affine transform (see AccumulateTurboQuantGfni), the
-// levels by vpermps per 16 positions, and one multiply-add per query row; the group's scales multiply
-// the group's partial scores.
+// levels by vpermps on the code vector shifted by 0/8/16/24 bits (it reads bits [3:0] of each 32-bit
+// lane; shifts run beside the multiply-adds, where widening each quarter took two more shuffles), and one
+// multiply-add per query row. The accumulators hold the positions permuted (vector u, lane i = position
+// 4i + u): the group's scales are permuted to match, and the scores restored to position order at the end.
 template <int kBits, int kRows>
 __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J, int t0,
                                                                           float* HWY_RESTRICT scores,
@@ -622,19 +655,23 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
                                             : _mm512_maskz_permutex2var_epi8(rows_mask, planes, index,
                                                                              _mm512_maskz_loadu_epi8(high_mask, planes_at + 64));
       const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
-      __m512 x[4];
-      x[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(code)), levels);
-      x[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 1)), levels);
-      x[2] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 2)), levels);
-      x[3] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(code, 3)), levels);
+      const __m512 x[4] = {_mm512_permutexvar_ps(code, levels), _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels),
+                           _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels),
+                           _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels)};
       AddDimension64<kRows>(J, j, x, acc);
     }
-    for (int u = 0; u < 4; ++u) {
-      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + t0 + 16 * u)));
-      for (int r = 0; r < kRows; ++r) score[r][u] = _mm512_fmadd_ps(acc[r][u], sc, score[r][u]);
-    }
+    __m512 sc_natural[4], sc[4];
+    for (int v = 0; v < 4; ++v)
+      sc_natural[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc16 + g * J.T + t0 + 16 * v)));
+    NaturalToPermuted64(sc_natural, sc);
+    for (int r = 0; r < kRows; ++r)
+      for (int u = 0; u < 4; ++u) score[r][u] = _mm512_fmadd_ps(acc[r][u], sc[u], score[r][u]);
   }
-  StoreScores64<kRows>(scores, score);
+  for (int r = 0; r < kRows; ++r) {
+    __m512 natural[4];
+    PermutedToNatural64(score[r], natural);
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(scores + r * kBlockTokens + 16 * v, natural[v]);
+  }
 }
 
 template <int kBits>
