@@ -430,23 +430,27 @@ HWY_INLINE void StoreChunk(float* HWY_RESTRICT acc, int dim, int c, const __m512
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < 4; ++v) _mm512_storeu_ps(acc + static_cast<size_t>(r) * dim + 64 * c + 16 * v, a[r][v]);
 }
-// One position: the 64 code bytes index the level table (vpermps reads bits [3:0] of each 32-bit lane,
-// so shifts by 0/8/16/24 give dimensions 4i, 4i + 1, 4i + 2, 4i + 3), and every row adds its weight
-// (wt[r * kBlockTokens]) times the levels.
+// The levels of 64 codes of at most 4 bits, one per byte: vpermps reads bits [3:0] of each 32-bit lane,
+// so the vector shifted by 0/8/16/24 bits looks up bytes 4i, 4i + 1, 4i + 2, 4i + 3 into lane i of
+// x[0..3] (shifts run beside the multiply-adds; widening each quarter would take two more shuffles).
+HWY_INLINE void LevelsOfByteQuarters(__m512i code, __m512 levels, __m512 (&x)[4]) {
+  x[0] = _mm512_permutexvar_ps(code, levels);
+  x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
+  x[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
+  x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+}
+
+// One position: the levels of its 64 code bytes (dimensions 4i + v in lane i of vector v), and every row
+// adds its weight (wt[r * kBlockTokens]) times them.
 template <int kRows>
 HWY_INLINE void AccumulatePosition(__m512i code, __m512 levels, const float* HWY_RESTRICT wt, __m512 (&a)[kRows][4]) {
-  const __m512 x0 = _mm512_permutexvar_ps(code, levels);
-  const __m512 x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels);
-  const __m512 x2 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels);
-  const __m512 x3 = _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels);
+  __m512 x[4];
+  LevelsOfByteQuarters(code, levels, x);
   for (int r = 0; r < kRows; ++r) {
     // One broadcast register per row feeds the four multiply-adds (measured faster than four
     // embedded-broadcast memory operands, which issue four loads).
     const __m512 w = _mm512_set1_ps(wt[r * kBlockTokens]);
-    a[r][0] = _mm512_fmadd_ps(w, x0, a[r][0]);
-    a[r][1] = _mm512_fmadd_ps(w, x1, a[r][1]);
-    a[r][2] = _mm512_fmadd_ps(w, x2, a[r][2]);
-    a[r][3] = _mm512_fmadd_ps(w, x3, a[r][3]);
+    for (int v = 0; v < 4; ++v) a[r][v] = _mm512_fmadd_ps(w, x[v], a[r][v]);
   }
 }
 
@@ -553,8 +557,6 @@ HWY_INLINE bool PermutesValues(int v_group) { return TQ_PERMUTED_VALUES && (v_gr
 HWY_INLINE bool Whole64s(const tq::attn_kernels::BlockJob& J, int n16) {
   return J.T - J.t0 >= (n16 + 63) / 64 * 64;
 }
-// score64(t0, scores, slices) for each 64 positions of the block, one prefetch walk (a step per
-// dimension) across all of them.
 // The 64-position scorers' shared pieces: zeroed accumulators, acc[r][u] += q[r][j] * x[u] (dimension j
 // against positions 16u..16u+15) and the scores [kRows][64] out.
 template <int kRows>
@@ -574,11 +576,15 @@ HWY_INLINE void StoreScores64(float* HWY_RESTRICT scores, const __m512 (&score)[
   for (int r = 0; r < kRows; ++r)
     for (int u = 0; u < 4; ++u) _mm512_store_ps(scores + r * kBlockTokens + 16 * u, score[r][u]);
 }
+// score64.template operator()<R>(t0, scores, slices), R = J.rows, for each 64 positions of the block,
+// one prefetch walk (a step per dimension) across all of them.
 template <class Score64>
 HWY_INLINE void ScoreBy64(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf, const Score64& score64) {
   const int pieces = (n16 + 63) / 64;
-  PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * pieces);
-  for (int i = 0; i < pieces; ++i) score64(J.t0 + 64 * i, J.scores + 64 * i, slices);
+  WithRows(J.rows, [&]<int R>() {
+    PrefetchSlices slices(pf, static_cast<size_t>(J.dim) * pieces);
+    for (int i = 0; i < pieces; ++i) score64.template operator()<R>(J.t0 + 64 * i, J.scores + 64 * i, slices);
+  });
 }
 #endif
 
@@ -617,10 +623,8 @@ HWY_INLINE void NaturalToPermuted64(const __m512 (&n)[4], __m512 (&p)[4]) {
 // TurboQuant keys of 1..4 bits, positions [t0, t0 + 64) of a column region of T positions (planes
 // [dim][bits][T/8]; a dimension's kBits * T / 8 bytes in one 64-byte load or two: T = 64 or 128, and 256
 // from 3 bits up with two) into scores [kRows][kBlockTokens]: per dimension, the codes of the 64
-// positions from one byte permute and one GF(2) affine transform (see AccumulateTurboQuantGfni), the
-// levels by vpermps on the code vector shifted by 0/8/16/24 bits (it reads bits [3:0] of each 32-bit
-// lane; shifts run beside the multiply-adds, where widening each quarter took two more shuffles), and one
-// multiply-add per query row. The accumulators hold the positions permuted (vector u, lane i = position
+// positions from one byte permute and one GF(2) affine transform (see AccumulateTurboQuantGfni), their
+// levels by LevelsOfByteQuarters, and one multiply-add per query row. The accumulators hold the positions permuted (vector u, lane i = position
 // 4i + u): the group's scales are permuted to match, and the scores restored to position order at the end.
 template <int kBits, int kRows>
 __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq::attn_kernels::BlockJob& J, int t0,
@@ -655,9 +659,8 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
                                             : _mm512_maskz_permutex2var_epi8(rows_mask, planes, index,
                                                                              _mm512_maskz_loadu_epi8(high_mask, planes_at + 64));
       const __m512i code = _mm512_gf2p8affine_epi64_epi8(bit_of_byte, matrix, 0);
-      const __m512 x[4] = {_mm512_permutexvar_ps(code, levels), _mm512_permutexvar_ps(_mm512_srli_epi32(code, 8), levels),
-                           _mm512_permutexvar_ps(_mm512_srli_epi32(code, 16), levels),
-                           _mm512_permutexvar_ps(_mm512_srli_epi32(code, 24), levels)};
+      __m512 x[4];
+      LevelsOfByteQuarters(code, levels, x);
       AddDimension64<kRows>(J, j, x, acc);
     }
     __m512 sc_natural[4], sc[4];
@@ -676,9 +679,7 @@ __attribute__((target(HWY_TARGET_STR ",gfni"))) void ScoreTqColumnsGfni(const tq
 
 template <int kBits>
 HWY_INLINE void ScoreTqColumnsGfniRows(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  WithRows(J.rows, [&]<int R>() {
-    ScoreBy64(J, n16, pf, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreTqColumnsGfni<kBits, R>(J, t0, scores, slices); });
-  });
+  ScoreBy64(J, n16, pf, [&]<int R>(int t0, float* scores, PrefetchSlices& slices) { ScoreTqColumnsGfni<kBits, R>(J, t0, scores, slices); });
 }
 #endif
 
@@ -845,9 +846,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (Whole64s(J, n16) && J.qsum != nullptr) {
-      WithRows(rows, [&]<int R>() {
-        ScoreBy64(J, n16, during_keys, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreU8Float64<R>(J, t0, scores, slices); });
-      });
+      ScoreBy64(J, n16, during_keys, [&]<int R>(int t0, float* scores, PrefetchSlices& slices) { ScoreU8Float64<R>(J, t0, scores, slices); });
     } else
 #endif
     {
@@ -889,9 +888,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   if (J.keys == BlockKeys::f16_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (Whole64s(J, n16)) {
-      WithRows(rows, [&]<int R>() {
-        ScoreBy64(J, n16, during_keys, [&](int t0, float* scores, PrefetchSlices& slices) { ScoreF16Float64<R>(J, t0, scores, slices); });
-      });
+      ScoreBy64(J, n16, during_keys, [&]<int R>(int t0, float* scores, PrefetchSlices& slices) { ScoreF16Float64<R>(J, t0, scores, slices); });
     } else
 #endif
     {

@@ -21,12 +21,13 @@ size_t chunk_payload(size_t block_bytes, int blocks) { return block_bytes * stat
 
 int BlockPool::later_chunk_blocks(size_t block_bytes, int first_chunk_blocks) {
   if (chunk_payload(block_bytes, first_chunk_blocks) >= kHugePage) return first_chunk_blocks;
-  for (size_t pages = 1; pages <= 16; ++pages) {
+  // A block is under 2 MiB here, so whole blocks leave less than one block over: by 16 pages (an eighth
+  // of them is 4 MiB) the condition holds.
+  for (size_t pages = 1;; ++pages) {
     const size_t bytes = pages * kHugePage;
     const size_t blocks = (bytes - kAlignment) / block_bytes;
     if (blocks >= 1 && bytes - blocks * block_bytes <= bytes / 8) return static_cast<int>(blocks);
   }
-  return static_cast<int>((kHugePage + block_bytes - 1) / block_bytes);  // blocks of over 2 MiB / 8 that never fit well
 }
 
 BlockPool::BlockPool(size_t block_bytes, int first_chunk_blocks)

@@ -14,7 +14,7 @@ class BlockPool {
   // The first chunk holds first_chunk_blocks blocks, so that a short sequence reserves little. Later
   // chunks fill whole 2 MiB huge pages (see later_chunk_blocks), or are as big as the first where that
   // is 2 MiB already. Chunks of 1.75 MiB and more are 2 MiB-aligned and offered as huge pages.
-  explicit BlockPool(size_t block_bytes, int first_chunk_blocks = 16);
+  BlockPool(size_t block_bytes, int first_chunk_blocks);
 
   int allocate();            // a block id; contents are unspecified
   void release(int block);   // back to the free list
@@ -27,10 +27,7 @@ class BlockPool {
   }
   size_t blocks_in_use() const { return blocks_allocated() - free_.size(); }
   size_t bytes_allocated() const { return blocks_allocated() * block_bytes_; }
-  int first_chunk_blocks() const { return first_blocks_; }
-  int later_chunk_blocks() const { return later_blocks_; }
-
-  // Blocks per chunk after the first: the fewest whole 2 MiB pages (up to 16) that whole blocks fill
+  // Blocks per chunk after the first: the fewest whole 2 MiB pages (16 at most) that whole blocks fill
   // with at most an eighth left over, or first_chunk_blocks if its chunk is 2 MiB or more already.
   static int later_chunk_blocks(size_t block_bytes, int first_chunk_blocks);
 

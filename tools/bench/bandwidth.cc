@@ -56,8 +56,8 @@ ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes) : impl_(std::make_unique<Im
 }
 ReadBandwidthProbe::~ReadBandwidthProbe() = default;
 
-double ReadBandwidthProbe::measure(int threads, double min_seconds) {
-  ThreadPool pool(threads);
+double ReadBandwidthProbe::measure(ThreadPool& pool, double min_seconds) {
+  const int threads = pool.size();
   const size_t n = impl_->buf.size();
   const float* x = impl_->buf.data();
   const double seconds = seconds_per_call_in_round(

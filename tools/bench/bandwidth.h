@@ -5,6 +5,8 @@
 
 #include <memory>
 
+#include "core/thread_pool.h"
+
 namespace tq::bench {
 // GB/s achieved summing a buffer of `bytes` bytes (much larger than the caches) with `threads` threads.
 // The buffer is allocated and touched once, and each measure() is one round, so that a benchmark can take
@@ -13,7 +15,7 @@ class ReadBandwidthProbe {
  public:
   explicit ReadBandwidthProbe(size_t bytes = size_t{1} << 30);
   ~ReadBandwidthProbe();
-  double measure(int threads, double min_seconds);  // GB/s in one round of at least min_seconds
+  double measure(ThreadPool& pool, double min_seconds);  // GB/s in one round of at least min_seconds
 
  private:
   struct Impl;

@@ -8,11 +8,9 @@
 
 namespace tq::bench {
 
-// Seconds per call of body() in one round: one warm-up call (caches, page faults), then calls until
-// min_seconds have passed.
+// Seconds per call of body() in one round: calls until min_seconds have passed.
 inline double seconds_per_call_in_round(const std::function<void()>& body, double min_seconds) {
   using clock = std::chrono::steady_clock;
-  body();
   long calls = 0;
   const auto start = clock::now();
   double elapsed = 0;
@@ -26,6 +24,7 @@ inline double seconds_per_call_in_round(const std::function<void()>& body, doubl
 
 // Seconds per call of body(): rounds of calls lasting at least min_seconds each, best round.
 inline double seconds_per_call(const std::function<void()>& body, double min_seconds = 0.1, int rounds = 3) {
+  body();  // warm up caches, page in buffers
   double best = 1e300;
   for (int r = 0; r < rounds; ++r) best = std::min(best, seconds_per_call_in_round(body, min_seconds));
   return best;
