@@ -388,8 +388,17 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
   const int M = cache->options_.min_tokens;
   const int H = cache->n_kv_heads_;
   const size_t sink_rec = cache->sink_format_->record_bytes();
-  for (const auto& js : header.at("sequences")) {
-    const int id = js.at("id").get<int>(), length = js.at("length").get<int>(), first_main = js.at("first_main").get<int>();
+  struct SavedSequence {
+    int id, length, first_main;
+  };
+  std::vector<SavedSequence> saved;
+  try {
+    for (const auto& js : header.at("sequences"))
+      saved.push_back({js.at("id").get<int>(), js.at("length").get<int>(), js.at("first_main").get<int>()});
+  } catch (const nlohmann::json::exception& e) {
+    fail("cache file '", path, "' has a malformed sequence list: ", e.what());
+  }
+  for (const auto& [id, length, first_main] : saved) {
     TQ_CHECK(length >= 0 && first_main >= M, "cache file '", path, "' has an inconsistent sequence ", id);
     cache->add_sequence_with_id(id);
     Sequence& s = cache->seqs_.at(id);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "hwy/tests/hwy_gtest.h"
@@ -333,6 +335,77 @@ TEST(KVCache, CorruptFilesGiveClearErrors) {
   expect_error("bad magic");
   std::remove(path.c_str());
   expect_error("cannot open");
+}
+
+// Files whose checksum is right but whose header lies (written by another tool, or edited): the
+// header's own checks must catch them.
+TEST(KVCache, ConsistentChecksumWithABadHeaderGivesClearErrors) {
+  KVCache cache(1, 64, tq_options(8, 3, 0));
+  const int s = cache.add_sequence();
+  const auto x = gaussian(10 * 64, 13);
+  cache.append(s, x.data(), x.data(), 10);
+  const std::string path = temp_path("cache_bad_header.tqkv");
+  cache.save(path);
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint32_t len;
+  std::memcpy(&len, bytes.data() + 12, 4);
+  const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + len);
+  const std::vector<uint8_t> payload(bytes.begin() + 16 + len, bytes.end() - 8);
+  // The file with `h` as its header and a correct FNV-1a checksum over everything before it.
+  auto write_with_header = [&](const nlohmann::json& h) {
+    const std::string text = h.dump();
+    std::vector<uint8_t> out(bytes.begin(), bytes.begin() + 12);
+    const uint32_t n = static_cast<uint32_t>(text.size());
+    out.insert(out.end(), reinterpret_cast<const uint8_t*>(&n), reinterpret_cast<const uint8_t*>(&n) + 4);
+    out.insert(out.end(), text.begin(), text.end());
+    out.insert(out.end(), payload.begin(), payload.end());
+    uint64_t hash = 0xcbf29ce484222325ull;
+    for (uint8_t b : out) hash = (hash ^ b) * 0x100000001b3ull;
+    out.insert(out.end(), reinterpret_cast<const uint8_t*>(&hash), reinterpret_cast<const uint8_t*>(&hash) + 8);
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  };
+  auto expect_error = [&](const std::string& needle) {
+    try {
+      KVCache::load(path);
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  write_with_header(header);
+  EXPECT_EQ(KVCache::load(path)->length(s), 10);  // the rewriting itself is faithful
+
+  auto h = header;
+  h["sequences"][0].erase("length");
+  write_with_header(h);
+  expect_error("malformed sequence list");
+  h = header;
+  h["sequences"][0]["length"] = 1000;
+  write_with_header(h);
+  expect_error("payload shorter than its header says");
+  h = header;
+  h["sequences"][0]["length"] = 0;
+  write_with_header(h);  // no positions, so none of the payload's block is read
+  expect_error("unexpected trailing bytes");
+  h = header;
+  h["sequences"][0]["length"] = -1;
+  write_with_header(h);
+  expect_error("inconsistent sequence");
+  h = header;
+  h["sequences"].push_back(h["sequences"][0]);
+  write_with_header(h);
+  expect_error("already exists");
+  h = header;
+  h.erase("block_tokens");
+  write_with_header(h);
+  expect_error("malformed header");
+  h = header;
+  h["head_dim"] = -64;
+  write_with_header(h);
+  expect_error("head");
+  std::remove(path.c_str());
 }
 
 TEST(PromptCache, MakeConvertAndEnableFused) {
