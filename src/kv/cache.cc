@@ -16,10 +16,24 @@ bool is_dense(KVType t) { return t == KVType::f32 || t == KVType::f16 || t == KV
 
 // ------------------------------------------------------------------ KVCache
 
+namespace {
+// The options' own checks, before the formats and the pool are built from them (the pool's and the
+// formats' messages would not name the option at fault).
+const KVCacheOptions& checked(int n_kv_heads, const KVCacheOptions& options) {
+  TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
+  TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);
+  TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
+  TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
+  TQ_CHECK(is_dense(options.sink_type), "the sink tier must be a dense type (f16, bf16 or f32), got ",
+           to_string(options.sink_type));
+  return options;
+}
+}  // namespace
+
 KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
     : n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
-      options_(options),
+      options_(checked(n_kv_heads, options)),
       k_format_(std::make_unique<VectorFormat>(head_dim, options.k)),
       v_format_(std::make_unique<VectorFormat>(head_dim, options.v)),
       sink_format_(std::make_unique<VectorFormat>(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0})),
@@ -30,12 +44,6 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       // that the memory a short sequence reserves does not grow with the block size; later chunks fill
       // huge pages (BlockPool).
       pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens))) {
-  TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
-  TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);
-  TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
-  TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
-  TQ_CHECK(is_dense(options.sink_type), "the sink tier must be a dense type (f16, bf16 or f32), got ",
-           to_string(options.sink_type));
 }
 
 std::string KVCache::describe() const {
@@ -137,6 +145,7 @@ void Segment::decode_k(int head, int t, float* x) const {
 
 void KVCache::append(int seq, const float* k, const float* v, int n) {
   TQ_CHECK(n >= 0, "cannot append a negative number of positions");
+  TQ_CHECK(n == 0 || (k != nullptr && v != nullptr), "append needs keys and values (got a null pointer)");
   Sequence& s = seq_ref(seq);
   drop_out_of_window(s, s.length);
   const int M = options_.min_tokens;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -475,6 +476,22 @@ TEST(KVCache, BadOptionsSayWhatIsWrong) {
   q.k.type = KVType::q8_0;
   EXPECT_THROW(KVCache(1, 48, q), Error);  // not a multiple of 32
   EXPECT_THROW(parse_kv_type("q5_k"), Error);
+  // The option at fault is named, not the block pool built from it.
+  auto expect_message = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  KVCacheOptions zero_block;
+  zero_block.block_tokens = 0;
+  expect_message([&] { KVCache(1, 64, zero_block); }, "block size");
+  expect_message([] { KVCache(0, 64, KVCacheOptions{}); }, "KV head");
+  KVCache cache(1, 64, KVCacheOptions{});
+  const int seq = cache.add_sequence();
+  expect_message([&] { cache.append(seq, nullptr, nullptr, 1); }, "null pointer");
 }
 
 }  // namespace
