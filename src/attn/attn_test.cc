@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -444,6 +447,162 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
             EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
           }
         }
+}
+
+// ------------------------------------------------------------------ random configurations, every target
+
+// One configuration drawn at random: the cache format (TurboQuant with any bits, group size, grid and
+// scale fit; or dense and absmax formats, rotated or not), head shape, sink tier, block size, rotating
+// window, learned sinks, sequences filled in random chunks, query blocks and thread count.
+struct RandomCase {
+  KVCacheOptions options;
+  std::string format;
+  int n_kv = 1, group = 1, dim = 64;
+  bool sinks = false;
+  std::vector<int> lengths;
+  int n_q = 1;
+  float q_scale = 1.0f;
+  int threads = 1;
+};
+
+// nullopt when the drawn options are invalid (the cache rejects them with an error; also tested).
+std::optional<RandomCase> draw_case(SplitMix64& rng) {
+  auto pick = [&](std::initializer_list<int> choices) { return *(choices.begin() + rng.next() % choices.size()); };
+  RandomCase c;
+  c.n_kv = pick({1, 2, 4, 8});
+  c.group = pick({1, 2, 3, 4, 4, 5, 8});
+  c.dim = pick({32, 64, 64, 80, 96, 128, 128, 256});
+  try {
+    if (rng.next() % 10 < 7) {
+      TurboQuantCacheOptions t;
+      t.k_bits = pick({2, 3, 4, 5, 6, 8, 8});
+      t.v_bits = pick({2, 3, 3, 4, 5, 8});
+      t.group_size = pick({32, 64, 64, 128});
+      t.min_tokens_before_quant = pick({0, 0, 1, 5, 64, 300});
+      t.block_tokens = pick({7, 16, 64, 128, 256, 256, 512});
+      t.k_grid_8bit = rng.next() % 4 == 0 ? Grid::lloyd_max : Grid::uniform;
+      t.scale_fit = rng.next() % 3 == 0 ? ScaleFit::plain : ScaleFit::norm_correction;
+      c.options = turboquant_cache_options(t, 0);
+    } else {
+      const KVType types[] = {KVType::f32, KVType::f16, KVType::bf16, KVType::q8_0, KVType::q4_0};
+      for (VectorFormatSpec* spec : {&c.options.k, &c.options.v}) {
+        spec->type = types[rng.next() % 5];
+        spec->rotate = (spec->type == KVType::q8_0 || spec->type == KVType::q4_0) && rng.next() % 2;
+      }
+      c.options.min_tokens = pick({0, 3, 40});
+      c.options.block_tokens = pick({16, 64, 256});
+    }
+    c.options.window = rng.next() % 3 == 0 ? pick({1, 17, 300}) : 0;
+    KVCache probe(c.n_kv, c.dim, c.options);  // the formats check the head dimension
+    c.format = probe.describe() + " block " + std::to_string(c.options.block_tokens);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  c.sinks = rng.next() % 3 == 0;
+  c.n_q = pick({1, 1, 2, 5, 16});
+  c.q_scale = rng.next() % 4 == 0 ? 3.0f : 1.0f;
+  c.threads = 1 + static_cast<int>(rng.next() % 3);
+  for (int s = pick({1, 1, 2, 3}); s > 0; --s) c.lengths.push_back(1 + static_cast<int>(rng.next() % (rng.next() % 4 == 0 ? 2500 : 400)));
+  return c;
+}
+
+// TQ_RANDOM_CASES=N draws N configurations per target instead of the default (a longer search:
+// TQ_RANDOM_CASES=3000 build/bin/attn_test --gtest_filter='*Random*'); TQ_RANDOM_SEED moves the draws.
+TEST_P(BlockTargets, RandomConfigurationsAgree) {
+  const char* cases_env = std::getenv("TQ_RANDOM_CASES");
+  const char* seed_env = std::getenv("TQ_RANDOM_SEED");
+  const int cases = cases_env ? std::atoi(cases_env) : 25;
+  SplitMix64 rng((seed_env ? std::strtoull(seed_env, nullptr, 10) : 2026) + static_cast<uint64_t>(GetParam()));  // other draws per target
+  ThreadPool pools[3] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+  for (int done = 0; done < cases;) {
+    const std::optional<RandomCase> drawn = draw_case(rng);
+    if (!drawn) continue;
+    const RandomCase& c = *drawn;
+    ++done;
+    std::ostringstream trace;
+    trace << c.format << " heads " << c.n_kv * c.group << "/" << c.n_kv << " dim " << c.dim << " window " << c.options.window
+          << (c.sinks ? " sinks" : "") << " n_q " << c.n_q << " threads " << c.threads << " lengths";
+    for (int len : c.lengths) trace << " " << len;
+    SCOPED_TRACE(trace.str());
+    KVCache cache(c.n_kv, c.dim, c.options);
+    const int n_heads = c.n_kv * c.group;
+    const size_t per_seq = static_cast<size_t>(c.n_q) * n_heads * c.dim;
+    const auto q = gaussian(per_seq * c.lengths.size(), rng, c.q_scale);
+    std::vector<AttentionRequest> requests;
+    for (size_t i = 0; i < c.lengths.size(); ++i) {
+      const int seq = cache.add_sequence(), len = c.lengths[i], n_q = std::min(c.n_q, len);
+      // Random chunks, then the queries' positions in one append (a rotating cache keeps what the
+      // queries of its last append need).
+      for (int filled = 0; filled < len;) {
+        const int chunk = filled < len - n_q ? std::min(len - n_q - filled, 1 + static_cast<int>(rng.next() % (rng.next() % 2 ? 1 : 200)))
+                                             : len - filled;
+        const auto k = gaussian(static_cast<size_t>(chunk) * c.n_kv * c.dim, rng, 1.5f), v = gaussian(k.size(), rng);
+        cache.append(seq, k.data(), v.data(), chunk);
+        filled += chunk;
+      }
+      requests.push_back({seq, q.data() + i * per_seq, n_q, len - n_q, nullptr});
+    }
+    const auto sinks = gaussian(n_heads, rng, 2.0f);
+    AttentionParams p;
+    p.n_heads = n_heads;
+    p.window = c.options.window;
+    p.sinks = c.sinks ? sinks.data() : nullptr;
+    auto run = [&](AttentionPath path) {
+      std::vector<float> out(q.size(), 0.0f);
+      for (size_t i = 0; i < requests.size(); ++i) requests[i].out = out.data() + i * per_seq;
+      AttentionStats stats;
+      attend(cache, requests, p, path, pools[c.threads - 1], &stats);
+      EXPECT_EQ(stats.fused_fallbacks, 0) << stats.fallback_reason;
+      return out;
+    };
+    const auto fused = run(AttentionPath::fused), standard = run(AttentionPath::standard);
+    EXPECT_LE(max_row_error(fused, standard, c.dim), 1e-4);
+    if (c.lengths[0] <= 1000) {
+      EXPECT_LE(max_row_error(standard, run(AttentionPath::reference), c.dim), 1e-4);
+    }
+    if (::testing::Test::HasFailure()) return;  // the trace names the first configuration that failed
+  }
+}
+
+// A sliding-window layer prefilled in FP16 past its window, converted to TurboQuant (its block grid
+// now starts at the oldest held position), then decoded further: all paths agree.
+TEST(Attention, RotatingCacheConvertedAfterItDroppedPositions) {
+  ThreadPool pool(2);
+  SplitMix64 rng(41);
+  const int H = 2, D = 128, W = 100, heads = 8;
+  std::vector<LayerSpec> layers(1);
+  layers[0].kind = LayerKind::sliding_attention;
+  layers[0].n_kv_heads = H;
+  layers[0].head_dim = D;
+  layers[0].window = W;
+  PromptCache caches = make_prompt_cache(layers, KVType::f16, 64);
+  auto* dense = dynamic_cast<KVCache*>(caches[0].get());
+  const int seq = dense->add_sequence();
+  for (int chunk : {300, 90}) {
+    const auto k = gaussian(static_cast<size_t>(chunk) * H * D, rng, 1.5f), v = gaussian(k.size(), rng);
+    dense->append(seq, k.data(), v.data(), chunk);
+  }
+  ASSERT_GT(dense->first_kept(seq), 0);
+  TurboQuantCacheOptions o;
+  o.compress_rotating = true;
+  ASSERT_EQ(convert_cache_to_turboquant(caches, o), 1);
+  auto* cache = dynamic_cast<KVCache*>(caches[0].get());
+  AttentionParams p;
+  p.n_heads = heads;
+  p.window = W;
+  for (int step = 0; step < 3; ++step) {
+    const auto k = gaussian(static_cast<size_t>(H) * D, rng, 1.5f), v = gaussian(k.size(), rng);
+    cache->append(seq, k.data(), v.data(), 1);
+    const auto q = gaussian(static_cast<size_t>(heads) * D, rng);
+    std::vector<float> fused(q.size()), reference(q.size());
+    AttentionRequest r{seq, q.data(), 1, cache->length(seq) - 1, fused.data()};
+    AttentionStats stats;
+    attend(*cache, {&r, 1}, p, AttentionPath::fused, pool, &stats);
+    EXPECT_EQ(stats.fused, 1);
+    r.out = reference.data();
+    attend(*cache, {&r, 1}, p, AttentionPath::reference, pool);
+    EXPECT_LE(max_row_error(fused, reference, D), 1e-4) << "step " << step;
+  }
 }
 
 TEST(Attention, BadRequestsSayWhatIsWrong) {

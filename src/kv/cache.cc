@@ -68,6 +68,17 @@ void KVCache::add_sequence_with_id(int seq) {
   seqs_.emplace(seq, std::move(s));
 }
 
+void KVCache::add_sequence_from(int seq, int first) {
+  TQ_CHECK(first >= 0, "a sequence cannot start at the negative position ", first);
+  TQ_CHECK(first == 0 || options_.min_tokens == 0, "a sequence that starts at position ", first,
+           " cannot have a sink tier (its first positions are gone); use min_tokens 0");
+  add_sequence_with_id(seq);
+  if (first == 0) return;
+  Sequence& s = seqs_.at(seq);
+  s.length = first;
+  s.first_block_pos = first;  // the block grid of this sequence starts at its first held position
+}
+
 void KVCache::remove_sequence(int seq) {
   Sequence& s = seq_ref(seq);
   for (int b : s.block_table) pool_.release(b);
@@ -408,7 +419,8 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
     fail("cache file '", path, "' has a malformed sequence list: ", e.what());
   }
   for (const auto& [id, length, first_main] : saved) {
-    TQ_CHECK(length >= 0 && first_main >= M, "cache file '", path, "' has an inconsistent sequence ", id);
+    TQ_CHECK(length >= 0 && first_main >= M && first_main <= std::max(length, M), "cache file '", path,
+             "' has an inconsistent sequence ", id);
     cache->add_sequence_with_id(id);
     Sequence& s = cache->seqs_.at(id);
     const int n_sink = std::min(length, M);
@@ -420,9 +432,10 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
       for (int h = 0; h < H; ++h) {
         if (n_sink) std::memcpy(buf->data() + static_cast<size_t>(h) * M * sink_rec, take(n_sink * sink_rec), n_sink * sink_rec);
       }
-    // Main tier: blocks start at first_main rounded down to the block grid.
+    // Main tier: blocks start at first_main (M plus whole blocks, or the first position a converted
+    // rotating cache held).
     const int T = cache->options_.block_tokens;
-    s.first_block_pos = M + (first_main - M) / T * T;
+    s.first_block_pos = first_main;
     const size_t block_bytes = cache->block_head_bytes_ * static_cast<size_t>(H);
     for (int pos = s.first_block_pos; pos < length; pos += T) std::memcpy(cache->main_block(s, pos), take(block_bytes), block_bytes);
     s.length = length;
@@ -543,13 +556,19 @@ int convert_cache_to_turboquant(PromptCache& caches, const TurboQuantCacheOption
     const bool rotating_dense = kv->options().window > 0 && is_dense(kv->options().k.type) &&
                                 is_dense(kv->options().v.type) && kv->options().min_tokens == 0;
     if (!kv->is_plain_dense_growing() && !(options.compress_rotating && rotating_dense)) continue;
-    auto tq = std::make_unique<KVCache>(kv->n_kv_heads(), kv->head_dim(), turboquant_cache_options(options, kv->options().window));
+    // A rotating cache that already dropped positions continues from its oldest held one, without a
+    // sink tier: the sink tier's positions are among those gone (and outside the window).
+    bool dropped = false;
+    for (int seq : kv->sequences()) dropped = dropped || kv->first_kept(seq) > 0;
+    TurboQuantCacheOptions layer_options = options;
+    if (dropped) layer_options.min_tokens_before_quant = 0;
+    auto tq = std::make_unique<KVCache>(kv->n_kv_heads(), kv->head_dim(), turboquant_cache_options(layer_options, kv->options().window));
     const size_t per_pos = static_cast<size_t>(kv->n_kv_heads()) * kv->head_dim();
     std::vector<float> k(per_pos), v(per_pos);
     for (int seq : kv->sequences()) {
-      tq->add_sequence_with_id(seq);
-      TQ_CHECK(kv->first_kept(seq) == 0, "cannot convert a rotating cache that has already dropped positions");
-      for (int pos = 0; pos < kv->length(seq); ++pos) {
+      const int first = kv->first_kept(seq);
+      tq->add_sequence_from(seq, first);
+      for (int pos = first; pos < kv->length(seq); ++pos) {
         kv->read(seq, pos, k.data(), v.data());
         tq->append(seq, k.data(), v.data(), 1);
       }

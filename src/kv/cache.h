@@ -97,6 +97,10 @@ class KVCache final : public LayerCache {
 
   int add_sequence() override;
   void add_sequence_with_id(int seq);
+  // A sequence whose positions before `first` are gone (length `first`, none of them held): what a
+  // rotating cache converted after it dropped positions continues from. No sink tier (min_tokens 0)
+  // unless first is 0, since the sink tier's positions are among those gone.
+  void add_sequence_from(int seq, int first);
   void remove_sequence(int seq) override;
   bool has_sequence(int seq) const { return seqs_.count(seq) != 0; }
   std::vector<int> sequences() const;

@@ -457,6 +457,70 @@ TEST(PromptCache, MakeConvertAndEnableFused) {
   EXPECT_EQ(convert_cache_to_turboquant(caches, o), 1);  // now the rotating one
 }
 
+// A long prompt prefilled in FP16 has already left a sliding window's oldest blocks behind; with
+// compress_rotating the rotating cache still converts, from its oldest held position on, and goes on
+// rotating, saving and loading like one that was compressed from the start.
+TEST(PromptCache, ConvertsARotatingCacheThatDroppedPositions) {
+  const int H = 2, D = 64, W = 40;
+  std::vector<LayerSpec> layers(1);
+  layers[0].kind = LayerKind::sliding_attention;
+  layers[0].n_kv_heads = H;
+  layers[0].head_dim = D;
+  layers[0].window = W;
+  PromptCache caches = make_prompt_cache(layers, KVType::f16, 16);
+  auto* dense = dynamic_cast<KVCache*>(caches[0].get());
+  ASSERT_NE(dense, nullptr);
+  const int seq = dense->add_sequence();
+  const auto k = gaussian(300 * H * D, 31), v = gaussian(300 * H * D, 32);
+  dense->append(seq, k.data(), v.data(), 200);
+  dense->append(seq, k.data() + 200 * H * D, v.data() + 200 * H * D, 50);  // drops what position 200 cannot see
+  const int first = dense->first_kept(seq);
+  ASSERT_GT(first, 0);
+
+  TurboQuantCacheOptions o;
+  o.compress_rotating = true;
+  o.min_tokens_before_quant = 4;  // no sink tier for this layer: positions 0..3 are gone
+  o.block_tokens = 64;            // a block grid other than the dense cache's
+  ASSERT_EQ(convert_cache_to_turboquant(caches, o), 1);
+  auto* tq = dynamic_cast<KVCache*>(caches[0].get());
+  ASSERT_NE(tq, nullptr);
+  EXPECT_EQ(tq->k_format().type(), KVType::turboquant);
+  EXPECT_EQ(tq->options().min_tokens, 0);
+  EXPECT_EQ(tq->length(seq), 250);
+  EXPECT_EQ(tq->first_kept(seq), first);
+  EXPECT_EQ(tq->memory().main_tokens, 250 - first);
+  EXPECT_EQ(tq->memory().main_bytes, static_cast<int64_t>((250 - first) * tq->main_bytes_per_token()));
+  std::vector<float> dk(H * D), dv(H * D), got_k(H * D), got_v(H * D), rec_k(D);
+  std::vector<uint8_t> rec(tq->k_format().record_bytes());
+  for (int pos = first; pos < 250; pos += 37) {  // the quantized image of what the FP16 cache held
+    tq->read(seq, pos, got_k.data(), got_v.data());
+    std::vector<float> src(D);
+    for (int j = 0; j < D; ++j) src[j] = round_to_f16(k[(static_cast<size_t>(pos) * H + 1) * D + j]);
+    tq->k_format().encode(src.data(), rec.data());
+    tq->k_format().decode(rec.data(), rec_k.data());
+    for (int j = 0; j < D; ++j) EXPECT_EQ(got_k[D + j], rec_k[j]) << "position " << pos;
+  }
+  EXPECT_THROW(tq->read(seq, first - 1, got_k.data(), got_v.data()), Error);
+
+  for (int pos = 250; pos < 300; pos += 25) tq->append(seq, k.data() + pos * H * D, v.data() + pos * H * D, 25);  // goes on rotating
+  EXPECT_EQ(tq->length(seq), 300);
+  EXPECT_LE(300 - tq->first_kept(seq), W + 64);
+  EXPECT_GE(300 - tq->first_kept(seq), W - 1);
+  const std::string path = temp_path("converted_rotating.tqkv");
+  tq->save(path);
+  const auto loaded = KVCache::load(path);
+  EXPECT_EQ(loaded->first_kept(seq), tq->first_kept(seq));
+  for (int pos = tq->first_kept(seq); pos < 300; ++pos) {
+    tq->read(seq, pos, dk.data(), dv.data());
+    loaded->read(seq, pos, got_k.data(), got_v.data());
+    ASSERT_EQ(dk, got_k) << "position " << pos;
+    ASSERT_EQ(dv, got_v) << "position " << pos;
+  }
+  std::remove(path.c_str());
+  KVCache with_sinks(H, D, tq_options(8, 3, 4));
+  EXPECT_THROW(with_sinks.add_sequence_from(0, 100), Error);  // its sink tier would be gone
+}
+
 TEST(KVCache, BadOptionsSayWhatIsWrong) {
   TurboQuantCacheOptions o;
   o.k_bits = 9;
