@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,12 +56,18 @@ struct Case {
 };
 
 std::string name(const Case& c) {
-  std::string s = c.dense == KVType::turboquant ? "K" + std::to_string(c.k_bits) + "V" + std::to_string(c.v_bits) : to_string(c.dense);
-  s += " heads " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv) + " dim " + std::to_string(c.dim) + " group " +
-       std::to_string(c.group) + " len";
-  for (int l : c.lengths) s += " " + std::to_string(l);
-  return s + " sink " + std::to_string(c.min_tokens) + (c.sink_type == KVType::bf16 ? " (bf16)" : "") + " window " +
-         std::to_string(c.window) + (c.sinks ? " learned-sinks" : "") + " n_q " + std::to_string(c.n_q);
+  // A stream, not string concatenation: GCC 12 gives a false -Wrestrict on chains of operator+.
+  std::ostringstream s;
+  if (c.dense == KVType::turboquant) {
+    s << "K" << c.k_bits << "V" << c.v_bits;
+  } else {
+    s << to_string(c.dense);
+  }
+  s << " heads " << c.n_heads << "/" << c.n_kv << " dim " << c.dim << " group " << c.group << " len";
+  for (int l : c.lengths) s << " " << l;
+  s << " sink " << c.min_tokens << (c.sink_type == KVType::bf16 ? " (bf16)" : "") << " window " << c.window
+    << (c.sinks ? " learned-sinks" : "") << " n_q " << c.n_q;
+  return s.str();
 }
 
 KVCacheOptions cache_options(const Case& c) {
@@ -157,8 +164,10 @@ const char* grid_name(Grid g) {
 // grid_override: every quantizer of the cache uses that grid instead of the defaults (lloyd_absmax below
 // 8 bits, uniform at 8), to cover the other grids at low bit widths too.
 void check_codes(int k_bits, int v_bits, int dim, int group, ScaleFit fit, Grid k8_grid, const Grid* grid_override = nullptr) {
-  SCOPED_TRACE("K" + std::to_string(k_bits) + "V" + std::to_string(v_bits) + " dim " + std::to_string(dim) + " group " +
-               std::to_string(group) + (grid_override ? " grid " + std::to_string(static_cast<int>(*grid_override)) : ""));
+  std::ostringstream trace;  // a stream: see name(Case)
+  trace << "K" << k_bits << "V" << v_bits << " dim " << dim << " group " << group;
+  if (grid_override) trace << " grid " << static_cast<int>(*grid_override);
+  SCOPED_TRACE(trace.str());
   SplitMix64 rng(static_cast<uint64_t>(k_bits * 1000 + v_bits * 100 + dim + group));
   TurboQuantCacheOptions o;
   o.k_bits = k_bits;
