@@ -570,12 +570,7 @@ TEST(Attention, RotatingCacheConvertedAfterItDroppedPositions) {
   ThreadPool pool(2);
   SplitMix64 rng(41);
   const int H = 2, D = 128, W = 100, heads = 8;
-  std::vector<LayerSpec> layers(1);
-  layers[0].kind = LayerKind::sliding_attention;
-  layers[0].n_kv_heads = H;
-  layers[0].head_dim = D;
-  layers[0].window = W;
-  PromptCache caches = make_prompt_cache(layers, KVType::f16, 64);
+  PromptCache caches = make_prompt_cache({LayerSpec{LayerKind::sliding_attention, H, D, W, StateShape{}}}, KVType::f16, 64);
   auto* dense = dynamic_cast<KVCache*>(caches[0].get());
   const int seq = dense->add_sequence();
   for (int chunk : {300, 90}) {

@@ -29,6 +29,20 @@ std::vector<float> gaussian(size_t n, uint64_t seed) {
 
 std::string temp_path(const std::string& name) { return testing::TempDir() + "/" + name; }
 
+// f() throws an Error whose message mentions `needle`.
+void expect_error_mentioning(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+void expect_load_error(const std::string& path, const std::string& needle) {
+  expect_error_mentioning([&] { KVCache::load(path); }, needle);
+}
+
+
 VectorFormatSpec tq_spec(int bits, int group = 64) {
   VectorFormatSpec s;
   s.type = KVType::turboquant;
@@ -133,6 +147,21 @@ KVCacheOptions tq_options(int k_bits, int v_bits, int min_tokens, int window = 0
   o.min_tokens_before_quant = min_tokens;
   o.block_tokens = block;
   return turboquant_cache_options(o, window);
+}
+
+// A small K8/V3 cache (sequence 0, 10 positions) saved to `path`; returns the file's bytes.
+std::vector<uint8_t> save_small_cache(const std::string& path, uint64_t seed) {
+  KVCache cache(1, 64, tq_options(8, 3, 0));
+  const int s = cache.add_sequence();
+  const auto x = gaussian(10 * 64, seed);
+  cache.append(s, x.data(), x.data(), 10);
+  cache.save(path);
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 TEST(KVCache, AppendAndReadAcrossTiersBlocksAndSequences) {
@@ -301,54 +330,30 @@ TEST(KVCache, SaveLoadRoundTripIsExact) {
 }
 
 TEST(KVCache, CorruptFilesGiveClearErrors) {
-  KVCache cache(1, 64, tq_options(8, 3, 0));
-  const int s = cache.add_sequence();
-  const auto x = gaussian(10 * 64, 12);
-  cache.append(s, x.data(), x.data(), 10);
   const std::string path = temp_path("cache_corrupt.tqkv");
-  cache.save(path);
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto write = [&](const std::vector<char>& b) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(b.data(), static_cast<std::streamsize>(b.size()));
-  };
-  auto expect_error = [&](const std::string& needle) {
-    try {
-      KVCache::load(path);
-      ADD_FAILURE() << "expected an error mentioning " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  const std::vector<uint8_t> bytes = save_small_cache(path, 12);
   auto flipped = bytes;
   flipped[bytes.size() / 2] ^= 0x40;
-  write(flipped);
-  expect_error("checksum");
-  write(std::vector<char>(bytes.begin(), bytes.begin() + 100));
-  expect_error("checksum");
-  write(std::vector<char>(bytes.begin(), bytes.begin() + 10));
-  expect_error("truncated");
+  write_file(path, flipped);
+  expect_load_error(path, "checksum");
+  write_file(path, std::vector<uint8_t>(bytes.begin(), bytes.begin() + 100));
+  expect_load_error(path, "checksum");
+  write_file(path, std::vector<uint8_t>(bytes.begin(), bytes.begin() + 10));
+  expect_load_error(path, "truncated");
   auto magic = bytes;
   magic[0] = 'X';
-  write(magic);
-  expect_error("bad magic");
-  expect_error("bad magic");
+  write_file(path, magic);
+  expect_load_error(path, "bad magic");
   std::remove(path.c_str());
-  expect_error("cannot open");
+  expect_load_error(path, "cannot open");
 }
 
 // Files whose checksum is right but whose header lies (written by another tool, or edited): the
 // header's own checks must catch them.
 TEST(KVCache, ConsistentChecksumWithABadHeaderGivesClearErrors) {
-  KVCache cache(1, 64, tq_options(8, 3, 0));
-  const int s = cache.add_sequence();
-  const auto x = gaussian(10 * 64, 13);
-  cache.append(s, x.data(), x.data(), 10);
   const std::string path = temp_path("cache_bad_header.tqkv");
-  cache.save(path);
-  std::ifstream in(path, std::ios::binary);
-  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<uint8_t> bytes = save_small_cache(path, 13);
+  const int s = 0;
   uint32_t len;
   std::memcpy(&len, bytes.data() + 12, 4);
   const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + len);
@@ -364,17 +369,9 @@ TEST(KVCache, ConsistentChecksumWithABadHeaderGivesClearErrors) {
     uint64_t hash = 0xcbf29ce484222325ull;
     for (uint8_t b : out) hash = (hash ^ b) * 0x100000001b3ull;
     out.insert(out.end(), reinterpret_cast<const uint8_t*>(&hash), reinterpret_cast<const uint8_t*>(&hash) + 8);
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+    write_file(path, out);
   };
-  auto expect_error = [&](const std::string& needle) {
-    try {
-      KVCache::load(path);
-      ADD_FAILURE() << "expected an error mentioning " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  auto expect_error = [&](const std::string& needle) { expect_load_error(path, needle); };
   write_with_header(header);
   EXPECT_EQ(KVCache::load(path)->length(s), 10);  // the rewriting itself is faithful
 
@@ -462,12 +459,7 @@ TEST(PromptCache, MakeConvertAndEnableFused) {
 // rotating, saving and loading like one that was compressed from the start.
 TEST(PromptCache, ConvertsARotatingCacheThatDroppedPositions) {
   const int H = 2, D = 64, W = 40;
-  std::vector<LayerSpec> layers(1);
-  layers[0].kind = LayerKind::sliding_attention;
-  layers[0].n_kv_heads = H;
-  layers[0].head_dim = D;
-  layers[0].window = W;
-  PromptCache caches = make_prompt_cache(layers, KVType::f16, 16);
+  PromptCache caches = make_prompt_cache({LayerSpec{LayerKind::sliding_attention, H, D, W, StateShape{}}}, KVType::f16, 16);
   auto* dense = dynamic_cast<KVCache*>(caches[0].get());
   ASSERT_NE(dense, nullptr);
   const int seq = dense->add_sequence();
@@ -541,21 +533,13 @@ TEST(KVCache, BadOptionsSayWhatIsWrong) {
   EXPECT_THROW(KVCache(1, 48, q), Error);  // not a multiple of 32
   EXPECT_THROW(parse_kv_type("q5_k"), Error);
   // The option at fault is named, not the block pool built from it.
-  auto expect_message = [](const std::function<void()>& f, const std::string& needle) {
-    try {
-      f();
-      ADD_FAILURE() << "expected an error mentioning " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
   KVCacheOptions zero_block;
   zero_block.block_tokens = 0;
-  expect_message([&] { KVCache(1, 64, zero_block); }, "block size");
-  expect_message([] { KVCache(0, 64, KVCacheOptions{}); }, "KV head");
+  expect_error_mentioning([&] { KVCache(1, 64, zero_block); }, "block size");
+  expect_error_mentioning([] { KVCache(0, 64, KVCacheOptions{}); }, "KV head");
   KVCache cache(1, 64, KVCacheOptions{});
   const int seq = cache.add_sequence();
-  expect_message([&] { cache.append(seq, nullptr, nullptr, 1); }, "null pointer");
+  expect_error_mentioning([&] { cache.append(seq, nullptr, nullptr, 1); }, "null pointer");
 }
 
 }  // namespace
