@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -547,18 +548,25 @@ TEST_P(BlockTargets, RandomConfigurationsAgree) {
     p.n_heads = n_heads;
     p.window = c.options.window;
     p.sinks = c.sinks ? sinks.data() : nullptr;
-    auto run = [&](AttentionPath path) {
+    auto run = [&](const KVCache& over, AttentionPath path) {
       std::vector<float> out(q.size(), 0.0f);
       for (size_t i = 0; i < requests.size(); ++i) requests[i].out = out.data() + i * per_seq;
       AttentionStats stats;
-      attend(cache, requests, p, path, pools[c.threads - 1], &stats);
+      attend(over, requests, p, path, pools[c.threads - 1], &stats);
       EXPECT_EQ(stats.fused_fallbacks, 0) << stats.fallback_reason;
       return out;
     };
-    const auto fused = run(AttentionPath::fused), standard = run(AttentionPath::standard);
+    const auto fused = run(cache, AttentionPath::fused), standard = run(cache, AttentionPath::standard);
     EXPECT_LE(max_row_error(fused, standard, c.dim), 1e-4);
     if (c.lengths[0] <= 1000) {
-      EXPECT_LE(max_row_error(standard, run(AttentionPath::reference), c.dim), 1e-4);
+      EXPECT_LE(max_row_error(standard, run(cache, AttentionPath::reference), c.dim), 1e-4);
+    }
+    if (done % 4 == 0) {  // a saved and loaded cache attends exactly as the original
+      // One file per target: CTest runs the targets' tests in parallel.
+      const std::string path = ::testing::TempDir() + "/random_case_" + std::to_string(GetParam()) + ".tqkv";
+      cache.save(path);
+      EXPECT_EQ(run(*KVCache::load(path), AttentionPath::fused), fused);
+      std::remove(path.c_str());
     }
     if (::testing::Test::HasFailure()) return;  // the trace names the first configuration that failed
   }
