@@ -529,19 +529,40 @@ TEST_P(BlockTargets, RandomConfigurationsAgree) {
     const int n_heads = c.n_kv * c.group;
     const size_t per_seq = static_cast<size_t>(c.n_q) * n_heads * c.dim;
     const auto q = gaussian(per_seq * c.lengths.size(), rng, c.q_scale);
+    // The sequences are filled round-robin in random chunks, so their blocks interleave in the shared
+    // pool; a scratch sequence takes blocks in between and is removed halfway, so later blocks reuse its
+    // freed ones. Each sequence's last append holds its queries' positions (a rotating cache keeps what
+    // the queries of its last append need).
     std::vector<AttentionRequest> requests;
+    std::vector<int> seqs, filled(c.lengths.size(), 0);
     for (size_t i = 0; i < c.lengths.size(); ++i) {
-      const int seq = cache.add_sequence(), len = c.lengths[i], n_q = std::min(c.n_q, len);
-      // Random chunks, then the queries' positions in one append (a rotating cache keeps what the
-      // queries of its last append need).
-      for (int filled = 0; filled < len;) {
-        const int chunk = filled < len - n_q ? std::min(len - n_q - filled, 1 + static_cast<int>(rng.next() % (rng.next() % 2 ? 1 : 200)))
-                                             : len - filled;
-        const auto k = gaussian(static_cast<size_t>(chunk) * c.n_kv * c.dim, rng, 1.5f), v = gaussian(k.size(), rng);
-        cache.append(seq, k.data(), v.data(), chunk);
-        filled += chunk;
+      seqs.push_back(cache.add_sequence());
+      const int n_q = std::min(c.n_q, c.lengths[i]);
+      requests.push_back({seqs[i], q.data() + i * per_seq, n_q, c.lengths[i] - n_q, nullptr});
+    }
+    int scratch = cache.add_sequence();
+    auto append_random = [&](int seq, int n) {
+      const auto k = gaussian(static_cast<size_t>(n) * c.n_kv * c.dim, rng, 1.5f), v = gaussian(k.size(), rng);
+      cache.append(seq, k.data(), v.data(), n);
+    };
+    for (int round = 0;; ++round) {
+      bool more = false;
+      for (size_t i = 0; i < c.lengths.size(); ++i) {
+        const int len = c.lengths[i], tail = requests[i].n_q;
+        if (filled[i] == len) continue;
+        const int chunk = filled[i] < len - tail
+                              ? std::min(len - tail - filled[i], 1 + static_cast<int>(rng.next() % (rng.next() % 2 ? 1 : 200)))
+                              : len - filled[i];
+        append_random(seqs[i], chunk);
+        filled[i] += chunk;
+        more = more || filled[i] < len;
       }
-      requests.push_back({seq, q.data() + i * per_seq, n_q, len - n_q, nullptr});
+      if (scratch >= 0) append_random(scratch, 1 + static_cast<int>(rng.next() % 100));
+      if (scratch >= 0 && (round == 3 || !more)) {
+        cache.remove_sequence(scratch);
+        scratch = -1;
+      }
+      if (!more) break;
     }
     const auto sinks = gaussian(n_heads, rng, 2.0f);
     AttentionParams p;
