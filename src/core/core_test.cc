@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <thread>
+
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -77,6 +80,28 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
       }
       for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 50);
     }
+  }
+}
+
+// More threads than cores: workers often wake after the caller has run their chunks (and find the
+// call over), or take a chunk of a later call. Every element is still covered exactly once per call,
+// each chunk is contiguous, and no call waits on a worker that never runs.
+TEST(ThreadPool, OversubscribedPoolsCoverEveryCallExactlyOnce) {
+  const int threads = 2 * static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  std::vector<std::atomic<int>> hits(64);
+  for (int call = 0; call < 3000; ++call) {
+    const size_t n = 1 + static_cast<size_t>(call) % hits.size();
+    std::atomic<int> chunks{0};
+    pool.parallel_for(n, [&](size_t b, size_t e, int t) {
+      EXPECT_LT(b, e);
+      EXPECT_GE(t, 0);
+      EXPECT_LT(t, threads);
+      for (size_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      chunks.fetch_add(1);
+    });
+    EXPECT_EQ(chunks.load(), static_cast<int>(std::min<size_t>(n, static_cast<size_t>(threads))));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].exchange(0), 1) << "call " << call << " element " << i;
   }
 }
 

@@ -8,6 +8,8 @@ namespace tq {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
   TQ_CHECK(n_threads >= 1, "thread count must be at least 1, got ", n_threads);
+  taken_in_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(n_threads));
+  for (int c = 0; c < n_threads; ++c) taken_in_[c].store(0);
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -15,61 +17,75 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
-    generation_.fetch_add(1);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
 void ThreadPool::worker_loop(int index) {
-  uint64_t seen = 0;
+  uint64_t seen = 0;  // the last call this worker looked at
   for (;;) {
-    // Spin a little: the next task usually arrives within microseconds during decode.
-    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
-      std::this_thread::yield();
-    }
-    const std::function<void(int)>* task;
+    // Spin a little: the next call usually comes within microseconds during decode.
+    for (int spin = 0; spin < 20000 && call_.load(std::memory_order_acquire) == seen; ++spin) std::this_thread::yield();
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load() != seen; });
-      seen = generation_.load();
+      wake_.wait(lock, [&] { return stop_ || call_.load(std::memory_order_relaxed) != seen; });
       if (stop_) return;
-      task = task_;
     }
-    (*task)(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    seen = call_.load(std::memory_order_acquire);
+    run_chunks(index, seen);
   }
 }
 
-void ThreadPool::run_on_all(const std::function<void(int)>& task) {
-  if (n_threads_ == 1) {
-    task(0);
-    return;
+void ThreadPool::run_chunks(int thread_index, uint64_t call) {
+  // The call's fields, read as a seqlock reader: they belong to `call` only if the version says so
+  // before and after. A worker that comes late may find a later call's fields being written, or
+  // written: it leaves them alone (the caller and the other workers run that call's chunks).
+  if (version_.load(std::memory_order_acquire) != 2 * call) return;
+  const int chunks = chunks_.load(std::memory_order_relaxed);
+  const size_t n = n_.load(std::memory_order_relaxed);
+  const Body* body = body_.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (version_.load(std::memory_order_relaxed) != 2 * call) return;
+  if (thread_index >= chunks) return;  // more threads than chunks: the first ones share them
+  for (int k = 0; k < chunks; ++k) {
+    const int c = (thread_index + k) % chunks;  // its own chunk first, then the others in turn
+    // Taking a chunk of `call` that no thread took in it means the call is not over, so its fields
+    // (and the body they point to) stay valid until this chunk is done.
+    uint64_t last = taken_in_[c].load(std::memory_order_acquire);
+    bool mine = false;
+    while (last < call && !mine) mine = taken_in_[c].compare_exchange_weak(last, call, std::memory_order_acq_rel, std::memory_order_acquire);
+    if (!mine) continue;
+    (*body)(n * static_cast<size_t>(c) / static_cast<size_t>(chunks), n * static_cast<size_t>(c + 1) / static_cast<size_t>(chunks),
+            thread_index);
+    done_.fetch_add(1, std::memory_order_release);
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    task_ = &task;
-    pending_.store(n_threads_ - 1);
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  wake_.notify_all();
-  task(0);
-  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& body) {
+void ThreadPool::parallel_for(size_t n, const Body& body) {
   if (n == 0) return;
-  const int threads = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(n_threads_)));
-  if (threads == 1) {
+  const int chunks = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(n_threads_)));
+  if (chunks == 1) {
     body(0, n, 0);
     return;
   }
-  run_on_all([&](int t) {
-    if (t >= threads) return;
-    const size_t begin = n * static_cast<size_t>(t) / static_cast<size_t>(threads);
-    const size_t end = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
-    if (begin < end) body(begin, end, t);
-  });
+  const uint64_t call = calls_ + 1;  // only this thread (the caller) writes calls_ and the fields
+  calls_ = call;
+  // The fields as a seqlock writer: an odd version while they change, 2 * call once they are this call's.
+  version_.store(2 * call - 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  body_.store(&body, std::memory_order_relaxed);
+  n_.store(n, std::memory_order_relaxed);
+  chunks_.store(chunks, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  version_.store(2 * call, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // so that a worker about to sleep sees the new call
+    call_.store(call, std::memory_order_release);
+  }
+  wake_.notify_all();
+  run_chunks(0, call);
+  while (done_.load(std::memory_order_acquire) != chunks) std::this_thread::yield();
 }
 
 }  // namespace tq

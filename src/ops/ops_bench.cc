@@ -53,7 +53,7 @@ double read_bandwidth_gbs(tq::ThreadPool& pool, size_t bytes, int reps) {
         a3 += buf[i + 3];
       }
       for (; i < e; ++i) a0 += buf[i];
-      partial[static_cast<size_t>(t)] = a0 + a1 + a2 + a3;
+      partial[static_cast<size_t>(t)] += a0 + a1 + a2 + a3;  // a thread may run two chunks
     });
   });
   uint64_t sink = 0;

@@ -63,7 +63,7 @@ double ReadBandwidthProbe::measure(ThreadPool& pool, double min_seconds) {
   const double seconds = seconds_per_call_in_round(
       [&] {
         std::vector<float> partial(threads, 0.0f);
-        pool.parallel_for(n, [&](size_t b, size_t e, int t) { partial[t] = HWY_DYNAMIC_DISPATCH(SumFloats)(x + b, e - b); });
+        pool.parallel_for(n, [&](size_t b, size_t e, int t) { partial[t] += HWY_DYNAMIC_DISPATCH(SumFloats)(x + b, e - b); });
         impl_->sink = impl_->sink + partial[0];
       },
       min_seconds);
