@@ -28,7 +28,8 @@ class ThreadPool {
 
   // Runs body(begin, end, thread_index) over contiguous chunks covering [0, n), at most one chunk per
   // thread, and returns when all have run. thread_index is the running thread (0 = the caller); a
-  // thread may run several chunks one after another, so per-thread results must accumulate.
+  // thread may run several chunks one after another, so per-thread results must accumulate. One
+  // thread calls it at a time (calls from two threads at once, or from inside a body, are not allowed).
   void parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& body);
 
  private:
