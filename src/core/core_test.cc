@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -102,6 +103,32 @@ TEST(ThreadPool, OversubscribedPoolsCoverEveryCallExactlyOnce) {
     });
     EXPECT_EQ(chunks.load(), static_cast<int>(std::min<size_t>(n, static_cast<size_t>(threads))));
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].exchange(0), 1) << "call " << call << " element " << i;
+  }
+}
+
+// An error thrown in any chunk, on any thread, reaches the caller once the other chunks have run, and
+// the pool keeps working.
+TEST(ThreadPool, AChunkThatThrowsReachesTheCaller) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (size_t bad : {0u, 5u, 9u}) {
+      std::vector<std::atomic<int>> hits(10);
+      try {
+        pool.parallel_for(hits.size(), [&](size_t b, size_t e, int) {
+          for (size_t i = b; i < e; ++i) {
+            if (i == bad) TQ_CHECK(false, "element ", i, " is bad");
+            hits[i].fetch_add(1);
+          }
+        });
+        ADD_FAILURE() << "expected the error of element " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("element " + std::to_string(bad) + " is bad"), std::string::npos) << e.what();
+      }
+      for (size_t i = 0; i < hits.size(); ++i) EXPECT_LE(hits[i].load(), 1);
+      std::atomic<int> covered{0};
+      pool.parallel_for(100, [&](size_t b, size_t e, int) { covered.fetch_add(static_cast<int>(e - b)); });
+      EXPECT_EQ(covered.load(), 100);
+    }
   }
 }
 

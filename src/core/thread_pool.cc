@@ -56,8 +56,15 @@ void ThreadPool::run_chunks(int thread_index, uint64_t call) {
     bool mine = false;
     while (last < call && !mine) mine = taken_in_[c].compare_exchange_weak(last, call, std::memory_order_acq_rel, std::memory_order_acquire);
     if (!mine) continue;
-    (*body)(n * static_cast<size_t>(c) / static_cast<size_t>(chunks), n * static_cast<size_t>(c + 1) / static_cast<size_t>(chunks),
-            thread_index);
+    try {
+      (*body)(n * static_cast<size_t>(c) / static_cast<size_t>(chunks), n * static_cast<size_t>(c + 1) / static_cast<size_t>(chunks),
+              thread_index);
+    } catch (...) {
+      // Kept for the caller, which rethrows it once every chunk has run (a worker cannot throw to it,
+      // and the body must outlive the other chunks).
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
     done_.fetch_add(1, std::memory_order_release);
   }
 }
@@ -86,6 +93,12 @@ void ThreadPool::parallel_for(size_t n, const Body& body) {
   wake_.notify_all();
   run_chunks(0, call);
   while (done_.load(std::memory_order_acquire) != chunks) std::this_thread::yield();
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);  // the first chunk that threw, from whichever thread
 }
 
 }  // namespace tq

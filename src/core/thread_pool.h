@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,7 @@ class ThreadPool {
   // thread, and returns when all have run. thread_index is the running thread (0 = the caller); a
   // thread may run several chunks one after another, so per-thread results must accumulate. One
   // thread calls it at a time (calls from two threads at once, or from inside a body, are not allowed).
+  // If chunks throw, the call still waits for every chunk, then rethrows the first exception.
   void parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& body);
 
  private:
@@ -53,6 +55,8 @@ class ThreadPool {
   std::atomic<int> chunks_{0};
   std::unique_ptr<std::atomic<uint64_t>[]> taken_in_;  // [n_threads]: the call that last took chunk c
   std::atomic<int> done_{0};  // chunks of the current call that have run
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the first exception a chunk of the current call threw
 };
 
 }  // namespace tq
