@@ -64,6 +64,7 @@ void ThreadPool::run_chunks(int thread_index, uint64_t call) {
       // and the body must outlive the other chunks).
       std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);  // published by done_ below
     }
     done_.fetch_add(1, std::memory_order_release);
   }
@@ -93,12 +94,14 @@ void ThreadPool::parallel_for(size_t n, const Body& body) {
   wake_.notify_all();
   run_chunks(0, call);
   while (done_.load(std::memory_order_acquire) != chunks) std::this_thread::yield();
+  if (!failed_.load(std::memory_order_relaxed)) return;
   std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(error_mutex_);
     std::swap(error, error_);
+    failed_.store(false, std::memory_order_relaxed);
   }
-  if (error) std::rethrow_exception(error);  // the first chunk that threw, from whichever thread
+  std::rethrow_exception(error);  // the first chunk that threw, from whichever thread
 }
 
 }  // namespace tq

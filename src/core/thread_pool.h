@@ -57,6 +57,7 @@ class ThreadPool {
   std::atomic<int> done_{0};  // chunks of the current call that have run
   std::mutex error_mutex_;
   std::exception_ptr error_;  // the first exception a chunk of the current call threw
+  std::atomic<bool> failed_{false};  // whether error_ is set (checked without the mutex)
 };
 
 }  // namespace tq
