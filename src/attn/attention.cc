@@ -208,14 +208,15 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
     PartialState& st = states[item.first_state + (h - item.head_begin)];
     st.m.assign(rows, kNegInf);
     st.l.assign(rows, 0.0f);
-    st.acc_orig.assign(static_cast<size_t>(rows) * dim, 0.0f);
-    st.acc_rot.assign(static_cast<size_t>(rows) * dim, 0.0f);
     st.orig_used = st.rot_used = false;
     for (int si = item.seg_begin; si < item.seg_end; ++si) {
       const bool rotated = plan.segs[si].v_format->rotated();
       st.rot_used = st.rot_used || rotated;
       st.orig_used = st.orig_used || !rotated;
     }
+    // Only the value domains of this item's segments accumulate (and only they are merged).
+    if (st.orig_used) st.acc_orig.assign(static_cast<size_t>(rows) * dim, 0.0f);
+    if (st.rot_used) st.acc_rot.assign(static_cast<size_t>(rows) * dim, 0.0f);
   }
   const int last_q = r.pos0 + r.n_q - 1;
   const int oldest_visible = p.window > 0 ? r.pos0 - p.window + 1 : 0;
