@@ -563,14 +563,24 @@ int convert_cache_to_turboquant(PromptCache& caches, const TurboQuantCacheOption
     TurboQuantCacheOptions layer_options = options;
     if (dropped) layer_options.min_tokens_before_quant = 0;
     auto tq = std::make_unique<KVCache>(kv->n_kv_heads(), kv->head_dim(), turboquant_cache_options(layer_options, kv->options().window));
-    const size_t per_pos = static_cast<size_t>(kv->n_kv_heads()) * kv->head_dim();
-    std::vector<float> k(per_pos), v(per_pos);
+    const int H = kv->n_kv_heads(), D = kv->head_dim();
+    std::vector<Segment> segs;
+    std::vector<float> k, v;  // [segment positions][H][D], original domain
     for (int seq : kv->sequences()) {
-      const int first = kv->first_kept(seq);
-      tq->add_sequence_from(seq, first);
-      for (int pos = first; pos < kv->length(seq); ++pos) {
-        kv->read(seq, pos, k.data(), v.data());
-        tq->append(seq, k.data(), v.data(), 1);
+      tq->add_sequence_from(seq, kv->first_kept(seq));
+      // One append per stored segment (a block), decoded straight from its records: read() would
+      // look the segments up again for every position.
+      kv->segments(seq, segs);
+      for (const Segment& g : segs) {
+        k.resize(static_cast<size_t>(g.n_tokens) * H * D);
+        v.resize(k.size());
+        for (int t = 0; t < g.n_tokens; ++t)
+          for (int h = 0; h < H; ++h) {
+            const size_t at = (static_cast<size_t>(t) * H + h) * D;
+            g.decode_k(h, t, k.data() + at);
+            g.v_format->decode(g.v_record(h, t), v.data() + at);
+          }
+        tq->append(seq, k.data(), v.data(), g.n_tokens);
       }
     }
     tq->set_fused(kv->fused());
