@@ -132,6 +132,58 @@ TEST(ThreadPool, AChunkThatThrowsReachesTheCaller) {
   }
 }
 
+// Calls of several chunks share the pool's fields: a second one while one runs is refused with an error
+// (rather than overwriting the running call's fields), and the running call still covers every element.
+TEST(ThreadPool, ACallWhileAnotherRunsIsRefused) {
+  ThreadPool pool(2);
+  // From inside a body, on the caller's chunk and on the worker's: the error reaches the outer caller.
+  for (size_t nested_in : {0u, 1u}) {
+    std::vector<std::atomic<int>> hits(2);
+    try {
+      pool.parallel_for(2, [&](size_t b, size_t, int) {
+        hits[b].fetch_add(1);
+        if (b == nested_in) pool.parallel_for(4, [](size_t, size_t, int) {});
+      });
+      ADD_FAILURE() << "expected the nested call to be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("while another call runs"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(hits[0].load(), 1);
+    EXPECT_EQ(hits[1].load(), 1);
+  }
+  // A call of one chunk runs inline and is allowed inside a body.
+  std::atomic<int> inner{0};
+  pool.parallel_for(2, [&](size_t, size_t, int) { pool.parallel_for(1, [&](size_t, size_t, int) { inner.fetch_add(1); }); });
+  EXPECT_EQ(inner.load(), 2);
+  // From a second thread while the first call waits inside its body.
+  std::atomic<bool> started{false}, checked{false};
+  std::string refused;
+  std::thread other([&] {
+    while (!started.load()) std::this_thread::yield();
+    try {
+      pool.parallel_for(2, [](size_t, size_t, int) {});
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    checked.store(true);
+  });
+  std::atomic<int> covered{0};
+  pool.parallel_for(2, [&](size_t b, size_t e, int) {
+    if (b == 0) {
+      started.store(true);
+      while (!checked.load()) std::this_thread::yield();
+    }
+    covered.fetch_add(static_cast<int>(e - b));
+  });
+  other.join();
+  EXPECT_NE(refused.find("while another call runs"), std::string::npos) << refused;
+  EXPECT_EQ(covered.load(), 2);
+  // And the pool is usable afterwards.
+  covered = 0;
+  pool.parallel_for(100, [&](size_t b, size_t e, int) { covered.fetch_add(static_cast<int>(e - b)); });
+  EXPECT_EQ(covered.load(), 100);
+}
+
 TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(ThreadPool(0), Error); }
 
 }  // namespace

@@ -77,6 +77,14 @@ void ThreadPool::parallel_for(size_t n, const Body& body) {
     body(0, n, 0);
     return;
   }
+  // The fields below belong to one call at a time: a second caller would overwrite the running call's.
+  TQ_CHECK(!in_call_.exchange(true, std::memory_order_acquire),
+           "ThreadPool::parallel_for called while another call runs (from a second thread, or from inside a body); "
+           "one thread uses a pool at a time");
+  struct EndOfCall {
+    std::atomic<bool>& in_call;
+    ~EndOfCall() { in_call.store(false, std::memory_order_release); }
+  } end_of_call{in_call_};
   const uint64_t call = calls_ + 1;  // only this thread (the caller) writes calls_ and the fields
   calls_ = call;
   // The fields as a seqlock writer: an odd version while they change, 2 * call once they are this call's.

@@ -30,7 +30,9 @@ class ThreadPool {
   // Runs body(begin, end, thread_index) over contiguous chunks covering [0, n), at most one chunk per
   // thread, and returns when all have run. thread_index is the running thread (0 = the caller); a
   // thread may run several chunks one after another, so per-thread results must accumulate. One
-  // thread calls it at a time (calls from two threads at once, or from inside a body, are not allowed).
+  // thread calls it at a time: a call of more than one chunk made while another one runs (from a second
+  // thread, or from inside a body) throws tq::Error and leaves the running call alone; a call of one
+  // chunk runs inline and touches no shared state, so it is allowed anywhere.
   // If chunks throw, the call still waits for every chunk, then rethrows the first exception.
   void parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& body);
 
@@ -58,6 +60,7 @@ class ThreadPool {
   std::mutex error_mutex_;
   std::exception_ptr error_;  // the first exception a chunk of the current call threw
   std::atomic<bool> failed_{false};  // whether error_ is set (checked without the mutex)
+  std::atomic<bool> in_call_{false};  // whether a call of several chunks is running
 };
 
 }  // namespace tq
