@@ -257,6 +257,27 @@ HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> z) {
   return hn::Mul(p, two_k);
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// ExpNonPositive for z >= lowest and 0 below (and for z = -inf), in fewer operations with two AVX-512
+// instructions: vreduceps gives f = x - round(x) at once, and vscalefps multiplies by 2^k under the
+// mask (the lanes below `lowest` become 0; whatever they computed, NaN for -inf, is dropped). The
+// same polynomial and rounding as ExpNonPositive, so the same values.
+HWY_INLINE __m512 ExpNonPositiveOrZero512(__m512 z, __m512 lowest) {
+  const __mmask16 kept = _mm512_cmp_ps_mask(z, lowest, _CMP_GE_OQ);
+  const __m512 x = _mm512_mul_ps(z, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x - round(x), in [-1/2, 1/2]
+  const __m512 k = _mm512_sub_ps(x, f);
+  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kept, p, k);
+}
+#endif
+
 void ExpShifted(float* HWY_RESTRICT x, int n, float shift) {
   const D d;
   const int N = static_cast<int>(hn::Lanes(d));
@@ -810,7 +831,11 @@ HWY_INLINE void OnlineSoftmax(const tq::attn_kernels::BlockJob& J, int n16, floa
     for (int r = 0; r < kRows; ++r) {
       float* sr = s + r * kBlockTokens + t;
       const auto z = hn::Sub(hn::Load(d, sr), shift[r]);
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      const auto e = hn::Vec<D16>{ExpNonPositiveOrZero512(z.raw, lowest.raw)};
+#else
       const auto e = hn::IfThenZeroElse(hn::Lt(z, lowest), ExpNonPositive(d, hn::Max(z, lowest)));
+#endif
       sum[r] = hn::Add(sum[r], e);
       hn::Store(e, d, sr);
     }
