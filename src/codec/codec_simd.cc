@@ -59,6 +59,69 @@ HWY_INLINE void Fwht(const InRegisterStages& st, float* HWY_RESTRICT x, int p) {
   }
 }
 
+// Fwht of kV vectors held in registers (p = kV * lanes): the same operations in the same order, without
+// a store and a reload between stages (for the head dimensions of attention, where one rotation per
+// query and output vector is part of every decode step).
+template <int kV>
+HWY_INLINE void FwhtInRegisters(const InRegisterStages& st, hn::Vec<D> (&v)[kV]) {
+  const D d;
+  for (int s = 0; s < st.count; ++s) {
+    const auto idx = hn::SetTableIndices(d, st.index[s]);
+    const auto sign = hn::Load(d, st.sign[s]);
+    for (int i = 0; i < kV; ++i) v[i] = hn::MulAdd(v[i], sign, hn::TableLookupLanes(v[i], idx));
+  }
+  for (int h = 1; h < kV; h *= 2)
+    for (int i = 0; i < kV; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const auto a = v[j], b = v[j + h];
+        v[j] = hn::Add(a, b);
+        v[j + h] = hn::Sub(a, b);
+      }
+}
+
+// Rotates `count` vectors whose blocks are one power-of-two chunk of kV vectors (m == 1), each block in
+// registers: forward = signs, transform, scale; inverse = transform, scale, signs.
+template <int kV, bool kInverse>
+HWY_INLINE void RotateBlocksInRegisters(const RotationPlan& plan, const InRegisterStages& st, float* HWY_RESTRICT x, size_t count) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const auto scale = hn::Set(d, plan.inv_sqrt_block);
+  for (size_t vec = 0; vec < count; ++vec) {
+    for (int base = 0; base < plan.dim; base += plan.block) {
+      float* blk = x + vec * plan.dim + base;
+      hn::Vec<D> v[kV];
+      for (int i = 0; i < kV; ++i) {
+        v[i] = hn::LoadU(d, blk + i * N);
+        if (!kInverse) v[i] = hn::Mul(v[i], hn::LoadU(d, plan.signs + base + i * N));
+      }
+      FwhtInRegisters<kV>(st, v);
+      for (int i = 0; i < kV; ++i) {
+        auto y = hn::Mul(v[i], scale);
+        if (kInverse) y = hn::Mul(y, hn::LoadU(d, plan.signs + base + i * N));
+        hn::StoreU(y, d, blk + i * N);
+      }
+    }
+  }
+}
+
+// Whether RotateBlocksInRegisters<kV> applies (blocks of one chunk of kV vectors; 16 vectors only where
+// there are 32 registers), and runs it.
+template <bool kInverse>
+HWY_INLINE bool RotateInRegisters(const RotationPlan& plan, const InRegisterStages& st, float* HWY_RESTRICT x, size_t count) {
+  if (plan.m != 1) return false;
+  const int vectors = plan.p / static_cast<int>(hn::Lanes(D()));
+  switch (vectors) {
+    case 1: RotateBlocksInRegisters<1, kInverse>(plan, st, x, count); return true;
+    case 2: RotateBlocksInRegisters<2, kInverse>(plan, st, x, count); return true;
+    case 4: RotateBlocksInRegisters<4, kInverse>(plan, st, x, count); return true;
+    case 8: RotateBlocksInRegisters<8, kInverse>(plan, st, x, count); return true;
+#if HWY_MAX_BYTES >= 64
+    case 16: RotateBlocksInRegisters<16, kInverse>(plan, st, x, count); return true;
+#endif
+    default: return false;
+  }
+}
+
 // y_r = sum_k H[r][k] chunk_k, in order k, chunks of p floats.
 HWY_INLINE void MixChunks(const RotationPlan& plan, float* HWY_RESTRICT x, float* HWY_RESTRICT tmp,
                           bool transpose) {
@@ -86,7 +149,8 @@ void RotateForward(const RotationPlan& plan, float* HWY_RESTRICT x, size_t count
     for (size_t v = 0; v < count; ++v) scalar::rotate_forward(plan, x + v * plan.dim);
     return;
   }
-  const InRegisterStages st(N);
+  static const InRegisterStages st(N);  // per target: N is fixed for it
+  if (RotateInRegisters<false>(plan, st, x, count)) return;
   HWY_ALIGN float tmp[28 * 64];
   const auto scale = hn::Set(d, plan.inv_sqrt_block);
   for (size_t v = 0; v < count; ++v) {
@@ -119,7 +183,8 @@ void RotateInverse(const RotationPlan& plan, float* HWY_RESTRICT x, size_t count
     for (size_t v = 0; v < count; ++v) scalar::rotate_inverse(plan, x + v * plan.dim);
     return;
   }
-  const InRegisterStages st(N);
+  static const InRegisterStages st(N);
+  if (RotateInRegisters<true>(plan, st, x, count)) return;
   HWY_ALIGN float tmp[28 * 64];
   const auto scale = hn::Set(d, plan.inv_sqrt_block);
   for (size_t v = 0; v < count; ++v) {
