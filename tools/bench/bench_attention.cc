@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ namespace {
 
 // Cache bytes a cold step cycles through: several times any last-level cache of the machines measured.
 constexpr double kColdBytes = 256.0 * 1024 * 1024;
+// What the copies may hold in all. A short context in big blocks holds far more than it reads (a cache
+// of one position holds a whole chunk of blocks), so its copies stop here, and its rows say they are
+// not cold.
+constexpr double kColdAllocatedBytes = 512.0 * 1024 * 1024;
 
 struct Method {
   std::string method;  // dense_f16, standard, fused, q8_0, q4_0
@@ -31,8 +36,11 @@ struct Method {
 struct Row {
   std::string method;
   int k_bits, v_bits, context, threads;
-  double ms, bytes, gbps, ratio_vs_dense, machine_gbps;
+  double ms, bytes, gbps;
+  std::optional<double> ratio_vs_dense;  // none when dense FP16 was not measured
+  double machine_gbps;
   bool cold;
+  std::string fallback;  // fused: why the steps ran the standard path instead ("" when they did not)
 };
 
 std::vector<Method> methods(const AttentionArgs& a) {
@@ -74,19 +82,24 @@ std::vector<Method> methods(const AttentionArgs& a) {
 struct MethodCaches {
   std::vector<std::unique_ptr<KVCache>> copies;
   int seq = 0;
-  double bytes = 0;  // of one copy
+  double bytes = 0;  // read by a step: the bytes in use of one copy
   size_t next = 0;   // the copy the next step attends to
+  bool cold = false;  // whether the copies' bytes in use reach kColdBytes
 };
 
 MethodCaches make_caches(const AttentionArgs& a, const Method& m, const std::vector<float>& k, const std::vector<float>& v,
                          int context) {
   MethodCaches c;
+  double allocated = 0;  // by all copies
   do {
     c.copies.push_back(std::make_unique<KVCache>(a.n_kv, a.dim, m.cache));
     c.seq = c.copies.back()->add_sequence();
     c.copies.back()->append(c.seq, k.data(), v.data(), context);
-    c.bytes = static_cast<double>(c.copies.back()->memory().bytes_in_use());
-  } while (a.cold && static_cast<double>(c.copies.size()) * c.bytes < kColdBytes);
+    const MemoryUsage use = c.copies.back()->memory();
+    c.bytes = static_cast<double>(use.bytes_in_use());
+    allocated += static_cast<double>(use.allocated_bytes);
+  } while (a.cold && static_cast<double>(c.copies.size()) * c.bytes < kColdBytes && allocated < kColdAllocatedBytes);
+  c.cold = a.cold && static_cast<double>(c.copies.size()) * c.bytes >= kColdBytes;
   return c;
 }
 
@@ -117,6 +130,7 @@ int run_attention(const AttentionArgs& a) {
       // bandwidth moves (by up to 2x within minutes), and interleaving gives every method the same
       // conditions, so that the ratios hold even when the absolute times move.
       std::vector<double> best(ms.size(), 1e300);
+      std::vector<AttentionStats> stats(ms.size());
       double machine = 0;
       for (int round = 0; round < kRounds; ++round) {
         machine = std::max(machine, probe.measure(pool, a.min_seconds));
@@ -124,31 +138,39 @@ int run_attention(const AttentionArgs& a) {
           MethodCaches& c = caches[mi];
           AttentionRequest r{c.seq, q.data(), 1, context - 1, out.data()};
           const auto step = [&] {
-            attend(*c.copies[c.next], {&r, 1}, p, ms[mi].path, pool);
+            attend(*c.copies[c.next], {&r, 1}, p, ms[mi].path, pool, &stats[mi]);
             c.next = c.next + 1 == c.copies.size() ? 0 : c.next + 1;
           };
           if (!a.cold) step();  // warm: the other methods' rounds evicted this cache
           best[mi] = std::min(best[mi], seconds_per_call_in_round(step, a.min_seconds));
         }
       }
-      double dense_ms = 0;
+      std::optional<double> dense_ms;
       for (size_t mi = 0; mi < ms.size(); ++mi) {
         const Method& m = ms[mi];
         const double sec = best[mi], bytes = caches[mi].bytes;
-        Row row{m.method, m.k_bits, m.v_bits, context, threads, sec * 1e3, bytes, bytes / sec / 1e9, 0, machine, a.cold};
+        Row row{m.method, m.k_bits, m.v_bits, context, threads, sec * 1e3, bytes, bytes / sec / 1e9, std::nullopt, machine,
+                caches[mi].cold, stats[mi].fused_fallbacks > 0 ? stats[mi].fallback_reason : ""};
         if (m.method == "dense_f16") dense_ms = row.ms;
-        row.ratio_vs_dense = dense_ms / row.ms;
+        if (dense_ms) row.ratio_vs_dense = *dense_ms / row.ms;
         rows.push_back(row);
+        if (!row.fallback.empty())
+          std::fprintf(stderr, "turboquant-bench: fused K%d/V%d at context %d ran the standard path: %s\n", m.k_bits, m.v_bits, context,
+                       row.fallback.c_str());
         if (!a.json) std::fprintf(stderr, "  %s K%d/V%d context %d threads %d: %.3f ms\n", m.method.c_str(), m.k_bits, m.v_bits, context, threads, row.ms);
       }
     }
   }
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : rows)
-      out.push_back({{"method", r.method}, {"k_bits", r.k_bits}, {"v_bits", r.v_bits}, {"context", r.context},
-                     {"threads", r.threads}, {"ms", r.ms}, {"bytes", r.bytes}, {"gbps", r.gbps},
-                     {"ratio_vs_dense", r.ratio_vs_dense}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold}});
+    for (const auto& r : rows) {
+      nlohmann::json row = {{"method", r.method}, {"k_bits", r.k_bits}, {"v_bits", r.v_bits}, {"context", r.context},
+                            {"threads", r.threads}, {"ms", r.ms}, {"bytes", r.bytes}, {"gbps", r.gbps},
+                            {"ratio_vs_dense", nullptr}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold}};
+      if (r.ratio_vs_dense) row["ratio_vs_dense"] = *r.ratio_vs_dense;
+      if (!r.fallback.empty()) row["fallback"] = r.fallback;
+      out.push_back(row);
+    }
     std::cout << out.dump(1) << "\n";
     return 0;
   }
@@ -159,13 +181,27 @@ int run_attention(const AttentionArgs& a) {
               a.n_heads, a.n_kv, a.dim, a.group_size,
               a.cold ? "cold (each step reads its cache from memory)" : "warm (every step attends to the same cache)", kRounds);
   MarkdownTable t({"context", "threads", "method", "K/V bits", "ms/step", "MB read", "GB/s", "machine GB/s", "% of machine", "x dense"});
+  std::vector<std::string> notes;
   for (const auto& r : rows) {
-    t.add({std::to_string(r.context), std::to_string(r.threads), r.method,
+    // Marks: (a) the steps ran the standard path, (w) not cold (the copies could not reach kColdBytes).
+    std::string method = r.method;
+    if (!r.fallback.empty()) method += " (a)";
+    if (a.cold && !r.cold) method += " (w)";
+    t.add({std::to_string(r.context), std::to_string(r.threads), method,
            r.method == "dense_f16" ? "16/16" : std::to_string(r.k_bits) + "/" + std::to_string(r.v_bits), fixed(r.ms, 3),
            fixed(r.bytes / 1e6, 1), fixed(r.gbps, 1), fixed(r.machine_gbps, 1), fixed(100 * r.gbps / r.machine_gbps, 0),
-           fixed(r.ratio_vs_dense, 2)});
+           r.ratio_vs_dense ? fixed(*r.ratio_vs_dense, 2) : "-"});
+    if (!r.fallback.empty()) notes.push_back("(a) fused K" + std::to_string(r.k_bits) + "/V" + std::to_string(r.v_bits) +
+                                             " ran the standard path: " + r.fallback);
   }
   std::cout << t.str();
+  if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return a.cold && !r.cold; }))
+    notes.push_back("(w) warm: the copies of this cache hold " + fixed(kColdAllocatedBytes / (1 << 20), 0) +
+                    " MiB before their bytes in use reach " + fixed(kColdBytes / (1 << 20), 0) +
+                    " MiB, so its steps read partly from the CPU caches");
+  std::sort(notes.begin(), notes.end());
+  notes.erase(std::unique(notes.begin(), notes.end()), notes.end());
+  for (const auto& n : notes) std::cout << "\n" << n << "\n";
   return 0;
 }
 

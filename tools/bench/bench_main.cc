@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   at->add_option("--methods", attn.methods, "subset of dense_f16,fused,standard,q8_0,q4_0")
       ->delimiter(',')
       ->check(CLI::IsMember({"dense_f16", "fused", "standard", "q8_0", "q4_0"}));
-  at->add_option("--min-seconds", attn.min_seconds, "time per measurement round");
+  at->add_option("--min-seconds", attn.min_seconds, "time per measurement round")->check(CLI::Range(0.0, 60.0));
   at->add_flag("--json", attn.json, "print a JSON array instead of a Markdown table");
 
   ModelBenchArgs mb;
