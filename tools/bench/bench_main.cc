@@ -16,9 +16,9 @@ int main(int argc, char** argv) {
   std::string fit = "plain", rotation = "dim", codebook = "gaussian";
   auto* c = app.add_subcommand("codec", "group quantizer distortion vs Lloyd-Max theory, q8_0/q4_0 baselines, throughput");
   c->add_option("--bits", codec.bits, "bit widths (1..8)")->delimiter(',')->check(CLI::Range(1, 8));
-  c->add_option("--dims", codec.dims, "vector lengths")->delimiter(',')->check(CLI::PositiveNumber);
+  c->add_option("--dims", codec.dims, "vector lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
   c->add_option("--data", codec.data, "gaussian and/or outliers")->delimiter(',')->check(CLI::IsMember({"gaussian", "outliers"}));
-  c->add_option("--group-size", codec.group_size, "values per scale")->check(CLI::PositiveNumber);
+  c->add_option("--group-size", codec.group_size, "values per scale")->check(CLI::Range(1, 1 << 20));
   c->add_option("--fit", fit, "scale fit")->check(CLI::IsMember({"plain", "norm_correction", "least_squares"}));
   c->add_option("--rotation-block", rotation, "rotation block: dim or group")->check(CLI::IsMember({"dim", "group", "none"}));
   c->add_option("--codebook", codebook, "gaussian or sphere (exact marginal in the group's dimension)")
@@ -32,11 +32,11 @@ int main(int argc, char** argv) {
   auto* at = app.add_subcommand("attention", "one layer's decode step: dense FP16, standard and fused TurboQuant, q8_0/q4_0");
   at->add_option("--context", attn.contexts, "context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 22));
   at->add_option("--threads", attn.threads, "thread counts (1 or 2)")->delimiter(',')->check(CLI::Range(1, 2));
-  at->add_option("--heads", attn.n_heads, "query heads")->check(CLI::PositiveNumber);
-  at->add_option("--kv-heads", attn.n_kv, "KV heads")->check(CLI::PositiveNumber);
-  at->add_option("--head-dim", attn.dim, "head dimension")->check(CLI::PositiveNumber);
+  at->add_option("--heads", attn.n_heads, "query heads")->check(CLI::Range(1, 1024));
+  at->add_option("--kv-heads", attn.n_kv, "KV heads")->check(CLI::Range(1, 1024));
+  at->add_option("--head-dim", attn.dim, "head dimension")->check(CLI::Range(1, 16384));
   at->add_option("--group-size", attn.group_size, "TurboQuant group size (32, 64, 128)");
-  at->add_option("--block-tokens", attn.block_tokens, "positions per cache block (a multiple of 16)")->check(CLI::PositiveNumber);
+  at->add_option("--block-tokens", attn.block_tokens, "positions per cache block (a multiple of 16)")->check(CLI::Range(1, 4096));
   at->add_option("--kv", kv_pairs, "TurboQuant K,V bit pairs, e.g. --kv 8,3 --kv 4,4")->expected(1, 16);
   bool warm = false;
   at->add_flag("--warm", warm,
@@ -54,13 +54,13 @@ int main(int argc, char** argv) {
   bool mb_no_standard = false;
   auto* mo = app.add_subcommand("model", "llama-bench style: prompt processing and generation at depth, per KV configuration");
   mo->add_option("-m,--model", mb.model, "model folder or .gguf")->required();
-  mo->add_option("-p,--prompt", mb.prompt, "prompt tokens per pp test (0: none)")->check(CLI::NonNegativeNumber);
-  mo->add_option("-n,--gen", mb.gen, "generated tokens per tg test (0: none)")->check(CLI::NonNegativeNumber);
-  mo->add_option("-d,--depth", mb.depths, "context depths")->delimiter(',')->check(CLI::NonNegativeNumber);
+  mo->add_option("-p,--prompt", mb.prompt, "prompt tokens per pp test (0: none)")->check(CLI::Range(0, 1 << 22));
+  mo->add_option("-n,--gen", mb.gen, "generated tokens per tg test (0: none)")->check(CLI::Range(0, 1 << 22));
+  mo->add_option("-d,--depth", mb.depths, "context depths")->delimiter(',')->check(CLI::Range(0, 1 << 22));
   mo->add_option("--kv", mb.kv, "KV configurations: f16, k8v3, k4v4, q8_0/q4_0, k8v3+mt128, ...")->delimiter(',');
   mo->add_flag("--no-standard", mb_no_standard, "skip the standard (expand, then attend) path");
-  mo->add_option("-r,--repetitions", mb.reps, "repetitions")->check(CLI::PositiveNumber);
-  mo->add_option("-t,--threads", mb.threads, "threads")->check(CLI::PositiveNumber);
+  mo->add_option("-r,--repetitions", mb.reps, "repetitions")->check(CLI::Range(1, 1000));
+  mo->add_option("-t,--threads", mb.threads, "threads")->check(CLI::Range(1, 256));
   mo->add_option("-o,--output", mb.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   mo->add_option("--device", mb.device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
 

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_path, "model folder (Hugging Face) or .gguf file; default: the demo model");
   app.add_option("--prompt", prompt, "prompt text");
   app.add_option("--file", prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
-  app.add_option("--max-tokens", max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("--max-tokens", max_tokens, "tokens to generate")->check(CLI::Range(0, 1 << 30));
   app.add_option("--temp", temp, "temperature (0: greedy); default from generation_config.json, else 0.8");
   app.add_option("--top-k", top_k, "keep the k most likely tokens (0: off)");
   app.add_option("--top-p", top_p, "nucleus sampling threshold (1: off)");
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-chat-template", no_chat, "use the prompt as it is");
   app.add_option("--system", system_prompt, "system message (chat mode)");
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
-  app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::Range(0, 1 << 30));
   app.add_option("--device", device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   cli::add_kv_flags(app, kv);
   CLI11_PARSE(app, argc, argv);

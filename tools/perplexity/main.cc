@@ -35,8 +35,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_path, "model folder or .gguf")->required();
   app.add_option("--file", file, "text file")->required()->check(CLI::ExistingFile);
   app.add_option("--ctx", po.ctx, "tokens per window")->check(CLI::Range(2, 1 << 20));
-  app.add_option("--chunks", po.chunks, "windows to score (0: all)")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", po.chunk, "tokens per forward pass inside a window")->check(CLI::PositiveNumber);
+  app.add_option("--chunks", po.chunks, "windows to score (0: all)")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--batch", po.chunk, "tokens per forward pass inside a window")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--kl-divergence", po.kl_divergence, "also run the FP16 cache and report KL divergence");
   app.add_flag("--add-bos", add_bos, "encode the text with the tokenizer's BOS (default: without)");
   app.add_option("--compare", compare, "more KV configurations, e.g. k8v4, k8v3+mt128, q8_0/q4_0_rot")->take_all();
