@@ -235,6 +235,16 @@ void AccumulateTile(float* HWY_RESTRICT acc, int rows, const float* HWY_RESTRICT
   }
 }
 
+template <class DF>
+HWY_INLINE hn::Vec<DF> Exp2OfFraction(DF d, hn::Vec<DF> f) {  // 2^f for f in [-1/2, 1/2]
+  auto p = hn::Set(d, 1.5403530393381609e-4f);                  // ln2^6 / 6!
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-3f));     // ln2^5 / 5!
+  p = hn::MulAdd(p, f, hn::Set(d, 9.6181291076284772e-3f));     // ln2^4 / 4!
+  p = hn::MulAdd(p, f, hn::Set(d, 5.5504108664821580e-2f));     // ln2^3 / 3!
+  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-1f));     // ln2^2 / 2!
+  p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-1f));     // ln2
+  return hn::MulAdd(p, f, hn::Set(d, 1.0f));
+}
 // exp(z) for z in [-87, 0] (softmax scores after subtracting the running maximum, clamped where exp
 // underflows): 2^k * 2^f with k = round(z log2 e), f in [-1/2, 1/2], 2^f by its degree-6 Taylor
 // polynomial (truncation below 1.2e-7 relative), 2^k built in the exponent bits. About half the
@@ -245,14 +255,7 @@ HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> z) {
   const hn::RebindToSigned<DF> di;
   const auto x = hn::Mul(z, hn::Set(d, 1.44269504088896341f));
   const auto k = hn::Round(x);
-  const auto f = hn::Sub(x, k);
-  auto p = hn::Set(d, 1.5403530393381609e-4f);                  // ln2^6 / 6!
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-3f));     // ln2^5 / 5!
-  p = hn::MulAdd(p, f, hn::Set(d, 9.6181291076284772e-3f));     // ln2^4 / 4!
-  p = hn::MulAdd(p, f, hn::Set(d, 5.5504108664821580e-2f));     // ln2^3 / 3!
-  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910071e-1f));     // ln2^2 / 2!
-  p = hn::MulAdd(p, f, hn::Set(d, 6.9314718055994531e-1f));     // ln2
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  const auto p = Exp2OfFraction(d, hn::Sub(x, k));
   const auto two_k = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 127))));
   return hn::Mul(p, two_k);
 }
@@ -262,19 +265,12 @@ HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> z) {
 // instructions: vreduceps gives f = x - round(x) at once, and vscalefps multiplies by 2^k under the
 // mask (the lanes below `lowest` become 0; whatever they computed, NaN for -inf, is dropped). The
 // same polynomial and rounding as ExpNonPositive, so the same values.
-HWY_INLINE __m512 ExpNonPositiveOrZero512(__m512 z, __m512 lowest) {
-  const __mmask16 kept = _mm512_cmp_ps_mask(z, lowest, _CMP_GE_OQ);
-  const __m512 x = _mm512_mul_ps(z, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT);  // x - round(x), in [-1/2, 1/2]
-  const __m512 k = _mm512_sub_ps(x, f);
-  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(kept, p, k);
+HWY_INLINE hn::Vec<D16> ExpNonPositiveOrZero512(D16 d, hn::Vec<D16> z, hn::Vec<D16> lowest) {
+  const __mmask16 kept = _mm512_cmp_ps_mask(z.raw, lowest.raw, _CMP_GE_OQ);
+  const auto x = hn::Mul(z, hn::Set(d, 1.44269504088896341f));
+  const hn::Vec<D16> f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT)};  // x - round(x), in [-1/2, 1/2]
+  const auto k = hn::Sub(x, f);
+  return hn::Vec<D16>{_mm512_maskz_scalef_ps(kept, Exp2OfFraction(d, f).raw, k.raw)};
 }
 #endif
 
@@ -832,7 +828,7 @@ HWY_INLINE void OnlineSoftmax(const tq::attn_kernels::BlockJob& J, int n16, floa
       float* sr = s + r * kBlockTokens + t;
       const auto z = hn::Sub(hn::Load(d, sr), shift[r]);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      const auto e = hn::Vec<D16>{ExpNonPositiveOrZero512(z.raw, lowest.raw)};
+      const auto e = ExpNonPositiveOrZero512(d, z, lowest);
 #else
       const auto e = hn::IfThenZeroElse(hn::Lt(z, lowest), ExpNonPositive(d, hn::Max(z, lowest)));
 #endif
