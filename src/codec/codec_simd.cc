@@ -34,10 +34,51 @@ struct InRegisterStages {
   }
 };
 
-// Unnormalised Walsh-Hadamard transform of p floats (p a multiple of the lane count).
+// The transform of kV vectors held in registers (p = kV * lanes): Fwht's operations in its order, without
+// a store and a reload between stages (the head dimensions of attention, where the query's and the
+// output's rotations are part of every decode step).
+template <int kV>
+HWY_INLINE void FwhtInRegisters(const InRegisterStages& st, hn::Vec<D> (&v)[kV]) {
+  const D d;
+  for (int s = 0; s < st.count; ++s) {
+    const auto idx = hn::SetTableIndices(d, st.index[s]);
+    const auto sign = hn::Load(d, st.sign[s]);
+    for (int i = 0; i < kV; ++i) v[i] = hn::MulAdd(v[i], sign, hn::TableLookupLanes(v[i], idx));
+  }
+  for (int h = 1; h < kV; h *= 2)
+    for (int i = 0; i < kV; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const auto a = v[j], b = v[j + h];
+        v[j] = hn::Add(a, b);
+        v[j + h] = hn::Sub(a, b);
+      }
+}
+
+template <int kV>
+HWY_INLINE void FwhtThroughRegisters(const InRegisterStages& st, float* HWY_RESTRICT x) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  hn::Vec<D> v[kV];
+  for (int i = 0; i < kV; ++i) v[i] = hn::LoadU(d, x + i * N);
+  FwhtInRegisters<kV>(st, v);
+  for (int i = 0; i < kV; ++i) hn::StoreU(v[i], d, x + i * N);
+}
+
+// Unnormalised Walsh-Hadamard transform of p floats (p a multiple of the lane count). Up to 8 vectors
+// (16 where there are 32 registers) stay in registers; longer ones stage through memory between stages.
 HWY_INLINE void Fwht(const InRegisterStages& st, float* HWY_RESTRICT x, int p) {
   const D d;
   const size_t N = hn::Lanes(d);
+  switch (p / static_cast<int>(N)) {
+    case 1: return FwhtThroughRegisters<1>(st, x);
+    case 2: return FwhtThroughRegisters<2>(st, x);
+    case 4: return FwhtThroughRegisters<4>(st, x);
+    case 8: return FwhtThroughRegisters<8>(st, x);
+#if HWY_MAX_BYTES >= 64
+    case 16: return FwhtThroughRegisters<16>(st, x);
+#endif
+    default: break;
+  }
   for (int s = 0; s < st.count; ++s) {
     const auto idx = hn::SetTableIndices(d, st.index[s]);
     const auto sign = hn::Load(d, st.sign[s]);
@@ -56,69 +97,6 @@ HWY_INLINE void Fwht(const InRegisterStages& st, float* HWY_RESTRICT x, int p) {
         hn::StoreU(hn::Sub(a, b), d, x + j + h);
       }
     }
-  }
-}
-
-// Fwht of kV vectors held in registers (p = kV * lanes): the same operations in the same order, without
-// a store and a reload between stages (for the head dimensions of attention, where one rotation per
-// query and output vector is part of every decode step).
-template <int kV>
-HWY_INLINE void FwhtInRegisters(const InRegisterStages& st, hn::Vec<D> (&v)[kV]) {
-  const D d;
-  for (int s = 0; s < st.count; ++s) {
-    const auto idx = hn::SetTableIndices(d, st.index[s]);
-    const auto sign = hn::Load(d, st.sign[s]);
-    for (int i = 0; i < kV; ++i) v[i] = hn::MulAdd(v[i], sign, hn::TableLookupLanes(v[i], idx));
-  }
-  for (int h = 1; h < kV; h *= 2)
-    for (int i = 0; i < kV; i += 2 * h)
-      for (int j = i; j < i + h; ++j) {
-        const auto a = v[j], b = v[j + h];
-        v[j] = hn::Add(a, b);
-        v[j + h] = hn::Sub(a, b);
-      }
-}
-
-// Rotates `count` vectors whose blocks are one power-of-two chunk of kV vectors (m == 1), each block in
-// registers: forward = signs, transform, scale; inverse = transform, scale, signs.
-template <int kV, bool kInverse>
-HWY_INLINE void RotateBlocksInRegisters(const RotationPlan& plan, const InRegisterStages& st, float* HWY_RESTRICT x, size_t count) {
-  const D d;
-  const size_t N = hn::Lanes(d);
-  const auto scale = hn::Set(d, plan.inv_sqrt_block);
-  for (size_t vec = 0; vec < count; ++vec) {
-    for (int base = 0; base < plan.dim; base += plan.block) {
-      float* blk = x + vec * plan.dim + base;
-      hn::Vec<D> v[kV];
-      for (int i = 0; i < kV; ++i) {
-        v[i] = hn::LoadU(d, blk + i * N);
-        if (!kInverse) v[i] = hn::Mul(v[i], hn::LoadU(d, plan.signs + base + i * N));
-      }
-      FwhtInRegisters<kV>(st, v);
-      for (int i = 0; i < kV; ++i) {
-        auto y = hn::Mul(v[i], scale);
-        if (kInverse) y = hn::Mul(y, hn::LoadU(d, plan.signs + base + i * N));
-        hn::StoreU(y, d, blk + i * N);
-      }
-    }
-  }
-}
-
-// Whether RotateBlocksInRegisters<kV> applies (blocks of one chunk of kV vectors; 16 vectors only where
-// there are 32 registers), and runs it.
-template <bool kInverse>
-HWY_INLINE bool RotateInRegisters(const RotationPlan& plan, const InRegisterStages& st, float* HWY_RESTRICT x, size_t count) {
-  if (plan.m != 1) return false;
-  const int vectors = plan.p / static_cast<int>(hn::Lanes(D()));
-  switch (vectors) {
-    case 1: RotateBlocksInRegisters<1, kInverse>(plan, st, x, count); return true;
-    case 2: RotateBlocksInRegisters<2, kInverse>(plan, st, x, count); return true;
-    case 4: RotateBlocksInRegisters<4, kInverse>(plan, st, x, count); return true;
-    case 8: RotateBlocksInRegisters<8, kInverse>(plan, st, x, count); return true;
-#if HWY_MAX_BYTES >= 64
-    case 16: RotateBlocksInRegisters<16, kInverse>(plan, st, x, count); return true;
-#endif
-    default: return false;
   }
 }
 
@@ -150,7 +128,6 @@ void RotateForward(const RotationPlan& plan, float* HWY_RESTRICT x, size_t count
     return;
   }
   static const InRegisterStages st(N);  // per target: N is fixed for it
-  if (RotateInRegisters<false>(plan, st, x, count)) return;
   HWY_ALIGN float tmp[28 * 64];
   const auto scale = hn::Set(d, plan.inv_sqrt_block);
   for (size_t v = 0; v < count; ++v) {
@@ -184,7 +161,6 @@ void RotateInverse(const RotationPlan& plan, float* HWY_RESTRICT x, size_t count
     return;
   }
   static const InRegisterStages st(N);
-  if (RotateInRegisters<true>(plan, st, x, count)) return;
   HWY_ALIGN float tmp[28 * 64];
   const auto scale = hn::Set(d, plan.inv_sqrt_block);
   for (size_t v = 0; v < count; ++v) {
