@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/parse.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 
@@ -58,6 +59,29 @@ TEST(BFloat16, RoundTripAndRounding) {
   EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(1.0f)), 1.0f);
   EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(1.0f + 0x1.0p-8f)), 1.0f);  // tie to even
   EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(1.0f + 3 * 0x1.0p-8f)), 1.0f + 0x1.0p-6f);
+}
+
+// The message of the tq::Error that f throws, or "" when it throws none.
+template <class F>
+std::string error_of(const F& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParseInteger, TakesWholeIntegersOnly) {
+  EXPECT_EQ(parse_integer("128", "group size"), 128);
+  EXPECT_EQ(parse_integer("-7", "offset"), -7);
+  EXPECT_EQ(parse_integer<long long>("9000000000", "bytes"), 9000000000LL);
+  EXPECT_EQ(error_of([] { parse_integer("8x", "K bits"); }), "K bits must be an integer, got '8x'");
+  EXPECT_EQ(error_of([] { parse_integer("3,1", "V bits"); }), "V bits must be an integer, got '3,1'");
+  EXPECT_EQ(error_of([] { parse_integer("", "block size"); }), "block size must be an integer, got ''");
+  EXPECT_EQ(error_of([] { parse_integer(" 5", "block size"); }), "block size must be an integer, got ' 5'");
+  EXPECT_EQ(error_of([] { parse_integer("+5", "block size"); }), "block size must be an integer, got '+5'");
+  EXPECT_EQ(error_of([] { parse_integer("99999999999", "block size"); }), "block size is out of range: '99999999999'");
 }
 
 TEST(Rng, SplitMix64IsFixed) {

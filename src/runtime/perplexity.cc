@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace tq {
 namespace {
@@ -50,12 +51,12 @@ KVSettings parse_kv_spec(const std::string& spec) {
   while (std::getline(ss, part, '+')) {
     if (first) {
       first = false;
-      int kb = 0, vb = 0;
+      const size_t v_at = part.find('v');
       if (part == "f16" || part == "bf16" || part == "f32") {
         kv.k_type = kv.v_type = part;
-      } else if (std::sscanf(part.c_str(), "k%dv%d", &kb, &vb) == 2) {
-        kv.k_bits = kb;
-        kv.v_bits = vb;
+      } else if (part.size() > 1 && part[0] == 'k' && v_at != std::string::npos && part.find('/') == std::string::npos) {
+        kv.k_bits = parse_integer(std::string_view(part).substr(1, v_at - 1), "the K bits of '" + spec + "'");
+        kv.v_bits = parse_integer(std::string_view(part).substr(v_at + 1), "the V bits of '" + spec + "'");
       } else if (const auto slash = part.find('/'); slash != std::string::npos) {
         kv.k_type = part.substr(0, slash);
         kv.v_type = part.substr(slash + 1);
@@ -67,11 +68,11 @@ KVSettings parse_kv_spec(const std::string& spec) {
     const auto eq = part.find('=');
     const std::string key = part.substr(0, eq), value = eq == std::string::npos ? "" : part.substr(eq + 1);
     if (key.rfind("mt", 0) == 0 && eq == std::string::npos) {
-      kv.min_tokens = std::stoi(key.substr(2));
+      kv.min_tokens = parse_integer(std::string_view(key).substr(2), "the mt (min_tokens_before_quant) of '" + spec + "'");
     } else if (key == "mt") {
-      kv.min_tokens = std::stoi(value);
+      kv.min_tokens = parse_integer(value, "the mt (min_tokens_before_quant) of '" + spec + "'");
     } else if (key == "g") {
-      kv.group_size = std::stoi(value);
+      kv.group_size = parse_integer(value, "the g (group size) of '" + spec + "'");
     } else if (key == "fit") {
       kv.fit = value;
     } else if (key == "rot") {
@@ -83,7 +84,7 @@ KVSettings parse_kv_spec(const std::string& spec) {
     } else if (key == "fused") {
       kv.fused = true;
     } else if (key == "bt") {
-      kv.block_tokens = std::stoi(value);
+      kv.block_tokens = parse_integer(value, "the bt (block size) of '" + spec + "'");
     } else {
       fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, fused)");
     }

@@ -130,6 +130,15 @@ TEST(KVSettings, CompactSpecsParseAndBadOnesSayWhy) {
     EXPECT_NE(std::string(e.what()).find("pages=4"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_kv_spec("k8"), Error);
+  // Numbers are whole or refused with the part named (std::stoi aborted on "mtx", sscanf took "k8v3x").
+  for (const char* bad : {"k8v3x", "kxv3", "k8v3+mtx", "k8v3+mt=5z", "k8v3+g=", "k8v3+bt=99999999999"}) {
+    try {
+      parse_kv_spec(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("of '") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {

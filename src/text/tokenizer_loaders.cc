@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_impl.h"
 #include "text/unicode.h"
@@ -691,7 +692,7 @@ std::unique_ptr<Tokenizer> load_vocab_merges(const std::string& vocab_json, cons
     for (const auto& [key, t] : it->items()) {
       int32_t id = -1;
       try {
-        id = std::stoi(key);
+        id = parse_integer<int32_t>(key, "added_tokens_decoder key");
       } catch (const std::exception&) {
         fail(tokenizer_config_json, ": added_tokens_decoder key '", key, "' is not an id");
       }
