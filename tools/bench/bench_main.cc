@@ -6,6 +6,7 @@
 
 #include "bench.h"
 #include "core/error.h"
+#include "core/parse.h"
 
 int main(int argc, char** argv) {
   using namespace tq::bench;
@@ -79,11 +80,14 @@ int main(int argc, char** argv) {
     }
     if (at->parsed()) {
       TQ_CHECK(attn.n_heads % attn.n_kv == 0, "--heads must be a multiple of --kv-heads");
+      // As the runtime's KV settings (bt=N): other sizes keep K token-major, which no model run uses.
+      TQ_CHECK(attn.block_tokens % 16 == 0, "--block-tokens must be a multiple of 16, got ", attn.block_tokens);
       attn.bit_pairs.clear();
       for (const auto& s : kv_pairs) {
         const auto comma = s.find(',');
         TQ_CHECK(comma != std::string::npos, "--kv takes K,V bit pairs like 8,3; got '", s, "'");
-        attn.bit_pairs.emplace_back(std::stoi(s.substr(0, comma)), std::stoi(s.substr(comma + 1)));
+        attn.bit_pairs.emplace_back(tq::parse_integer(std::string_view(s).substr(0, comma), "the K bits of --kv " + s),
+                                    tq::parse_integer(std::string_view(s).substr(comma + 1), "the V bits of --kv " + s));
       }
       attn.standard = !no_standard;
       attn.cold = !warm;
