@@ -10,10 +10,6 @@
 
 namespace tq {
 
-namespace {
-bool is_dense(KVType t) { return t == KVType::f32 || t == KVType::f16 || t == KVType::bf16; }
-}  // namespace
-
 // ------------------------------------------------------------------ KVCache
 
 namespace {

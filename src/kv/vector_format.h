@@ -20,6 +20,8 @@ namespace tq {
 enum class KVType { f32, f16, bf16, turboquant, q8_0, q4_0 };
 
 std::string to_string(KVType t);
+// Whether vectors of this type are stored as plain numbers (f32, f16, bf16), not codes.
+inline bool is_dense(KVType t) { return t == KVType::f32 || t == KVType::f16 || t == KVType::bf16; }
 KVType parse_kv_type(const std::string& name);  // f32 f16 bf16 turboquant q8_0 q4_0
 
 struct VectorFormatSpec {

@@ -154,8 +154,9 @@ void LlamaModel::forward(const int32_t* tokens, int n, int pos0, PromptCache& ca
     AttentionParams p;
     p.n_heads = n_heads;
     p.window = L.window;
-    const bool dense = cache->k_format().type() != KVType::turboquant && cache->k_format().type() != KVType::q8_0 &&
-                       cache->k_format().type() != KVType::q4_0;
+    // A dense cache has nothing to expand: the block kernel reads it directly whatever the setting. A
+    // cache with either side compressed takes the path the settings chose (K f16 with V TurboQuant too).
+    const bool dense = is_dense(cache->k_format().type()) && is_dense(cache->v_format().type());
     const AttentionPath path = cache->fused() || dense ? AttentionPath::fused : AttentionPath::standard;
     AttentionRequest r{seq, q.data(), n, pos0, att.data()};
     AttentionStats* stats = report ? &(*report)[l].stats : nullptr;

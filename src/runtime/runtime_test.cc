@@ -178,6 +178,42 @@ TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {
 // The demo model the project ships (models/demo).
 std::string demo_model_dir() { return std::string(TQ_SOURCE_DIR) + "/models/demo"; }
 
+// The attention path per layer is the one the settings ask for, and the reports count it: a cache
+// with dense K and TurboQuant V took the fused path while the settings (and the run's summary) said
+// standard, because only K's type was looked at.
+TEST(Generate, DemoModelTakesTheAttentionPathTheSettingsAsk) {
+  const auto model = LlamaModel::open(demo_model_dir());
+  const auto tok = load_model_tokenizer(model->files());
+  ThreadPool pool(2);
+  const auto ids = tok->encode("It is a truth", true);
+  GenerateOptions o;
+  o.max_tokens = 3;
+  o.sampling.temperature = 0;
+  struct Case {
+    std::string k_type;
+    int bits;
+    bool fused;
+    bool want_fused;
+  };
+  for (const Case& c : {Case{"f16", 3, false, false}, Case{"f16", 3, true, true}, Case{"", 3, false, false},
+                        Case{"", 3, true, true}, Case{"f16", 0, false, true}}) {
+    KVSettings kv;
+    kv.k_type = c.k_type;
+    kv.bits = c.bits;
+    kv.fused = c.fused;
+    kv.resolve();
+    auto caches = build_prompt_cache(*model, kv);
+    const auto r = generate(*model, *tok, caches, ids, o, pool, [](std::string_view) {});
+    ASSERT_FALSE(r.layers.empty());
+    for (const auto& layer : r.layers) {
+      const AttentionStats& s = layer.stats;
+      EXPECT_EQ(s.fused > 0, c.want_fused) << kv.describe() << ": " << layer.cache;
+      EXPECT_EQ(s.standard > 0, !c.want_fused) << kv.describe() << ": " << layer.cache;
+      EXPECT_EQ(s.fused_fallbacks, 0) << kv.describe();
+    }
+  }
+}
+
 TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
   const auto model = LlamaModel::open(demo_model_dir());
   const auto tok = load_model_tokenizer(model->files());
