@@ -345,6 +345,10 @@ TEST(KVCache, CorruptFilesGiveClearErrors) {
   write_file(path, magic);
   expect_load_error(path, "bad magic");
   expect_load_error(path, "bad magic");  // a failed load leaves the file and the next load alone
+  auto newer = bytes;
+  newer[8] ^= 0x02;  // the u32 version after the magic
+  write_file(path, newer);
+  expect_load_error(path, "this build reads version");
   std::remove(path.c_str());
   expect_load_error(path, "cannot open");
 }
