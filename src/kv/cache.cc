@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -15,10 +18,14 @@ namespace tq {
 namespace {
 // The options' own checks, before the formats and the pool are built from them (the pool's and the
 // formats' messages would not name the option at fault).
-const KVCacheOptions& checked(int n_kv_heads, const KVCacheOptions& options) {
-  TQ_CHECK(n_kv_heads >= 1, "KV cache needs at least one KV head, got ", n_kv_heads);
-  TQ_CHECK(options.block_tokens >= 1, "block size must be at least 1 token, got ", options.block_tokens);
-  TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
+const KVCacheOptions& checked(int n_kv_heads, int head_dim, const KVCacheOptions& options) {
+  TQ_CHECK(n_kv_heads >= 1 && n_kv_heads <= kMaxKVHeads, "KV cache needs 1..", kMaxKVHeads, " KV heads, got ", n_kv_heads);
+  TQ_CHECK(head_dim <= kMaxHeadDim, "KV cache head dimension must be at most ", kMaxHeadDim, ", got ", head_dim);
+  TQ_CHECK(options.block_tokens >= 1 && options.block_tokens <= kMaxBlockTokens, "block size must be 1..", kMaxBlockTokens,
+           " tokens, got ", options.block_tokens);
+  // The sink tier reserves min_tokens positions per KV head at its first token.
+  TQ_CHECK(options.min_tokens >= 0 && options.min_tokens <= kMaxSinkTokens, "min_tokens_before_quant must be 0..", kMaxSinkTokens,
+           ", got ", options.min_tokens);
   TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
   TQ_CHECK(is_dense(options.sink_type), "the sink tier must be a dense type (f16, bf16 or f32), got ",
            to_string(options.sink_type));
@@ -29,7 +36,7 @@ const KVCacheOptions& checked(int n_kv_heads, const KVCacheOptions& options) {
 KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
     : n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
-      options_(checked(n_kv_heads, options)),
+      options_(checked(n_kv_heads, head_dim, options)),
       k_format_(std::make_unique<VectorFormat>(head_dim, options.k)),
       v_format_(std::make_unique<VectorFormat>(head_dim, options.v)),
       sink_format_(std::make_unique<VectorFormat>(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0})),
@@ -296,20 +303,40 @@ nlohmann::json spec_json(const VectorFormatSpec& s) {
           {"quantizer_seed", q.seed}};
 }
 
+// A header's integer field, whole and in Int's range: nlohmann's get<int> takes 4294967296 as 0 and
+// converts 1e300 with undefined behaviour, which would make a lying header look like another one.
+template <class Int>
+Int integer_field(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  bool fits = false;
+  if (v.is_number_unsigned()) {
+    fits = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    if constexpr (std::is_signed_v<Int>)
+      fits = x >= static_cast<int64_t>(std::numeric_limits<Int>::min()) && x <= static_cast<int64_t>(std::numeric_limits<Int>::max());
+    else
+      fits = x >= 0 && static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
+  }
+  TQ_CHECK(fits, "'", key, "' must be an integer from ", +std::numeric_limits<Int>::min(), " to ", +std::numeric_limits<Int>::max(),
+           ", got ", v.dump());
+  return v.get<Int>();
+}
+
 VectorFormatSpec spec_from_json(const nlohmann::json& j) {
   VectorFormatSpec s;
   s.type = parse_kv_type(j.at("type").get<std::string>());
   s.rotate = j.at("rotate").get<bool>();
-  s.seed = j.at("seed").get<uint64_t>();
+  s.seed = integer_field<uint64_t>(j, "seed");
   auto& q = s.quantizer;
-  q.bits = j.at("bits").get<int>();
-  q.group_size = j.at("group_size").get<int>();
+  q.bits = integer_field<int>(j, "bits");
+  q.group_size = integer_field<int>(j, "group_size");
   q.grid = parse_grid(j.at("grid").get<std::string>());
   q.scale_kind = j.at("scale_kind").get<std::string>() == "l2" ? ScaleKind::l2 : ScaleKind::rms;
   q.scale_fit = parse_scale_fit(j.at("scale_fit").get<std::string>());
   q.rotation_block = parse_rotation_block(j.at("rotation_block").get<std::string>());
   q.codebook = parse_distribution(j.at("codebook").get<std::string>());
-  q.seed = j.at("quantizer_seed").get<uint64_t>();
+  q.seed = integer_field<uint64_t>(j, "quantizer_seed");
   return s;
 }
 
@@ -384,13 +411,15 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
     KVCacheOptions o;
     o.k = spec_from_json(header.at("k"));
     o.v = spec_from_json(header.at("v"));
-    o.min_tokens = header.at("min_tokens").get<int>();
+    o.min_tokens = integer_field<int>(header, "min_tokens");
     o.sink_type = parse_kv_type(header.at("sink_type").get<std::string>());
-    o.window = header.at("window").get<int>();
-    o.block_tokens = header.at("block_tokens").get<int>();
-    cache = std::make_unique<KVCache>(header.at("n_kv_heads").get<int>(), header.at("head_dim").get<int>(), o);
+    o.window = integer_field<int>(header, "window");
+    o.block_tokens = integer_field<int>(header, "block_tokens");
+    cache = std::make_unique<KVCache>(integer_field<int>(header, "n_kv_heads"), integer_field<int>(header, "head_dim"), o);
     cache->fused_ = header.at("fused").get<bool>();
   } catch (const nlohmann::json::exception& e) {
+    fail("cache file '", path, "' has a malformed header: ", e.what());
+  } catch (const Error& e) {
     fail("cache file '", path, "' has a malformed header: ", e.what());
   }
   size_t off = 16 + len;
@@ -410,30 +439,46 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
   std::vector<SavedSequence> saved;
   try {
     for (const auto& js : header.at("sequences"))
-      saved.push_back({js.at("id").get<int>(), js.at("length").get<int>(), js.at("first_main").get<int>()});
+      saved.push_back({integer_field<int>(js, "id"), integer_field<int>(js, "length"), integer_field<int>(js, "first_main")});
   } catch (const nlohmann::json::exception& e) {
     fail("cache file '", path, "' has a malformed sequence list: ", e.what());
+  } catch (const Error& e) {
+    fail("cache file '", path, "' has a malformed sequence list: ", e.what());
   }
+  const int T = cache->options_.block_tokens;
+  const size_t block_bytes = cache->block_head_bytes_ * static_cast<size_t>(H);
   for (const auto& [id, length, first_main] : saved) {
     TQ_CHECK(length >= 0 && first_main >= M && first_main <= std::max(length, M), "cache file '", path,
              "' has an inconsistent sequence ", id);
-    cache->add_sequence_with_id(id);
-    Sequence& s = cache->seqs_.at(id);
     const int n_sink = std::min(length, M);
-    if (n_sink > 0) {
-      s.sink_k.resize(static_cast<size_t>(H) * M * sink_rec);
-      s.sink_v.resize(s.sink_k.size());
-    }
-    for (auto* buf : {&s.sink_k, &s.sink_v})
-      for (int h = 0; h < H; ++h) {
-        if (n_sink) std::memcpy(buf->data() + static_cast<size_t>(h) * M * sink_rec, take(n_sink * sink_rec), n_sink * sink_rec);
+    // The sequence's bytes must be in the payload before anything is allocated for them: a header that
+    // lies about the sizes would otherwise allocate whatever it names. In 128 bits: no product overflows.
+    using u128 = unsigned __int128;
+    const u128 main_blocks = length > first_main ? (static_cast<u128>(length - first_main) + T - 1) / T : 0;
+    const u128 need = static_cast<u128>(2) * H * n_sink * sink_rec + main_blocks * block_bytes;
+    cache->add_sequence_with_id(id);  // first: a repeated id is named as such
+    TQ_CHECK(need <= end - off, "cache file '", path, "' is truncated (payload shorter than its header says)");
+    Sequence& s = cache->seqs_.at(id);
+    // What is still allocated beyond the payload: the sink tier's whole capacity (M positions per head) and
+    // the pool's first chunk (about 1024 positions); a header can name more than the machine has.
+    try {
+      if (n_sink > 0) {
+        s.sink_k.resize(static_cast<size_t>(H) * M * sink_rec);
+        s.sink_v.resize(s.sink_k.size());
       }
-    // Main tier: blocks start at first_main (M plus whole blocks, or the first position a converted
-    // rotating cache held).
-    const int T = cache->options_.block_tokens;
-    s.first_block_pos = first_main;
-    const size_t block_bytes = cache->block_head_bytes_ * static_cast<size_t>(H);
-    for (int pos = s.first_block_pos; pos < length; pos += T) std::memcpy(cache->main_block(s, pos), take(block_bytes), block_bytes);
+      for (auto* buf : {&s.sink_k, &s.sink_v})
+        for (int h = 0; h < H; ++h) {
+          if (n_sink) std::memcpy(buf->data() + static_cast<size_t>(h) * M * sink_rec, take(n_sink * sink_rec), n_sink * sink_rec);
+        }
+      // Main tier: blocks start at first_main (M plus whole blocks, or the first position a converted
+      // rotating cache held).
+      s.first_block_pos = first_main;
+      for (int64_t pos = s.first_block_pos; pos < length; pos += T)
+        std::memcpy(cache->main_block(s, static_cast<int>(pos)), take(block_bytes), block_bytes);
+    } catch (const std::bad_alloc&) {
+      fail("cache file '", path, "': sequence ", id, " needs more memory than can be allocated (", H, " KV heads, ", M,
+           " sink positions, blocks of ", block_bytes, " bytes)");
+    }
     s.length = length;
   }
   TQ_CHECK(off == end, "cache file '", path, "' has ", end - off, " unexpected trailing bytes");

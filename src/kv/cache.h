@@ -31,6 +31,9 @@ namespace tq {
 // K8/V3 decode step about 10% faster at 16K, over 256 another 4-5%; 512 gained nothing more
 // (docs/BENCHMARKS.md).
 constexpr int kDefaultBlockTokens = 256;
+// Bounds far above any model's, so that a size from a file or a flag that is absurd is an error that
+// names it, not an allocation of what it names.
+constexpr int kMaxKVHeads = 1 << 16, kMaxHeadDim = 1 << 16, kMaxBlockTokens = 1 << 16, kMaxSinkTokens = 1 << 20;
 
 // A run of consecutive positions stored in one format, as attention reads it.
 struct Segment {

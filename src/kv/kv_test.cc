@@ -408,6 +408,33 @@ TEST(KVCache, ConsistentChecksumWithABadHeaderGivesClearErrors) {
   h["head_dim"] = -64;
   write_with_header(h);
   expect_error("head");
+  // Sizes no cache has are refused before anything is allocated for them (2^31 - 1 KV heads threw
+  // std::bad_alloc), and numbers are whole and in range (4294967296 was read as 0, 1e300 as whatever
+  // the conversion gave).
+  h = header;
+  h["n_kv_heads"] = 2147483647;
+  write_with_header(h);
+  expect_error("KV cache needs 1..65536 KV heads, got 2147483647");
+  h = header;
+  h["head_dim"] = 1000000;
+  write_with_header(h);
+  expect_error("head dimension must be at most 65536");
+  h = header;
+  h["min_tokens"] = (1 << 20) + 1;
+  write_with_header(h);
+  expect_error("min_tokens_before_quant must be 0..1048576");
+  h = header;
+  h["window"] = 4294967296LL;
+  write_with_header(h);
+  expect_error("'window' must be an integer from -2147483648 to 2147483647, got 4294967296");
+  h = header;
+  h["k"]["seed"] = 1e300;
+  write_with_header(h);
+  expect_error("'seed' must be an integer from 0 to 18446744073709551615");
+  h = header;
+  h["sequences"][0]["length"] = 2.5;
+  write_with_header(h);
+  expect_error("'length' must be an integer");
   std::remove(path.c_str());
 }
 
