@@ -169,6 +169,13 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
 }
 
 // Checks shared by both sources once the fields are filled.
+// Before anything is sized by it: a count no model has (2^31 from a corrupt file) would otherwise be
+// allocated per layer before the weights could disagree with it.
+constexpr int64_t kMaxLayers = 1 << 16;
+void check_layer_count(int64_t layers, const std::string& what) {
+  TQ_CHECK(layers <= kMaxLayers, what, " is ", layers, ", more than the ", kMaxLayers, " layers any model has");
+}
+
 void check_dimensions(ModelConfig& c) {
   const std::string& s = c.source;
   TQ_CHECK(c.num_key_value_heads > 0, "'", s, "': num_key_value_heads is ", c.num_key_value_heads);
@@ -263,6 +270,7 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   c.hidden_size = f.positive_int("hidden_size");
   c.intermediate_size = f.positive_int("intermediate_size");
   c.num_hidden_layers = f.positive_int("num_hidden_layers");
+  check_layer_count(c.num_hidden_layers, "'" + source + "': num_hidden_layers");
   c.num_attention_heads = f.positive_int("num_attention_heads");
   c.vocab_size = f.positive_int("vocab_size");
   c.num_key_value_heads = f.opt_int("num_key_value_heads").value_or(c.num_attention_heads);
@@ -374,6 +382,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   c.hidden_size = positive(p + "embedding_length");
   c.intermediate_size = positive(p + "feed_forward_length");
   c.num_hidden_layers = positive(p + "block_count");
+  check_layer_count(c.num_hidden_layers, "'" + g.path() + "': metadata '" + p + "block_count'");
   c.num_attention_heads = positive(p + "attention.head_count");
   c.num_key_value_heads = g.has(p + "attention.head_count_kv") ? positive(p + "attention.head_count_kv")
                                                                : c.num_attention_heads;

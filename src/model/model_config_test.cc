@@ -187,6 +187,11 @@ TEST(HfConfig, Errors) {
                {"cfg.json", "eos token id 99", "vocabulary"});
   expect_error([&] { parse_hf_config("{\"hidden_size\": ", "cfg.json"); }, {"cfg.json", "not valid JSON"});
   expect_error([&] { parse_hf_config("[1]", "cfg.json"); }, {"cfg.json", "not a JSON object"});
+  // A layer count no model has is refused before anything is sized by it (it threw std::bad_alloc).
+  expect_error([&] { parse_hf_config(R"({"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
+                                          "num_hidden_layers": 2147483647, "num_attention_heads": 4, "vocab_size": 11})",
+                                     "cfg.json"); },
+               {"cfg.json", "num_hidden_layers is 2147483647", "more than the 65536 layers"});
   expect_error([&] { parse_hf_config(tiny_config("Qwen2ForCausalLM", "qwen2", R"("use_sliding_window": true)"), "cfg.json"); },
                {"cfg.json", "sliding_window"});
   expect_error([&] { load_hf_config("/nonexistent/dir/config.json"); }, {"/nonexistent/dir/config.json", "no such file"});
@@ -385,6 +390,18 @@ TEST(Weights, GgufModelsValidateAndConfigComesFromMetadata) {
     EXPECT_EQ(w.layers[1].w_down->name, "blk.1.ffn_down.weight");
     EXPECT_EQ(w.layers[1].w_down->shape, (std::vector<int64_t>{16, 24}));
   }
+}
+
+TEST(Weights, GgufLayerCountNoModelHasIsRefused) {
+  GgufWriter g;
+  g.set_string("general.architecture", "llama");
+  g.set_u32("llama.context_length", 256);
+  g.set_u32("llama.embedding_length", 16);
+  g.set_u32("llama.feed_forward_length", 24);
+  g.set_u32("llama.block_count", 0x7fffffffu);
+  g.set_u32("llama.attention.head_count", 4);
+  const GgufFile file = GgufFile::parse(MappedFile::from_bytes("layers.gguf", g.bytes()));
+  expect_error([&] { config_from_gguf(file); }, {"layers.gguf", "llama.block_count", "2147483647", "more than the 65536 layers"});
 }
 
 TEST(Weights, GgufQ8_0MatricesAreAcceptedButNotQ8_0Norms) {
