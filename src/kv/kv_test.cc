@@ -385,18 +385,6 @@ TEST(KVCache, ConsistentChecksumWithABadHeaderGivesClearErrors) {
   write_with_header(h);
   expect_error("malformed sequence list");
   h = header;
-  h["sequences"][0]["length"] = 1000;
-  write_with_header(h);
-  expect_error("payload shorter than its header says");
-  h = header;
-  h["sequences"][0]["length"] = 0;
-  write_with_header(h);  // no positions, so none of the payload's block is read
-  expect_error("unexpected trailing bytes");
-  h = header;
-  h["sequences"][0]["length"] = -1;
-  write_with_header(h);
-  expect_error("inconsistent sequence");
-  h = header;
   h["sequences"].push_back(h["sequences"][0]);
   write_with_header(h);
   expect_error("already exists");
@@ -404,37 +392,33 @@ TEST(KVCache, ConsistentChecksumWithABadHeaderGivesClearErrors) {
   h.erase("block_tokens");
   write_with_header(h);
   expect_error("malformed header");
-  h = header;
-  h["head_dim"] = -64;
-  write_with_header(h);
-  expect_error("head");
-  // Sizes no cache has are refused before anything is allocated for them (2^31 - 1 KV heads threw
-  // std::bad_alloc), and numbers are whole and in range (4294967296 was read as 0, 1e300 as whatever
-  // the conversion gave).
-  h = header;
-  h["n_kv_heads"] = 2147483647;
-  write_with_header(h);
-  expect_error("KV cache needs 1..65536 KV heads, got 2147483647");
-  h = header;
-  h["head_dim"] = 1000000;
-  write_with_header(h);
-  expect_error("head dimension must be at most 65536");
-  h = header;
-  h["min_tokens"] = (1 << 20) + 1;
-  write_with_header(h);
-  expect_error("min_tokens_before_quant must be 0..1048576");
-  h = header;
-  h["window"] = 4294967296LL;
-  write_with_header(h);
-  expect_error("'window' must be an integer from -2147483648 to 2147483647, got 4294967296");
-  h = header;
-  h["k"]["seed"] = 1e300;
-  write_with_header(h);
-  expect_error("'seed' must be an integer from 0 to 18446744073709551615");
-  h = header;
-  h["sequences"][0]["length"] = 2.5;
-  write_with_header(h);
-  expect_error("'length' must be an integer");
+  // One field replaced (a JSON pointer and its value) and the error it must give. Sizes no cache has are
+  // refused before anything is allocated for them (2^31 - 1 KV heads threw std::bad_alloc), and numbers
+  // are whole and in range (4294967296 was read as 0, 1e300 as whatever the conversion gave).
+  struct Edit {
+    const char* pointer;
+    nlohmann::json value;
+    const char* needle;
+  };
+  const std::vector<Edit> edits = {
+      {"/sequences/0/length", 1000, "payload shorter than its header says"},
+      {"/sequences/0/length", 0, "unexpected trailing bytes"},  // no positions: none of the block is read
+      {"/sequences/0/length", -1, "inconsistent sequence"},
+      {"/sequences/0/length", 2.5, "'length' must be an integer"},
+      {"/head_dim", -64, "head"},
+      {"/head_dim", 1000000, "head dimension must be at most 65536"},
+      {"/n_kv_heads", 2147483647, "KV cache needs 1..65536 KV heads, got 2147483647"},
+      {"/min_tokens", (1 << 20) + 1, "min_tokens_before_quant must be 0..1048576"},
+      {"/window", 4294967296LL, "'window' must be an integer from -2147483648 to 2147483647, got 4294967296"},
+      {"/k/seed", 1e300, "'seed' must be an integer from 0 to 18446744073709551615"},
+  };
+  for (const Edit& e : edits) {
+    SCOPED_TRACE(std::string(e.pointer) + " = " + e.value.dump());
+    h = header;
+    h[nlohmann::json::json_pointer(e.pointer)] = e.value;
+    write_with_header(h);
+    expect_error(e.needle);
+  }
   std::remove(path.c_str());
 }
 
