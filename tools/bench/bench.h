@@ -22,6 +22,11 @@ struct CodecArgs {
 };
 int run_codec(const CodecArgs& args);
 
+// "best": the kernels dispatch to the best target this CPU has; "avx2": to AVX2 at most (the AVX-512
+// targets disabled), to time the path of CPUs without AVX-512 on this one. Returns the target's name;
+// throws tq::Error when the CPU lacks the target asked for.
+std::string select_simd(const std::string& which);
+
 struct AttentionArgs {
   int n_heads = 32, n_kv = 8, dim = 128, group_size = 64, block_tokens = kDefaultBlockTokens;
   // Cold (the default): each step attends to the next of enough copies of the cache to exceed
@@ -36,6 +41,7 @@ struct AttentionArgs {
   std::vector<std::string> methods = {"dense_f16", "fused", "standard", "q8_0", "q4_0"};
   double min_seconds = 0.2;
   bool json = false;
+  std::string simd;  // the SIMD target the kernels dispatch to (select_simd), reported with the results
 };
 int run_attention(const AttentionArgs& args);
 
@@ -49,6 +55,7 @@ struct ModelBenchArgs {
   int threads = 2;
   std::string format = "md";
   std::string device = "cpu";  // cpu or cuda (GpuLlamaModel; needs a build with the CUDA backend)
+  std::string simd;            // as AttentionArgs::simd
 };
 int run_model(const ModelBenchArgs& args);
 

@@ -166,7 +166,8 @@ int run_attention(const AttentionArgs& a) {
     for (const auto& r : rows) {
       nlohmann::json row = {{"method", r.method}, {"k_bits", r.k_bits}, {"v_bits", r.v_bits}, {"context", r.context},
                             {"threads", r.threads}, {"ms", r.ms}, {"bytes", r.bytes}, {"gbps", r.gbps},
-                            {"ratio_vs_dense", nullptr}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold}};
+                            {"ratio_vs_dense", nullptr}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold},
+                            {"simd", a.simd}};
       if (r.ratio_vs_dense) row["ratio_vs_dense"] = *r.ratio_vs_dense;
       if (!r.fallback.empty()) row["fallback"] = r.fallback;
       out.push_back(row);
@@ -174,12 +175,13 @@ int run_attention(const AttentionArgs& a) {
     std::cout << out.dump(1) << "\n";
     return 0;
   }
-  std::printf("One decode step of one layer: %d query heads, %d KV heads, head dim %d, group %d, %s. bytes = the "
+  std::printf("One decode step of one layer: %d query heads, %d KV heads, head dim %d, group %d, %s, SIMD target %s. bytes = the "
               "cache bytes the step must read; GB/s = bytes / time; x dense = speed relative to the FP16 cache at the "
               "same context and threads; machine GB/s = the read bandwidth measured between the rounds of that "
               "context and thread count (methods and reading interleaved, best of %d rounds each).\n\n",
               a.n_heads, a.n_kv, a.dim, a.group_size,
-              a.cold ? "cold (each step reads its cache from memory)" : "warm (every step attends to the same cache)", kRounds);
+              a.cold ? "cold (each step reads its cache from memory)" : "warm (every step attends to the same cache)",
+              a.simd.c_str(), kRounds);
   MarkdownTable t({"context", "threads", "method", "K/V bits", "ms/step", "MB read", "GB/s", "machine GB/s", "% of machine", "x dense"});
   std::vector<std::string> notes;
   for (const auto& r : rows) {

@@ -4,9 +4,32 @@
 #include <exception>
 #include <map>
 
+#include <hwy/targets.h>
+
 #include "bench.h"
 #include "core/error.h"
 #include "core/parse.h"
+
+namespace tq::bench {
+std::string select_simd(const std::string& which) {
+  int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  if (which == "avx2") {
+    int64_t avx512 = HWY_AVX3 | HWY_AVX3_DL;
+#ifdef HWY_AVX3_ZEN4
+    avx512 |= HWY_AVX3_ZEN4;
+#endif
+#ifdef HWY_AVX3_SPR
+    avx512 |= HWY_AVX3_SPR;
+#endif
+    targets &= ~avx512;
+    TQ_CHECK((targets & HWY_AVX2) != 0, "--simd avx2: this CPU has no AVX2");
+    // Not DisableTargets: Highway's SupportedTargets() detects the CPU again on every call and resets the
+    // dispatch to everything it found, so a later call would undo it; a fixed target set stays.
+    hwy::SetSupportedTargetsForTest(targets);
+  }
+  return hwy::TargetName(targets & -targets);  // the lowest bit is the best target
+}
+}  // namespace tq::bench
 
 int main(int argc, char** argv) {
   using namespace tq::bench;
@@ -50,6 +73,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"dense_f16", "fused", "standard", "q8_0", "q4_0"}));
   at->add_option("--min-seconds", attn.min_seconds, "time per measurement round")->check(CLI::Range(0.0, 60.0));
   at->add_flag("--json", attn.json, "print a JSON array instead of a Markdown table");
+  std::string simd = "best";
+  const auto simd_help = "SIMD target of the kernels: best (what this CPU has) or avx2 (AVX-512 off, the path of CPUs without it)";
+  at->add_option("--simd", simd, simd_help)->check(CLI::IsMember({"best", "avx2"}));
 
   ModelBenchArgs mb;
   bool mb_no_standard = false;
@@ -64,6 +90,7 @@ int main(int argc, char** argv) {
   mo->add_option("-t,--threads", mb.threads, "threads")->check(CLI::Range(1, 256));
   mo->add_option("-o,--output", mb.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   mo->add_option("--device", mb.device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  mo->add_option("--simd", simd, simd_help)->check(CLI::IsMember({"best", "avx2"}));
 
   PipesArgs pipes;
   auto* pi = app.add_subcommand("pipes", "which 512-bit instructions share the multiply-add pipes (why integer dot products do or do not help)");
@@ -91,11 +118,13 @@ int main(int argc, char** argv) {
       }
       attn.standard = !no_standard;
       attn.cold = !warm;
+      attn.simd = select_simd(simd);
       return run_attention(attn);
     }
     if (pi->parsed()) return run_pipes(pipes);
     if (mo->parsed()) {
       mb.standard = !mb_no_standard;
+      mb.simd = select_simd(simd);
       return run_model(mb);
     }
   } catch (const tq::Error& e) {

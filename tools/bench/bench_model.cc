@@ -220,7 +220,7 @@ int run_model(const ModelBenchArgs& a) {
     for (const auto& r : results)
       out.push_back({{"model", a.model}, {"device", r.device}, {"kv", r.kv}, {"path", r.path}, {"test", r.test}, {"depth", r.depth}, {"threads", r.threads},
                      {"tokens_per_second", r.mean}, {"sd", r.sd}, {"kv_bytes", r.kv_bytes}, {"kv_fp16_bytes", r.fp16_bytes},
-                     {"peak_rss_bytes", r.peak_rss}});
+                     {"peak_rss_bytes", r.peak_rss}, {"simd", r.device == "cpu" ? nlohmann::json(a.simd) : nlohmann::json(nullptr)}});
     std::cout << out.dump(1) << "\n";
   } else if (a.format == "csv") {
     std::cout << "model,device,kv,path,test,depth,threads,tokens_per_second,sd,kv_bytes,kv_fp16_bytes,peak_rss_bytes\n";
@@ -232,8 +232,8 @@ int run_model(const ModelBenchArgs& a) {
       std::printf("model %s on the GPU, %d repetitions (mean ± sd), run back to back from each depth; kv MiB = cache bytes in use after the "
                   "test\n\n", a.model.c_str(), a.reps);
     } else {
-      std::printf("model %s, %d threads, %d repetitions (mean ± sd); kv MiB = cache bytes in use after the test\n\n", a.model.c_str(),
-                  a.threads, a.reps);
+      std::printf("model %s, %d threads, SIMD target %s, %d repetitions (mean ± sd); kv MiB = cache bytes in use after the test\n\n",
+                  a.model.c_str(), a.threads, a.simd.c_str(), a.reps);
     }
     MarkdownTable t({"device", "kv", "path", "test", "depth", "t/s", "kv MiB", "fp16 MiB", "peak RSS MiB"});
     for (const auto& r : results)
