@@ -104,9 +104,13 @@ void ScoreColumns(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRI
   }
 }
 
-void ScoreColumnsU8(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT qsum, const uint8_t* HWY_RESTRICT codes,
-                    const uint16_t* HWY_RESTRICT scales, int T, int t0, int dim, int group, float umax,
-                    float* HWY_RESTRICT s, int ld_s) {
+// Uniform 8-bit keys, 16 positions x kRows (1..4) rows: s = sum_g scale_g * (sum_j q_j code_j - umax * qsum_g).
+// The group's partial sums stay in registers and the scores accumulate in s, once per group: partial sums
+// and scores both in registers take 4 x 2 x 2 vectors on 8-lane targets, more than their 16 registers.
+template <int kRows>
+HWY_INLINE void ScoreColumnsU8Rows(const float* HWY_RESTRICT q, const float* HWY_RESTRICT qsum, const uint8_t* HWY_RESTRICT codes,
+                                   const uint16_t* HWY_RESTRICT scales, int T, int t0, int dim, int group, float umax,
+                                   float* HWY_RESTRICT s, int ld_s) {
   const hn::CappedTag<float, 16> d;
   const hn::RebindToSigned<decltype(d)> di;
   const hn::Rebind<uint8_t, decltype(d)> du8;
@@ -115,34 +119,40 @@ void ScoreColumnsU8(const float* HWY_RESTRICT q, int rows, const float* HWY_REST
   constexpr int V = 16 / N;
   const size_t Ts = static_cast<size_t>(T);
   const int groups = dim / group;
-  for (int r0 = 0; r0 < rows; r0 += 4) {
-    const int nr = rows - r0 < 4 ? rows - r0 : 4;
-    hn::Vec<decltype(d)> score[4][V];
-    for (int r = 0; r < 4; ++r)
-      for (int v = 0; v < V; ++v) score[r][v] = hn::Zero(d);
-    for (int g = 0; g < groups; ++g) {
-      hn::Vec<decltype(d)> acc[4][V];
-      for (int r = 0; r < 4; ++r)
-        for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
-      for (int j = g * group; j < (g + 1) * group; ++j) {
-        hn::Vec<decltype(d)> k[V];
-        for (int v = 0; v < V; ++v) k[v] = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(du8, codes + j * Ts + t0 + v * N)));
-        for (int r = 0; r < nr; ++r) {
-          const auto qj = hn::Set(d, q[static_cast<size_t>(r0 + r) * dim + j]);
-          for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
-        }
-      }
-      for (int v = 0; v < V; ++v) {
-        const auto sc = hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(scales) + g * Ts + t0 + v * N));
-        for (int r = 0; r < nr; ++r) {
-          const auto offset = hn::Set(d, umax * qsum[static_cast<size_t>(r0 + r) * groups + g]);
-          score[r][v] = hn::MulAdd(sc, hn::Sub(acc[r][v], offset), score[r][v]);
-        }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < V; ++v) hn::StoreU(hn::Zero(d), d, s + static_cast<size_t>(r) * ld_s + v * N);
+  for (int g = 0; g < groups; ++g) {
+    hn::Vec<decltype(d)> acc[kRows][V];
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      hn::Vec<decltype(d)> k[V];
+      for (int v = 0; v < V; ++v) k[v] = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(du8, codes + j * Ts + t0 + v * N)));
+      for (int r = 0; r < kRows; ++r) {
+        const auto qj = hn::Set(d, q[static_cast<size_t>(r) * dim + j]);
+        for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
       }
     }
-    for (int r = 0; r < nr; ++r)
-      for (int v = 0; v < V; ++v) hn::StoreU(score[r][v], d, s + static_cast<size_t>(r0 + r) * ld_s + v * N);
+    for (int v = 0; v < V; ++v) {
+      const auto sc = hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(scales) + g * Ts + t0 + v * N));
+      for (int r = 0; r < kRows; ++r) {
+        const auto offset = hn::Set(d, umax * qsum[static_cast<size_t>(r) * groups + g]);
+        float* sr = s + static_cast<size_t>(r) * ld_s + v * N;
+        hn::StoreU(hn::MulAdd(sc, hn::Sub(acc[r][v], offset), hn::LoadU(d, sr)), d, sr);
+      }
+    }
   }
+}
+
+void ScoreColumnsU8(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT qsum, const uint8_t* HWY_RESTRICT codes,
+                    const uint16_t* HWY_RESTRICT scales, int T, int t0, int dim, int group, float umax,
+                    float* HWY_RESTRICT s, int ld_s) {
+  const int groups = dim / group;
+  for (int r0 = 0; r0 < rows; r0 += 4)
+    WithRows(std::min(rows - r0, 4), [&]<int R>() {
+      ScoreColumnsU8Rows<R>(q + static_cast<size_t>(r0) * dim, qsum + static_cast<size_t>(r0) * groups, codes, scales, T, t0, dim,
+                            group, umax, s + static_cast<size_t>(r0) * ld_s, ld_s);
+    });
 }
 
 void ScoreColumnsF16(const float* HWY_RESTRICT q, int rows, const uint16_t* HWY_RESTRICT k16, int T, int t0, int dim,
@@ -387,6 +397,57 @@ struct FloatValues {
   int dim;
   HWY_INLINE hn::Vec<D16> Load(int t, int j) const { return hn::LoadU(D16(), v + static_cast<size_t>(t) * dim + j); }
 };
+// TurboQuant values whose codes were decoded to bytes beforehand (DecodeValueCodes): one widening load
+// and one level lookup per vector.
+struct DecodedTurboQuantValues {
+  const uint8_t* codes;  // [n][dim]
+  int dim;
+  LevelTable<D16> levels;
+  HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
+    const D16 d;
+    const hn::RebindToSigned<D16> di;
+    const hn::Rebind<uint8_t, D16> du8;
+    return LookupLevel(d, di, levels, hn::PromoteTo(di, hn::LoadU(du8, codes + static_cast<size_t>(t) * dim + j)));
+  }
+};
+
+#if HWY_TARGET == HWY_AVX2
+// The value codes of a block's n positions as bytes, codes[t][j] = code of dimension j (records: kBits bit
+// planes of dim / 8 bytes, bit j % 8 of byte j / 8 for dimension j). 32 dimensions at a time: each plane's 4
+// bytes broadcast, every byte copied to the 8 bytes of its dimensions (vpshufb), and each of those tested
+// against its own bit. Decoded once per block, where the accumulation by 8 dimensions would decode every
+// position's planes again for each chunk of dimensions with scalar bit deposits (PlaneCodes).
+template <int kBits>
+HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* HWY_RESTRICT codes) {
+  const int dim = J.dim;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+  // Byte b of the result takes plane byte b / 8; vpshufb works within 128-bit halves, and the broadcast
+  // puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const uint8_t* HWY_RESTRICT rec = J.v;
+  for (int t = 0; t < J.n; ++t, rec += J.v_stride) {
+    uint8_t* HWY_RESTRICT out = codes + static_cast<size_t>(t) * dim;
+    int j = 0;
+    for (; j + 32 <= dim; j += 32) {
+      __m256i code = _mm256_setzero_si256();
+      for (int k = 0; k < kBits; ++k) {
+        int32_t word;
+        std::memcpy(&word, rec + k * plane_bytes + j / 8, 4);
+        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of_byte), bit_of_byte);
+        code = _mm256_or_si256(code, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << k))));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), code);
+    }
+    for (; j < dim; j += 8) {  // dim is a multiple of 8
+      uint64_t bytes = 0;
+      for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(rec[k * plane_bytes + j / 8], 0x0101010101010101ull << k);
+      std::memcpy(out + j, &bytes, 8);
+    }
+  }
+}
+#endif
 
 // acc[r][j0, j0 + kV * N) = acc * alpha[r] + sum_t w[g(j)][r][t] * value(t, j) for kRows rows: the
 // kRows x kV accumulator vectors stay in registers for all n positions.
@@ -402,12 +463,25 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
     const auto al = hn::Set(d, alpha[r]);
     for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
   }
-  for (int t = 0; t < n; ++t) {
-    pf.Next();
-    hn::Vec<D16> x[kV];
-    for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(hn::Set(d, wv[v][r * kBlockTokens + t]), x[v], a[r][v]);
+  if (wv[kV - 1] == wv[0]) {
+    // The chunk within one value group: one broadcast weight per row feeds its kV multiply-adds.
+    for (int t = 0; t < n; ++t) {
+      pf.Next();
+      hn::Vec<D16> x[kV];
+      for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
+      for (int r = 0; r < kRows; ++r) {
+        const auto wr = hn::Set(d, wv[0][r * kBlockTokens + t]);
+        for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(wr, x[v], a[r][v]);
+      }
+    }
+  } else {
+    for (int t = 0; t < n; ++t) {
+      pf.Next();
+      hn::Vec<D16> x[kV];
+      for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
+      for (int r = 0; r < kRows; ++r)
+        for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(hn::Set(d, wv[v][r * kBlockTokens + t]), x[v], a[r][v]);
+    }
   }
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < kV; ++v) hn::StoreU(a[r][v], d, acc + static_cast<size_t>(r) * dim + j0 + v * N);
@@ -959,6 +1033,19 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       for (int i = 0; i < count; ++i) lv[i] = J.v_levels[i];
       const LevelTable<D16> L{hn::Load(d, lv), hn::Load(d, lv + N), J.v_levels, count};
       const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+#if HWY_TARGET == HWY_AVX2
+      {
+        // After the weights of the most value groups: [n][dim] code bytes.
+        uint8_t* codes = reinterpret_cast<uint8_t*>(w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+        switch (J.v_bits) {
+          case 1: DecodeValueCodes<1>(J, codes); break;
+          case 2: DecodeValueCodes<2>(J, codes); break;
+          case 3: DecodeValueCodes<3>(J, codes); break;
+          default: DecodeValueCodes<4>(J, codes); break;
+        }
+        return AccumulateAll(DecodedTurboQuantValues{codes, dim, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+      }
+#endif
 #if TQ_PERMUTED_VALUES
       if (PermutesValues(J.v_group)) {
         switch (J.v_bits) {
@@ -1043,8 +1130,9 @@ void unpermute_values(float* acc, int rows, int dim) {
     }
 }
 size_t block_work_floats(int dim) {
-  // value-group weights [64 groups][kBlockRows][kBlockTokens], then transposed key codes (dim * 64 bytes)
-  return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim) * 16;
+  // value-group weights [64 groups][kBlockRows][kBlockTokens], then either a tile of decoded key codes
+  // (dim * 16 floats) or the value codes as bytes ([kBlockTokens][dim], the AVX2 accumulation)
+  return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim) * std::max(16, kBlockTokens / 4);
 }
 }  // namespace tq::attn_kernels
 #endif
