@@ -412,39 +412,98 @@ struct DecodedTurboQuantValues {
 };
 
 #if HWY_TARGET == HWY_AVX2
-// The value codes of a block's n positions as bytes, codes[t][j] = code of dimension j (records: kBits bit
-// planes of dim / 8 bytes, bit j % 8 of byte j / 8 for dimension j). 32 dimensions at a time: each plane's 4
-// bytes broadcast, every byte copied to the 8 bytes of its dimensions (vpshufb), and each of those tested
-// against its own bit. Decoded once per block, where the accumulation by 8 dimensions would decode every
-// position's planes again for each chunk of dimensions with scalar bit deposits (PlaneCodes).
+// The codes of 32 consecutive elements (positions of a key column, or dimensions of a value record) as
+// bytes, from kBits bit planes: plane k's 4 bytes at p + k * plane_stride, bit i % 8 of byte i / 8 for
+// element i. Each plane's 4 bytes are broadcast, every byte copied to the 8 bytes of its elements
+// (vpshufb), and each of those tested against its own bit: about 6 vector operations per plane for 32
+// codes, where BMI2 pdep (PlaneCodes) takes one scalar instruction per plane for 8.
 template <int kBits>
-HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* HWY_RESTRICT codes) {
-  const int dim = J.dim;
-  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
+HWY_INLINE __m256i PlaneCodeBytes32(const uint8_t* HWY_RESTRICT p, size_t plane_stride) {
   // Byte b of the result takes plane byte b / 8; vpshufb works within 128-bit halves, and the broadcast
   // puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
   const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  __m256i code = _mm256_setzero_si256();
+  for (int k = 0; k < kBits; ++k) {
+    int32_t word;
+    std::memcpy(&word, p + k * plane_stride, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of_byte), bit_of_byte);
+    code = _mm256_or_si256(code, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << k))));
+  }
+  return code;
+}
+
+// The value codes of a block's n positions as bytes, codes[t][j] = code of dimension j (records: kBits
+// planes of dim / 8 bytes). Decoded once per block, where the accumulation by 8 dimensions would decode
+// every position's planes again for each chunk of dimensions.
+template <int kBits>
+HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* HWY_RESTRICT codes) {
+  const int dim = J.dim;
+  const size_t plane_bytes = static_cast<size_t>(dim) / 8;
   const uint8_t* HWY_RESTRICT rec = J.v;
   for (int t = 0; t < J.n; ++t, rec += J.v_stride) {
     uint8_t* HWY_RESTRICT out = codes + static_cast<size_t>(t) * dim;
     int j = 0;
-    for (; j + 32 <= dim; j += 32) {
-      __m256i code = _mm256_setzero_si256();
-      for (int k = 0; k < kBits; ++k) {
-        int32_t word;
-        std::memcpy(&word, rec + k * plane_bytes + j / 8, 4);
-        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of_byte), bit_of_byte);
-        code = _mm256_or_si256(code, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << k))));
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), code);
-    }
+    for (; j + 32 <= dim; j += 32)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), PlaneCodeBytes32<kBits>(rec + j / 8, plane_bytes));
     for (; j < dim; j += 8) {  // dim is a multiple of 8
       uint64_t bytes = 0;
       for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(rec[k * plane_bytes + j / 8], 0x0101010101010101ull << k);
       std::memcpy(out + j, &bytes, 8);
     }
+  }
+}
+
+// TurboQuant keys of 1..4 bits on AVX2 (column region: planes [dim][bits][T/8], then scales [dim/g][T]
+// binary16): the block's codes decoded once to bytes, codes[j][i] for positions t0 + i, i < n32 (n16
+// rounded up to 32; the extra positions read the region's following bytes and are masked), then 16
+// positions x kRows rows per step: s = sum_g scale_g * sum_{j in g} q_j level(code_j), the group's partial
+// sums in registers.
+template <int kBits, int kRows>
+HWY_INLINE void ScoreTqBytes(const tq::attn_kernels::BlockJob& J, int n16, uint8_t* HWY_RESTRICT codes, const LevelTable<D16>& L,
+                             const Prefetch& pf) {
+  const D16 d;
+  const hn::RebindToSigned<D16> di;
+  const hn::Rebind<uint8_t, D16> du8;
+  const hn::Rebind<hwy::float16_t, D16> dh;
+  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
+  constexpr int V = 16 / N;
+  const int dim = J.dim, group = J.k_group, groups = dim / group, n32 = (n16 + 31) / 32 * 32;
+  const size_t plane = static_cast<size_t>(J.T) / 8;
+  for (int j = 0; j < dim; ++j) {
+    const uint8_t* planes = J.k_region + static_cast<size_t>(j) * kBits * plane;
+    for (int i = 0; i < n32; i += 32)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + static_cast<size_t>(j) * n32 + i),
+                          PlaneCodeBytes32<kBits>(planes + (J.t0 + i) / 8, plane));
+  }
+  const auto* scales = reinterpret_cast<const hwy::float16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
+  PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16));
+  for (int t = 0; t < n16; t += 16) {
+    slices.Next();
+    hn::Vec<D16> score[kRows][V];
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < V; ++v) score[r][v] = hn::Zero(d);
+    for (int g = 0; g < groups; ++g) {
+      hn::Vec<D16> acc[kRows][V];
+      for (int r = 0; r < kRows; ++r)
+        for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
+      for (int j = g * group; j < (g + 1) * group; ++j) {
+        hn::Vec<D16> x[V];
+        for (int v = 0; v < V; ++v)
+          x[v] = LookupLevel(d, di, L, hn::PromoteTo(di, hn::LoadU(du8, codes + static_cast<size_t>(j) * n32 + t + v * N)));
+        for (int r = 0; r < kRows; ++r) {
+          const auto qj = hn::Set(d, J.q[static_cast<size_t>(r) * dim + j]);
+          for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, x[v], acc[r][v]);
+        }
+      }
+      for (int v = 0; v < V; ++v) {
+        const auto sc = hn::PromoteTo(d, hn::LoadU(dh, scales + static_cast<size_t>(g) * J.T + J.t0 + t + v * N));
+        for (int r = 0; r < kRows; ++r) score[r][v] = hn::MulAdd(sc, acc[r][v], score[r][v]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < V; ++v) hn::Store(score[r][v], d, J.scores + r * kBlockTokens + t + v * N);
   }
 }
 #endif
@@ -964,6 +1023,25 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
         case 3: ScoreTqColumnsGfniRows<3>(J, n16, during_keys); break;
         default: ScoreTqColumnsGfniRows<4>(J, n16, during_keys); break;
       }
+      done = true;
+    }
+#endif
+#if HWY_TARGET == HWY_AVX2
+    if (J.k_plan->bits <= 4) {
+      HWY_ALIGN float lk[32] = {};
+      const int count = 1 << J.k_plan->bits;
+      for (int i = 0; i < count; ++i) lk[i] = J.k_levels[i];
+      const LevelTable<D16> L{hn::Load(d, lk), hn::Load(d, lk + N), J.k_levels, count};
+      // After the weights of the most value groups, as the value codes later: [dim][n32] code bytes.
+      uint8_t* codes = reinterpret_cast<uint8_t*>(w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+      WithRows(rows, [&]<int R>() {
+        switch (J.k_plan->bits) {
+          case 1: return ScoreTqBytes<1, R>(J, n16, codes, L, during_keys);
+          case 2: return ScoreTqBytes<2, R>(J, n16, codes, L, during_keys);
+          case 3: return ScoreTqBytes<3, R>(J, n16, codes, L, during_keys);
+          default: return ScoreTqBytes<4, R>(J, n16, codes, L, during_keys);
+        }
+      });
       done = true;
     }
 #endif
