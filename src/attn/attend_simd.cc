@@ -362,6 +362,14 @@ template <class DF, class DI>
 HWY_INLINE hn::Vec<DF> LookupLevel(DF d, DI di, const LevelTable<DF>& L, hn::Vec<DI> code) {
   constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
   if (L.count <= N) return hn::TableLookupLanes(L.lo, hn::IndicesFromVec(d, code));
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (N == 8) {
+    if (L.count <= 2 * N) {  // vpermps reads bits [2:0] of each index, so no masking; bit 3 picks the table
+      const __m256 lo = _mm256_permutevar8x32_ps(L.lo.raw, code.raw), hi = _mm256_permutevar8x32_ps(L.hi.raw, code.raw);
+      return hn::Vec<DF>{_mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(code.raw, 28)))};
+    }
+  }
+#endif
   if (L.count <= 2 * N) {
     const auto idx = hn::IndicesFromVec(d, hn::And(code, hn::Set(di, N - 1)));
     return hn::IfThenElse(hn::RebindMask(d, hn::Lt(code, hn::Set(di, N))), hn::TableLookupLanes(L.lo, idx),
