@@ -1170,6 +1170,8 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 
 bool BlockPermutesValues(int v_group) { return PermutesValues(v_group); }
 
+const char* KernelTarget() { return hwy::TargetName(HWY_TARGET); }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tq
 HWY_AFTER_NAMESPACE();
@@ -1204,6 +1206,8 @@ void scale(float* x, int n, float a) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, a); }
 HWY_EXPORT(AttendBlock);
 void attend_block(const BlockJob& job) { HWY_DYNAMIC_DISPATCH(AttendBlock)(job); }
 HWY_EXPORT(BlockPermutesValues);
+HWY_EXPORT(KernelTarget);
+const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(KernelTarget)(); }
 bool block_permutes_values(int v_group) { return HWY_DYNAMIC_DISPATCH(BlockPermutesValues)(v_group); }
 void unpermute_values(float* acc, int rows, int dim) {
   float chunk[64];

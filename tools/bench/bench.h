@@ -23,7 +23,8 @@ struct CodecArgs {
 int run_codec(const CodecArgs& args);
 
 // "best": the kernels dispatch to the best target this CPU has; "avx2": to AVX2 at most (the AVX-512
-// targets disabled), to time the path of CPUs without AVX-512 on this one. Returns the target's name;
+// targets disabled), to time the path of CPUs without AVX-512 on this one. Returns the name of the target
+// the kernels then dispatch to;
 // throws tq::Error when the CPU lacks the target asked for.
 std::string select_simd(const std::string& which);
 

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "attn/kernels.h"
 #include "bandwidth.h"
 #include "bench.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "table.h"
 #include "timing.h"
@@ -161,13 +163,16 @@ int run_attention(const AttentionArgs& a) {
       }
     }
   }
+  // Asked of the kernels after the measurements: the target they ran, whatever --simd set up.
+  const std::string simd = attn_kernels::kernel_target();
+  TQ_CHECK(simd == a.simd, "the kernels' SIMD target changed during the run (", a.simd, " -> ", simd, ")");
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : rows) {
       nlohmann::json row = {{"method", r.method}, {"k_bits", r.k_bits}, {"v_bits", r.v_bits}, {"context", r.context},
                             {"threads", r.threads}, {"ms", r.ms}, {"bytes", r.bytes}, {"gbps", r.gbps},
                             {"ratio_vs_dense", nullptr}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold},
-                            {"simd", a.simd}};
+                            {"simd", simd}};
       if (r.ratio_vs_dense) row["ratio_vs_dense"] = *r.ratio_vs_dense;
       if (!r.fallback.empty()) row["fallback"] = r.fallback;
       out.push_back(row);
@@ -181,7 +186,7 @@ int run_attention(const AttentionArgs& a) {
               "context and thread count (methods and reading interleaved, best of %d rounds each).\n\n",
               a.n_heads, a.n_kv, a.dim, a.group_size,
               a.cold ? "cold (each step reads its cache from memory)" : "warm (every step attends to the same cache)",
-              a.simd.c_str(), kRounds);
+              simd.c_str(), kRounds);
   MarkdownTable t({"context", "threads", "method", "K/V bits", "ms/step", "MB read", "GB/s", "machine GB/s", "% of machine", "x dense"});
   std::vector<std::string> notes;
   for (const auto& r : rows) {

@@ -6,6 +6,7 @@
 
 #include <hwy/targets.h>
 
+#include "attn/kernels.h"
 #include "bench.h"
 #include "core/error.h"
 #include "core/parse.h"
@@ -27,7 +28,8 @@ std::string select_simd(const std::string& which) {
     // dispatch to everything it found, so a later call would undo it; a fixed target set stays.
     hwy::SetSupportedTargetsForTest(targets);
   }
-  return hwy::TargetName(targets & -targets);  // the lowest bit is the best target
+  // What the kernels dispatch to, asked of them: the target set above, or the best one.
+  return tq::attn_kernels::kernel_target();
 }
 }  // namespace tq::bench
 

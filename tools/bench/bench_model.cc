@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "attn/kernels.h"
 #include "bench.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "runtime/kv_settings.h"
 #include "runtime/perplexity.h"
@@ -215,12 +217,15 @@ int run_model(const ModelBenchArgs& a) {
     }
   }
 
+  // Asked of the kernels after the measurements: the target they ran, whatever --simd set up.
+  const std::string simd = attn_kernels::kernel_target();
+  TQ_CHECK(simd == a.simd, "the kernels' SIMD target changed during the run (", a.simd, " -> ", simd, ")");
   if (a.format == "json") {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results)
       out.push_back({{"model", a.model}, {"device", r.device}, {"kv", r.kv}, {"path", r.path}, {"test", r.test}, {"depth", r.depth}, {"threads", r.threads},
                      {"tokens_per_second", r.mean}, {"sd", r.sd}, {"kv_bytes", r.kv_bytes}, {"kv_fp16_bytes", r.fp16_bytes},
-                     {"peak_rss_bytes", r.peak_rss}, {"simd", r.device == "cpu" ? nlohmann::json(a.simd) : nlohmann::json(nullptr)}});
+                     {"peak_rss_bytes", r.peak_rss}, {"simd", r.device == "cpu" ? nlohmann::json(simd) : nlohmann::json(nullptr)}});
     std::cout << out.dump(1) << "\n";
   } else if (a.format == "csv") {
     std::cout << "model,device,kv,path,test,depth,threads,tokens_per_second,sd,kv_bytes,kv_fp16_bytes,peak_rss_bytes\n";
@@ -233,7 +238,7 @@ int run_model(const ModelBenchArgs& a) {
                   "test\n\n", a.model.c_str(), a.reps);
     } else {
       std::printf("model %s, %d threads, SIMD target %s, %d repetitions (mean ± sd); kv MiB = cache bytes in use after the test\n\n",
-                  a.model.c_str(), a.threads, a.simd.c_str(), a.reps);
+                  a.model.c_str(), a.threads, simd.c_str(), a.reps);
     }
     MarkdownTable t({"device", "kv", "path", "test", "depth", "t/s", "kv MiB", "fp16 MiB", "peak RSS MiB"});
     for (const auto& r : results)
