@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #if HWY_ARCH_X86
 #include <immintrin.h>
@@ -104,20 +105,20 @@ void ScoreColumns(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRI
   }
 }
 
-// Uniform 8-bit keys, 16 positions x kRows (1..4) rows: s = sum_g scale_g * (sum_j q_j code_j - umax * qsum_g).
-// The group's partial sums stay in registers and the scores accumulate in s, once per group: partial sums
-// and scores both in registers take 4 x 2 x 2 vectors on 8-lane targets, more than their 16 registers.
-template <int kRows>
-HWY_INLINE void ScoreColumnsU8Rows(const float* HWY_RESTRICT q, const float* HWY_RESTRICT qsum, const uint8_t* HWY_RESTRICT codes,
-                                   const uint16_t* HWY_RESTRICT scales, int T, int t0, int dim, int group, float umax,
-                                   float* HWY_RESTRICT s, int ld_s) {
+// Scores of 16 positions x kRows (1..4) rows from column-layout keys with one scale per group:
+// s[r] = sum_g scale_g * (sum_{j in g} q[r][j] x_j - umax * qsum[r][g]), keys.Load(j, i) = x_j for
+// positions [i, i + N) of the 16 (N lanes), scales[g * ld_scales] the group's binary16 scales of the 16,
+// qsum [kRows][groups] or null (no offset). The group's partial sums stay in registers and the scores accumulate
+// in s once per group: partial sums and scores both in registers take 4 x 2 x 2 vectors on 8-lane
+// targets, more than their 16 registers.
+template <int kRows, class Keys>
+HWY_INLINE void ScoreGroupsBy16(const Keys& keys, const float* HWY_RESTRICT q, const float* HWY_RESTRICT qsum, float umax,
+                                const hwy::float16_t* HWY_RESTRICT scales, size_t ld_scales, int dim, int group,
+                                float* HWY_RESTRICT s, int ld_s) {
   const hn::CappedTag<float, 16> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  const hn::Rebind<uint8_t, decltype(d)> du8;
   const hn::Rebind<hwy::float16_t, decltype(d)> dh;
   constexpr int N = static_cast<int>(hn::MaxLanes(hn::CappedTag<float, 16>()));
   constexpr int V = 16 / N;
-  const size_t Ts = static_cast<size_t>(T);
   const int groups = dim / group;
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < V; ++v) hn::StoreU(hn::Zero(d), d, s + static_cast<size_t>(r) * ld_s + v * N);
@@ -127,31 +128,47 @@ HWY_INLINE void ScoreColumnsU8Rows(const float* HWY_RESTRICT q, const float* HWY
       for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
     for (int j = g * group; j < (g + 1) * group; ++j) {
       hn::Vec<decltype(d)> k[V];
-      for (int v = 0; v < V; ++v) k[v] = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(du8, codes + j * Ts + t0 + v * N)));
+      for (int v = 0; v < V; ++v) k[v] = keys.Load(j, v * N);
       for (int r = 0; r < kRows; ++r) {
         const auto qj = hn::Set(d, q[static_cast<size_t>(r) * dim + j]);
         for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
       }
     }
     for (int v = 0; v < V; ++v) {
-      const auto sc = hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(scales) + g * Ts + t0 + v * N));
+      const auto sc = hn::PromoteTo(d, hn::LoadU(dh, scales + g * ld_scales + v * N));
       for (int r = 0; r < kRows; ++r) {
-        const auto offset = hn::Set(d, umax * qsum[static_cast<size_t>(r) * groups + g]);
         float* sr = s + static_cast<size_t>(r) * ld_s + v * N;
-        hn::StoreU(hn::MulAdd(sc, hn::Sub(acc[r][v], offset), hn::LoadU(d, sr)), d, sr);
+        const auto x = qsum ? hn::Sub(acc[r][v], hn::Set(d, umax * qsum[static_cast<size_t>(r) * groups + g])) : acc[r][v];
+        hn::StoreU(hn::MulAdd(sc, x, hn::LoadU(d, sr)), d, sr);
       }
     }
   }
 }
 
+// Uniform 8-bit keys of a column region: codes [dim][T], positions t0.. of the 16.
+struct U8ColumnKeys {
+  const uint8_t* codes;
+  size_t T;
+  int t0;
+  HWY_INLINE hn::Vec<D16> Load(int j, int i) const {
+    const D16 d;
+    const hn::RebindToSigned<D16> di;
+    const hn::Rebind<uint8_t, D16> du8;
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(du8, codes + j * T + t0 + i)));
+  }
+};
+
+// s = sum_g scale_g * (sum_j q_j code_j - umax * qsum_g) for 16 positions of uniform 8-bit keys.
 void ScoreColumnsU8(const float* HWY_RESTRICT q, int rows, const float* HWY_RESTRICT qsum, const uint8_t* HWY_RESTRICT codes,
                     const uint16_t* HWY_RESTRICT scales, int T, int t0, int dim, int group, float umax,
                     float* HWY_RESTRICT s, int ld_s) {
   const int groups = dim / group;
+  const U8ColumnKeys keys{codes, static_cast<size_t>(T), t0};
+  const auto* sc = reinterpret_cast<const hwy::float16_t*>(scales) + t0;
   for (int r0 = 0; r0 < rows; r0 += 4)
     WithRows(std::min(rows - r0, 4), [&]<int R>() {
-      ScoreColumnsU8Rows<R>(q + static_cast<size_t>(r0) * dim, qsum + static_cast<size_t>(r0) * groups, codes, scales, T, t0, dim,
-                            group, umax, s + static_cast<size_t>(r0) * ld_s, ld_s);
+      ScoreGroupsBy16<R>(keys, q + static_cast<size_t>(r0) * dim, qsum + static_cast<size_t>(r0) * groups, umax, sc,
+                         static_cast<size_t>(T), dim, group, s + static_cast<size_t>(r0) * ld_s, ld_s);
     });
 }
 
@@ -314,6 +331,11 @@ void Scale(float* HWY_RESTRICT x, int n, float a) {
 // [dim / 4][4][64] bytes of transposed key codes (as floats: dim * 16), then
 // [kBlockRows][4][16] permuted scores.
 constexpr int kMaxValueGroups = 1024 / 16;
+// Where work holds decoded code bytes (AVX2: the keys' while scoring, then the values'): after the
+// weights of the most value groups.
+HWY_INLINE uint8_t* CodeBytesArea(float* work) {
+  return reinterpret_cast<uint8_t*>(work + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+}
 
 // The next block's bytes, prefetched a slice at a time inside the loops of this one (all at once
 // stalls the loads and evicts the block being computed), into L2 (locality 1).
@@ -405,43 +427,22 @@ struct FloatValues {
   int dim;
   HWY_INLINE hn::Vec<D16> Load(int t, int j) const { return hn::LoadU(D16(), v + static_cast<size_t>(t) * dim + j); }
 };
-// TurboQuant values whose codes were decoded to bytes beforehand (DecodeValueCodes): one widening load
-// and one level lookup per vector.
-struct DecodedTurboQuantValues {
-  const uint8_t* codes;  // [n][dim]
-  int dim;
+// Codes decoded to bytes beforehand (DecodeValueCodes, ScoreTqBytes), row-major with ld bytes per row:
+// Load(row, col) = the levels of codes [col, col + N) of the row, one widening load and one lookup. The
+// values' rows are positions ([n][dim]), the keys' dimensions ([dim][positions]).
+struct DecodedCodes {
+  const uint8_t* codes;
+  size_t ld;
   LevelTable<D16> levels;
-  HWY_INLINE hn::Vec<D16> Load(int t, int j) const {
+  HWY_INLINE hn::Vec<D16> Load(int row, int col) const {
     const D16 d;
     const hn::RebindToSigned<D16> di;
     const hn::Rebind<uint8_t, D16> du8;
-    return LookupLevel(d, di, levels, hn::PromoteTo(di, hn::LoadU(du8, codes + static_cast<size_t>(t) * dim + j)));
+    return LookupLevel(d, di, levels, hn::PromoteTo(di, hn::LoadU(du8, codes + row * ld + col)));
   }
 };
 
 #if HWY_TARGET == HWY_AVX2
-// The codes of 32 consecutive elements (positions of a key column, or dimensions of a value record) as
-// bytes, from kBits bit planes: plane k's 4 bytes at p + k * plane_stride, bit i % 8 of byte i / 8 for
-// element i. Each plane's 4 bytes are broadcast, every byte copied to the 8 bytes of its elements
-// (vpshufb), and each of those tested against its own bit: about 6 vector operations per plane for 32
-// codes, where BMI2 pdep (PlaneCodes) takes one scalar instruction per plane for 8.
-template <int kBits>
-HWY_INLINE __m256i PlaneCodeBytes32(const uint8_t* HWY_RESTRICT p, size_t plane_stride) {
-  // Byte b of the result takes plane byte b / 8; vpshufb works within 128-bit halves, and the broadcast
-  // puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  __m256i code = _mm256_setzero_si256();
-  for (int k = 0; k < kBits; ++k) {
-    int32_t word;
-    std::memcpy(&word, p + k * plane_stride, 4);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of_byte), bit_of_byte);
-    code = _mm256_or_si256(code, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << k))));
-  }
-  return code;
-}
-
 // The value codes of a block's n positions as bytes, codes[t][j] = code of dimension j (records: kBits
 // planes of dim / 8 bytes). Decoded once per block, where the accumulation by 8 dimensions would decode
 // every position's planes again for each chunk of dimensions.
@@ -456,8 +457,7 @@ HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* H
     for (; j + 32 <= dim; j += 32)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), PlaneCodeBytes32<kBits>(rec + j / 8, plane_bytes));
     for (; j < dim; j += 8) {  // dim is a multiple of 8
-      uint64_t bytes = 0;
-      for (int k = 0; k < kBits; ++k) bytes |= _pdep_u64(rec[k * plane_bytes + j / 8], 0x0101010101010101ull << k);
+      const uint64_t bytes = PlaneCodeBytes8<kBits>(rec + j / 8, plane_bytes);
       std::memcpy(out + j, &bytes, 8);
     }
   }
@@ -466,18 +466,11 @@ HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* H
 // TurboQuant keys of 1..4 bits on AVX2 (column region: planes [dim][bits][T/8], then scales [dim/g][T]
 // binary16): the block's codes decoded once to bytes, codes[j][i] for positions t0 + i, i < n32 (n16
 // rounded up to 32; the extra positions read the region's following bytes and are masked), then 16
-// positions x kRows rows per step: s = sum_g scale_g * sum_{j in g} q_j level(code_j), the group's partial
-// sums in registers.
+// positions x kRows rows per step (ScoreGroupsBy16): s = sum_g scale_g * sum_{j in g} q_j level(code_j).
 template <int kBits, int kRows>
 HWY_INLINE void ScoreTqBytes(const tq::attn_kernels::BlockJob& J, int n16, uint8_t* HWY_RESTRICT codes, const LevelTable<D16>& L,
                              const Prefetch& pf) {
-  const D16 d;
-  const hn::RebindToSigned<D16> di;
-  const hn::Rebind<uint8_t, D16> du8;
-  const hn::Rebind<hwy::float16_t, D16> dh;
-  constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
-  constexpr int V = 16 / N;
-  const int dim = J.dim, group = J.k_group, groups = dim / group, n32 = (n16 + 31) / 32 * 32;
+  const int dim = J.dim, group = J.k_group, n32 = (n16 + 31) / 32 * 32;
   const size_t plane = static_cast<size_t>(J.T) / 8;
   for (int j = 0; j < dim; ++j) {
     const uint8_t* planes = J.k_region + static_cast<size_t>(j) * kBits * plane;
@@ -489,29 +482,8 @@ HWY_INLINE void ScoreTqBytes(const tq::attn_kernels::BlockJob& J, int n16, uint8
   PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16));
   for (int t = 0; t < n16; t += 16) {
     slices.Next();
-    hn::Vec<D16> score[kRows][V];
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < V; ++v) score[r][v] = hn::Zero(d);
-    for (int g = 0; g < groups; ++g) {
-      hn::Vec<D16> acc[kRows][V];
-      for (int r = 0; r < kRows; ++r)
-        for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
-      for (int j = g * group; j < (g + 1) * group; ++j) {
-        hn::Vec<D16> x[V];
-        for (int v = 0; v < V; ++v)
-          x[v] = LookupLevel(d, di, L, hn::PromoteTo(di, hn::LoadU(du8, codes + static_cast<size_t>(j) * n32 + t + v * N)));
-        for (int r = 0; r < kRows; ++r) {
-          const auto qj = hn::Set(d, J.q[static_cast<size_t>(r) * dim + j]);
-          for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, x[v], acc[r][v]);
-        }
-      }
-      for (int v = 0; v < V; ++v) {
-        const auto sc = hn::PromoteTo(d, hn::LoadU(dh, scales + static_cast<size_t>(g) * J.T + J.t0 + t + v * N));
-        for (int r = 0; r < kRows; ++r) score[r][v] = hn::MulAdd(sc, acc[r][v], score[r][v]);
-      }
-    }
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < V; ++v) hn::Store(score[r][v], d, J.scores + r * kBlockTokens + t + v * N);
+    ScoreGroupsBy16<kRows>(DecodedCodes{codes + t, static_cast<size_t>(n32), L}, J.q, nullptr, 0.0f, scales + J.t0 + t,
+                           static_cast<size_t>(J.T), dim, group, J.scores + t, kBlockTokens);
   }
 }
 #endif
@@ -530,26 +502,23 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
     const auto al = hn::Set(d, alpha[r]);
     for (int v = 0; v < kV; ++v) a[r][v] = hn::Mul(hn::LoadU(d, acc + static_cast<size_t>(r) * dim + j0 + v * N), al);
   }
-  if (wv[kV - 1] == wv[0]) {
-    // The chunk within one value group: one broadcast weight per row feeds its kV multiply-adds.
+  // A chunk within one value group takes one broadcast weight per row for its kV multiply-adds.
+  const auto positions = [&](auto one_group) {
     for (int t = 0; t < n; ++t) {
       pf.Next();
       hn::Vec<D16> x[kV];
       for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
       for (int r = 0; r < kRows; ++r) {
-        const auto wr = hn::Set(d, wv[0][r * kBlockTokens + t]);
-        for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(wr, x[v], a[r][v]);
+        const auto w0 = hn::Set(d, wv[0][r * kBlockTokens + t]);
+        for (int v = 0; v < kV; ++v)
+          a[r][v] = hn::MulAdd(decltype(one_group)::value || v == 0 ? w0 : hn::Set(d, wv[v][r * kBlockTokens + t]), x[v], a[r][v]);
       }
     }
-  } else {
-    for (int t = 0; t < n; ++t) {
-      pf.Next();
-      hn::Vec<D16> x[kV];
-      for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
-      for (int r = 0; r < kRows; ++r)
-        for (int v = 0; v < kV; ++v) a[r][v] = hn::MulAdd(hn::Set(d, wv[v][r * kBlockTokens + t]), x[v], a[r][v]);
-    }
-  }
+  };
+  if (wv[kV - 1] == wv[0])
+    positions(std::true_type());
+  else
+    positions(std::false_type());
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < kV; ++v) hn::StoreU(a[r][v], d, acc + static_cast<size_t>(r) * dim + j0 + v * N);
 }
@@ -1040,8 +1009,7 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       const int count = 1 << J.k_plan->bits;
       for (int i = 0; i < count; ++i) lk[i] = J.k_levels[i];
       const LevelTable<D16> L{hn::Load(d, lk), hn::Load(d, lk + N), J.k_levels, count};
-      // After the weights of the most value groups, as the value codes later: [dim][n32] code bytes.
-      uint8_t* codes = reinterpret_cast<uint8_t*>(w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+      uint8_t* codes = CodeBytesArea(w);  // [dim][n32]
       WithRows(rows, [&]<int R>() {
         switch (J.k_plan->bits) {
           case 1: return ScoreTqBytes<1, R>(J, n16, codes, L, during_keys);
@@ -1121,15 +1089,14 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       const size_t plane_bytes = static_cast<size_t>(dim) / 8;
 #if HWY_TARGET == HWY_AVX2
       {
-        // After the weights of the most value groups: [n][dim] code bytes.
-        uint8_t* codes = reinterpret_cast<uint8_t*>(w + static_cast<size_t>(kMaxValueGroups) * kBlockRows * kBlockTokens);
+        uint8_t* codes = CodeBytesArea(w);  // [n][dim]
         switch (J.v_bits) {
           case 1: DecodeValueCodes<1>(J, codes); break;
           case 2: DecodeValueCodes<2>(J, codes); break;
           case 3: DecodeValueCodes<3>(J, codes); break;
           default: DecodeValueCodes<4>(J, codes); break;
         }
-        return AccumulateAll(DecodedTurboQuantValues{codes, dim, L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        return AccumulateAll(DecodedCodes{codes, static_cast<size_t>(dim), L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
       }
 #endif
 #if TQ_PERMUTED_VALUES

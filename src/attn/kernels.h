@@ -107,9 +107,9 @@ void attend_block(const BlockJob& job);
 // group size with the dimensions of each 64-dimension chunk permuted (vector v, lane i holds dimension
 // 4i + v); then unpermute_values(acc, rows, dim) restores the order of the finished accumulators.
 bool block_permutes_values(int v_group);
+void unpermute_values(float* acc, int rows, int dim);
 
 // The SIMD target the kernels dispatch to now (Highway's name: "AVX3_DL", "AVX2", ...).
 const char* kernel_target();
-void unpermute_values(float* acc, int rows, int dim);
 
 }  // namespace tq::attn_kernels
