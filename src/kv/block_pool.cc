@@ -1,5 +1,8 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <utility>
@@ -30,14 +33,28 @@ int BlockPool::later_chunk_blocks(size_t block_bytes, int first_chunk_blocks) {
   }
 }
 
-BlockPool::BlockPool(size_t block_bytes, int first_chunk_blocks)
+BlockPool::BlockPool(size_t block_bytes, int first_chunk_blocks, int64_t max_blocks)
     : block_bytes_((block_bytes + kAlignment - 1) / kAlignment * kAlignment),
       first_blocks_(first_chunk_blocks),
-      later_blocks_(block_bytes > 0 && first_chunk_blocks > 0 ? later_chunk_blocks(block_bytes_, first_chunk_blocks) : 1) {
+      later_blocks_(block_bytes > 0 && first_chunk_blocks > 0 ? later_chunk_blocks(block_bytes_, first_chunk_blocks) : 1),
+      max_blocks_(max_blocks) {
   TQ_CHECK(block_bytes > 0 && first_chunk_blocks > 0, "block pool needs positive sizes");
+  TQ_CHECK(max_blocks >= 0, "a block pool's bound must not be negative, got ", max_blocks);
+}
+
+int64_t BlockPool::blocks_available() const {
+  if (max_blocks_ == 0) return INT64_MAX;
+  return std::max<int64_t>(0, max_blocks_ - static_cast<int64_t>(blocks_in_use()));
+}
+
+size_t BlockPool::blocks_shared() const {
+  size_t n = 0;
+  for (int o : owners_) n += o > 1;
+  return n;
 }
 
 int BlockPool::allocate() {
+  TQ_CHECK(blocks_available() > 0, "the KV block pool is full: all ", max_blocks_, " blocks of ", block_bytes_, " bytes are in use");
   if (free_.empty()) {
     // Chunks of 2 MiB and more are aligned to 2 MiB and offered to the kernel as huge pages: attention
     // streams through them, 4 KiB pages stop the hardware prefetcher at every page boundary, and a cache
@@ -56,13 +73,29 @@ int BlockPool::allocate() {
     const int first = static_cast<int>(blocks_allocated());
     chunks_.emplace_back(p);
     for (int i = blocks - 1; i >= 0; --i) free_.push_back(first + i);
+    owners_.resize(blocks_allocated(), 0);
   }
   const int id = free_.back();
   free_.pop_back();
+  owners_[static_cast<size_t>(id)] = 1;
   return id;
 }
 
-void BlockPool::release(int block) { free_.push_back(block); }
+void BlockPool::retain(int block) {
+  TQ_CHECK(block >= 0 && static_cast<size_t>(block) < owners_.size() && owners_[static_cast<size_t>(block)] > 0,
+           "internal error: retaining block ", block, ", which is not in use");
+  ++owners_[static_cast<size_t>(block)];
+}
+
+void BlockPool::release(int block) {
+  TQ_CHECK(block >= 0 && static_cast<size_t>(block) < owners_.size() && owners_[static_cast<size_t>(block)] > 0,
+           "internal error: releasing block ", block, ", which is not in use");
+  if (--owners_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+}
+
+int BlockPool::owners(int block) const {
+  return block >= 0 && static_cast<size_t>(block) < owners_.size() ? owners_[static_cast<size_t>(block)] : 0;
+}
 
 uint8_t* BlockPool::data(int block) { return const_cast<uint8_t*>(std::as_const(*this).data(block)); }
 const uint8_t* BlockPool::data(int block) const {

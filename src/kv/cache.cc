@@ -27,6 +27,7 @@ const KVCacheOptions& checked(int n_kv_heads, int head_dim, const KVCacheOptions
   TQ_CHECK(options.min_tokens >= 0 && options.min_tokens <= kMaxSinkTokens, "min_tokens_before_quant must be 0..", kMaxSinkTokens,
            ", got ", options.min_tokens);
   TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
+  TQ_CHECK(options.max_blocks >= 0, "a KV cache's block bound must not be negative, got ", options.max_blocks);
   TQ_CHECK(is_dense(options.sink_type), "the sink tier must be a dense type (f16, bf16 or f32), got ",
            to_string(options.sink_type));
   return options;
@@ -46,7 +47,8 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so
       // that the memory a short sequence reserves does not grow with the block size; later chunks fill
       // huge pages (BlockPool).
-      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens))) {
+      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens)),
+            options.max_blocks) {
 }
 
 std::string KVCache::describe() const {
@@ -86,6 +88,64 @@ void KVCache::remove_sequence(int seq) {
   Sequence& s = seq_ref(seq);
   for (int b : s.block_table) pool_.release(b);
   seqs_.erase(seq);
+}
+
+void KVCache::fork_sequence(int parent, int child) {
+  const Sequence& p = seq_ref(parent);
+  TQ_CHECK(child >= 0, "sequence ids are non-negative, got ", child);
+  TQ_CHECK(!seqs_.count(child), "cannot fork sequence ", parent, " into ", child, ": sequence ", child, " already exists in this cache");
+  Sequence c = p;  // the sink tier is per sequence (small): copied
+  for (int b : c.block_table) pool_.retain(b);
+  seqs_.emplace(child, std::move(c));
+}
+
+void KVCache::truncate(int seq, int length) {
+  Sequence& s = seq_ref(seq);
+  TQ_CHECK(length >= 0 && length <= s.length, "cannot truncate sequence ", seq, " to ", length, " positions: it holds ", s.length);
+  if (length == s.length) return;
+  // The next query, at position `length`, sees the positions [length - window + 1, length) (all of them
+  // without a window); those must still be held. Positions before first_block_pos that are not in the sink
+  // tier are gone (a rotating cache dropped them, or the sequence was converted after it had).
+  const int M = options_.min_tokens;
+  const int oldest_needed = options_.window > 0 ? std::max(0, length - options_.window + 1) : 0;
+  const int held_from = s.first_block_pos > M ? s.first_block_pos : 0;
+  TQ_CHECK(oldest_needed >= held_from || length <= M, "cannot truncate sequence ", seq, " to ", length,
+           " positions: positions before ", held_from, " are no longer held",
+           options_.window > 0 ? " (they left the sliding window)" : "", ", and the next position needs them from ", oldest_needed);
+  const int T = options_.block_tokens;
+  // Blocks that hold no position below `length` go back to the pool.
+  while (!s.block_table.empty()) {
+    const int first = s.first_block_pos + static_cast<int>(s.block_table.size() - 1) * T;
+    if (first < length) break;
+    pool_.release(s.block_table.back());
+    s.block_table.pop_back();
+  }
+  // Back inside the sink tier with every block gone: the main tier's grid starts again at min_tokens.
+  if (s.block_table.empty() && length <= M) s.first_block_pos = M;
+  s.length = length;
+}
+
+BlockDemand KVCache::demand(const std::vector<SequenceGrowth>& growth) const {
+  BlockDemand d;
+  d.available = pool_.blocks_available();
+  d.capacity = pool_.max_blocks();
+  d.block_bytes = static_cast<int64_t>(pool_.block_bytes());
+  const int M = options_.min_tokens, T = options_.block_tokens;
+  for (const SequenceGrowth& g : growth) {
+    TQ_CHECK(g.n >= 0, "cannot append a negative number of positions");
+    const Sequence& s = seq_ref(g.seq);
+    const int from = s.length, to = from + g.n;
+    if (to <= M || g.n == 0) continue;
+    // Blocks on the sequence's grid that the new positions fall in: new ones are allocated, held ones
+    // that a fork shares are copied before the first write.
+    const int main_from = std::max(from, std::max(M, s.first_block_pos));
+    const int b_first = (main_from - s.first_block_pos) / T, b_last = (to - 1 - s.first_block_pos) / T;
+    for (int b = b_first; b <= b_last; ++b) {
+      const bool held = static_cast<size_t>(b) < s.block_table.size();
+      d.needed += !held || pool_.owners(s.block_table[static_cast<size_t>(b)]) > 1;
+    }
+  }
+  return d;
 }
 
 std::vector<int> KVCache::sequences() const {
@@ -131,7 +191,15 @@ uint8_t* KVCache::main_block(Sequence& s, int pos) {
     std::memset(pool_.data(id), 0, pool_.block_bytes());
     s.block_table.push_back(id);
   }
-  return pool_.data(s.block_table[b]);
+  int& id = s.block_table[b];
+  if (pool_.owners(id) > 1) {
+    // Another sequence (a fork) still reads this block: this one writes into a copy of its own.
+    const int copy = pool_.allocate();
+    std::memcpy(pool_.data(copy), pool_.data(id), pool_.block_bytes());
+    pool_.release(id);
+    id = copy;
+  }
+  return pool_.data(id);
 }
 
 uint8_t* KVCache::main_v_record(Sequence& s, int pos, int head) {
@@ -254,8 +322,24 @@ void KVCache::read(int seq, int pos, float* k, float* v) const {
   }
 }
 
+MemoryUsage& MemoryUsage::operator+=(const MemoryUsage& o) {
+  sink_tokens += o.sink_tokens;
+  main_tokens += o.main_tokens;
+  sink_bytes += o.sink_bytes;
+  main_bytes += o.main_bytes;
+  allocated_bytes += o.allocated_bytes;
+  fp16_bytes += o.fp16_bytes;
+  blocks_in_use += o.blocks_in_use;
+  blocks_shared += o.blocks_shared;
+  block_bytes = std::max(block_bytes, o.block_bytes);
+  return *this;
+}
+
 MemoryUsage KVCache::memory() const {
   MemoryUsage m;
+  m.blocks_in_use = static_cast<int64_t>(pool_.blocks_in_use());
+  m.blocks_shared = static_cast<int64_t>(pool_.blocks_shared());
+  m.block_bytes = static_cast<int64_t>(pool_.block_bytes());
   const int M = options_.min_tokens;
   for (const auto& [id, s] : seqs_) {
     m.sink_tokens += std::min(s.length, M);
@@ -517,8 +601,41 @@ int StateCache::add_sequence() {
   return next_id_++;
 }
 
+void StateCache::add_sequence_with_id(int seq) {
+  TQ_CHECK(seq >= 0, "sequence ids are non-negative, got ", seq);
+  TQ_CHECK(!states_.count(seq), "sequence ", seq, " already exists in this state cache");
+  State s;
+  s.conv.assign(static_cast<size_t>(shape_.conv_channels) * std::max(0, shape_.conv_kernel - 1), 0.0f);
+  s.recurrent.assign(static_cast<size_t>(shape_.state_heads) * shape_.state_dk * shape_.state_dv, 0.0f);
+  states_.emplace(seq, std::move(s));
+}
+
 void StateCache::remove_sequence(int seq) {
   TQ_CHECK(states_.erase(seq) == 1, "no sequence ", seq, " in this state cache");
+}
+
+int StateCache::length(int seq) const {
+  auto it = states_.find(seq);
+  TQ_CHECK(it != states_.end(), "no sequence ", seq, " in this state cache");
+  return it->second.length;
+}
+
+void StateCache::advance(int seq, int n) {
+  TQ_CHECK(n >= 0, "a state cannot go back by ", -n, " positions");
+  state(seq).length += n;
+}
+
+void StateCache::fork_sequence(int parent, int child) {
+  TQ_CHECK(child >= 0, "sequence ids are non-negative, got ", child);
+  TQ_CHECK(!states_.count(child), "cannot fork sequence ", parent, " into ", child, ": sequence ", child, " already exists in this state cache");
+  State copy = state(parent);
+  states_.emplace(child, std::move(copy));
+}
+
+void StateCache::truncate(int seq, int length) {
+  const State& s = state(seq);
+  TQ_CHECK(length == s.length, "cannot truncate sequence ", seq, " from ", s.length, " to ", length,
+           " positions: a recurrent state holds no earlier positions to go back to");
 }
 
 StateCache::State& StateCache::state(int seq) {
@@ -532,6 +649,7 @@ void StateCache::reset(int seq) {
   State& s = state(seq);
   std::fill(s.conv.begin(), s.conv.end(), 0.0f);
   std::fill(s.recurrent.begin(), s.recurrent.end(), 0.0f);
+  s.length = 0;
 }
 
 // ------------------------------------------------------------------ prompt caches

@@ -58,23 +58,53 @@ struct Segment {
 
 struct MemoryUsage {
   int64_t sink_tokens = 0;       // positions held in the sink tier (all sequences)
-  int64_t main_tokens = 0;       // positions held in the main tier
+  int64_t main_tokens = 0;       // positions held in the main tier (a position forked sequences share counts for each)
   int64_t sink_bytes = 0;        // = sink_tokens * sink bytes per token
   int64_t main_bytes = 0;        // = main_tokens * main bytes per token
   int64_t allocated_bytes = 0;   // what the process holds for this cache (whole blocks, sink buffers)
   int64_t fp16_bytes = 0;        // what an FP16 cache of the same positions would take
+  int64_t blocks_in_use = 0;     // main-tier blocks held by sequences, each shared block once
+  int64_t blocks_shared = 0;     // of those, blocks that more than one (forked) sequence holds
+  int64_t block_bytes = 0;       // bytes of one block (all KV heads)
   int64_t bytes_in_use() const { return sink_bytes + main_bytes; }
+  MemoryUsage& operator+=(const MemoryUsage& o);
 };
 
 enum class LayerKind { full_attention, sliding_attention, linear_attention };
 
+// How many blocks appending would take, against what the pool can still hand out.
+struct SequenceGrowth {
+  int seq = 0;
+  int n = 0;  // positions to append
+};
+struct BlockDemand {
+  int64_t needed = 0;                // new blocks (and copies of shared blocks about to be written)
+  int64_t available = INT64_MAX;     // blocks the pool can still hand out (INT64_MAX: unbounded)
+  int64_t capacity = 0;              // the pool's bound in blocks (0: unbounded)
+  int64_t block_bytes = 0;
+};
+
+// One layer's cache for any number of sequences. Every layer of a model holds the same sequence ids;
+// the runtime (runtime/engine.h) keeps them in step.
 class LayerCache {
  public:
   virtual ~LayerCache() = default;
   virtual std::string describe() const = 0;
   virtual MemoryUsage memory() const = 0;
   virtual int add_sequence() = 0;
+  virtual void add_sequence_with_id(int seq) = 0;
   virtual void remove_sequence(int seq) = 0;
+  virtual bool has_sequence(int seq) const = 0;
+  virtual int length(int seq) const = 0;  // positions appended so far
+  // A new sequence `child` that holds what `parent` holds. KV caches share the parent's blocks, the one
+  // still filling included: a block is copied when either sequence first writes into it while the other
+  // still holds it (copy-on-write), so a fork costs no block until the sequences diverge.
+  virtual void fork_sequence(int parent, int child) = 0;
+  // Forgets positions [length, length(seq)): the next append goes to position `length`. Throws when the
+  // positions the next query needs are gone (a rotating cache's window, a recurrent state).
+  virtual void truncate(int seq, int length) = 0;
+  // What appending these positions would take from the block pool (nothing is changed).
+  virtual BlockDemand demand(const std::vector<SequenceGrowth>& growth) const = 0;
 };
 
 struct KVCacheOptions {
@@ -84,6 +114,7 @@ struct KVCacheOptions {
   KVType sink_type = KVType::f16;
   int window = 0;                 // > 0: rotating cache keeping at least the last `window` positions
   int block_tokens = kDefaultBlockTokens;
+  int64_t max_blocks = 0;         // main-tier blocks the cache may hold at once (0: no bound)
 };
 
 class KVCache final : public LayerCache {
@@ -99,16 +130,19 @@ class KVCache final : public LayerCache {
   std::string describe() const override;
 
   int add_sequence() override;
-  void add_sequence_with_id(int seq);
+  void add_sequence_with_id(int seq) override;
   // A sequence whose positions before `first` are gone (length `first`, none of them held): what a
   // rotating cache converted after it dropped positions continues from. No sink tier (min_tokens 0)
   // unless first is 0, since the sink tier's positions are among those gone.
   void add_sequence_from(int seq, int first);
   void remove_sequence(int seq) override;
-  bool has_sequence(int seq) const { return seqs_.count(seq) != 0; }
+  bool has_sequence(int seq) const override { return seqs_.count(seq) != 0; }
   std::vector<int> sequences() const;
-  int length(int seq) const;        // positions appended so far
-  int first_kept(int seq) const;    // oldest position still held (> 0 only for rotating caches)
+  int length(int seq) const override;  // positions appended so far
+  int first_kept(int seq) const;       // oldest position still held (> 0 only for rotating caches)
+  void fork_sequence(int parent, int child) override;
+  void truncate(int seq, int length) override;
+  BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override;
 
   // Appends n positions. k, v: [n][n_kv_heads][head_dim] floats, original domain.
   void append(int seq, const float* k, const float* v, int n);
@@ -140,7 +174,9 @@ class KVCache final : public LayerCache {
   };
   Sequence& seq_ref(int seq);
   const Sequence& seq_ref(int seq) const;
-  uint8_t* main_block(Sequence& s, int pos);  // allocates blocks up to pos
+  // The block that holds pos, to write into: allocates blocks up to pos, and copies a block that another
+  // sequence also holds first (copy-on-write).
+  uint8_t* main_block(Sequence& s, int pos);
   uint8_t* main_v_record(Sequence& s, int pos, int head);
   bool k_columns() const { return k_columns_; }
   void drop_out_of_window(Sequence& s, int next_pos);
@@ -169,7 +205,17 @@ class StateCache final : public LayerCache {
   std::string describe() const override;
   MemoryUsage memory() const override;
   int add_sequence() override;
+  void add_sequence_with_id(int seq) override;
   void remove_sequence(int seq) override;
+  bool has_sequence(int seq) const override { return states_.count(seq) != 0; }
+  int length(int seq) const override;
+  // Records that n more positions went into the state (the layer that updates it calls this).
+  void advance(int seq, int n);
+  // A copy of the parent's state: a recurrent state cannot be shared.
+  void fork_sequence(int parent, int child) override;
+  // Only to the current length: the state holds no earlier positions to go back to.
+  void truncate(int seq, int length) override;
+  BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override { return {}; }
   const StateShape& shape() const { return shape_; }
   float* conv_state(int seq);       // [conv_channels][conv_kernel - 1]
   float* recurrent_state(int seq);  // [state_heads][state_dk][state_dv]
@@ -178,6 +224,7 @@ class StateCache final : public LayerCache {
  private:
   struct State {
     std::vector<float> conv, recurrent;
+    int length = 0;
   };
   State& state(int seq);
   StateShape shape_;

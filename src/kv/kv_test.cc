@@ -529,6 +529,138 @@ TEST(PromptCache, ConvertsARotatingCacheThatDroppedPositions) {
   EXPECT_THROW(with_sinks.add_sequence_from(0, 100), Error);  // its sink tier would be gone
 }
 
+// Reads every position of a sequence (K and V, original domain): [length][2][H][D].
+std::vector<float> read_all(const KVCache& c, int seq) {
+  const size_t per = static_cast<size_t>(c.n_kv_heads()) * c.head_dim();
+  std::vector<float> out(static_cast<size_t>(c.length(seq)) * 2 * per);
+  for (int p = 0; p < c.length(seq); ++p) c.read(seq, p, out.data() + 2 * p * per, out.data() + (2 * p + 1) * per);
+  return out;
+}
+
+KVCacheOptions small_blocks(const VectorFormatSpec& spec, int min_tokens = 0) {
+  KVCacheOptions o;
+  o.k = o.v = spec;
+  o.block_tokens = 16;
+  o.min_tokens = min_tokens;
+  return o;
+}
+
+TEST(KVCache, ForkSharesBlocksAndCopiesOnWrite) {
+  for (const VectorFormatSpec& spec : {tq_spec(3), VectorFormatSpec{}}) {
+    KVCache c(2, 64, small_blocks(spec, 4));
+    const int parent = c.add_sequence();
+    const auto kv = gaussian(41 * 2 * 64 * 2, 7);
+    const float* k = kv.data();
+    const float* v = kv.data() + 41 * 2 * 64;
+    c.append(parent, k, v, 36);  // 4 sink positions, 2 full blocks of 16, none partial
+    c.append(parent, k + 36 * 128, v + 36 * 128, 2);  // a third block, partly filled
+    EXPECT_EQ(c.memory().blocks_in_use, 3);
+    c.fork_sequence(parent, 5);
+    // The child holds the same positions in the same blocks: none was allocated or copied.
+    EXPECT_EQ(c.length(5), 38);
+    EXPECT_EQ(c.memory().blocks_in_use, 3);
+    EXPECT_EQ(c.memory().blocks_shared, 3);
+    EXPECT_EQ(read_all(c, 5), read_all(c, parent));
+    // Appending to the child copies the partly filled block it shares (one more block), nothing else.
+    EXPECT_EQ(c.demand({{5, 1}}).needed, 1);
+    c.append(5, k + 38 * 128, v + 38 * 128, 1);
+    EXPECT_EQ(c.memory().blocks_in_use, 4);
+    EXPECT_EQ(c.memory().blocks_shared, 2);
+    // The parent owns its partial block alone now: appending writes in place.
+    EXPECT_EQ(c.demand({{parent, 1}}).needed, 0);
+    c.append(parent, k + 39 * 128, v + 39 * 128, 1);
+    EXPECT_EQ(c.memory().blocks_in_use, 4);
+    // They diverged at position 38; what came before is still the same.
+    const auto a = read_all(c, parent), b = read_all(c, 5);
+    const size_t per_pos = 2 * 2 * 64;
+    EXPECT_TRUE(std::equal(a.begin(), a.begin() + 38 * per_pos, b.begin()));
+    EXPECT_FALSE(std::equal(a.begin() + 38 * per_pos, a.end(), b.begin() + 38 * per_pos));
+    // Removing the parent leaves the child's positions intact and frees only the parent's own block.
+    c.remove_sequence(parent);
+    EXPECT_EQ(c.memory().blocks_in_use, 3);
+    EXPECT_EQ(c.memory().blocks_shared, 0);
+    EXPECT_EQ(read_all(c, 5), b);
+  }
+}
+
+TEST(KVCache, TruncateThenAppendEqualsNeverHavingAppended) {
+  for (const VectorFormatSpec& spec : {tq_spec(4), tq_spec(8), VectorFormatSpec{}}) {
+    const auto kv = gaussian(60 * 2 * 64 * 2, 11);
+    const float* k = kv.data();
+    const float* v = kv.data() + 60 * 2 * 64;
+    const auto other = gaussian(60 * 2 * 64 * 2, 12);
+    KVCache once(2, 64, small_blocks(spec, 3)), again(2, 64, small_blocks(spec, 3));
+    const int a = once.add_sequence(), b = again.add_sequence();
+    once.append(a, k, v, 50);
+    // `again` appends 20 positions, then 25 others it takes back, then the same 30 as `once`.
+    again.append(b, k, v, 20);
+    again.append(b, other.data(), other.data() + 60 * 128, 25);
+    EXPECT_EQ(again.memory().blocks_in_use, 3);
+    again.truncate(b, 20);
+    EXPECT_EQ(again.length(b), 20);
+    EXPECT_EQ(again.memory().blocks_in_use, 2);  // 3 sink positions, then positions 3..18 and 19
+    again.append(b, k + 20 * 128, v + 20 * 128, 30);
+    EXPECT_EQ(read_all(again, b), read_all(once, a));
+    // Back into the sink tier and up again.
+    again.truncate(b, 2);
+    EXPECT_EQ(again.memory().blocks_in_use, 0);
+    again.append(b, k + 2 * 128, v + 2 * 128, 48);
+    EXPECT_EQ(read_all(again, b), read_all(once, a));
+    expect_error_mentioning([&] { again.truncate(b, 51); }, "holds 50");
+    expect_error_mentioning([&] { again.truncate(b, -1); }, "cannot truncate");
+  }
+}
+
+TEST(KVCache, TruncatingARotatingCacheNeedsItsWindow) {
+  KVCacheOptions o = small_blocks(VectorFormatSpec{});
+  o.window = 20;
+  KVCache c(1, 64, o);
+  const int s = c.add_sequence();
+  const auto kv = gaussian(100 * 64 * 2, 3);
+  for (int p = 0; p < 100; ++p) c.append(s, kv.data() + p * 64, kv.data() + (100 + p) * 64, 1);
+  EXPECT_GT(c.first_kept(s), 0);
+  ASSERT_EQ(c.first_kept(s), 80);  // blocks of 16: 80..99 holds the last 20
+  c.truncate(s, 99);                // the next query sees 80..98, still held
+  expect_error_mentioning([&] { c.truncate(s, 90); }, "positions before 80 are no longer held (they left the sliding window)");
+}
+
+TEST(KVCache, ABoundedPoolSaysWhatAnAppendNeeds) {
+  KVCacheOptions o = small_blocks(tq_spec(3));
+  o.max_blocks = 2;
+  KVCache c(2, 64, o);
+  const int s = c.add_sequence(), t = c.add_sequence();
+  const auto kv = gaussian(40 * 2 * 64 * 2, 5);
+  const BlockDemand d = c.demand({{s, 20}, {t, 1}});
+  EXPECT_EQ(d.needed, 3);
+  EXPECT_EQ(d.available, 2);
+  EXPECT_EQ(d.capacity, 2);
+  c.append(s, kv.data(), kv.data() + 40 * 128, 20);
+  EXPECT_EQ(c.demand({{t, 1}}).available, 0);
+  expect_error_mentioning([&] { c.append(t, kv.data(), kv.data() + 40 * 128, 1); }, "the KV block pool is full");
+  c.remove_sequence(s);
+  EXPECT_EQ(c.demand({{t, 1}}).available, 2);
+}
+
+TEST(StateCache, ForkCopiesAndTruncateCannotGoBack) {
+  StateShape shape;
+  shape.conv_channels = 4;
+  shape.conv_kernel = 3;
+  shape.state_heads = 2;
+  shape.state_dk = 3;
+  shape.state_dv = 3;
+  StateCache c(shape);
+  const int s = c.add_sequence();
+  c.recurrent_state(s)[5] = 2.5f;
+  c.advance(s, 7);
+  c.fork_sequence(s, 9);
+  EXPECT_EQ(c.length(9), 7);
+  EXPECT_EQ(c.recurrent_state(9)[5], 2.5f);
+  c.recurrent_state(9)[5] = 1.0f;
+  EXPECT_EQ(c.recurrent_state(s)[5], 2.5f);
+  c.truncate(s, 7);
+  expect_error_mentioning([&] { c.truncate(s, 3); }, "a recurrent state holds no earlier positions");
+}
+
 TEST(KVCache, BadOptionsSayWhatIsWrong) {
   TurboQuantCacheOptions o;
   o.k_bits = 9;
