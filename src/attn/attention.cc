@@ -73,7 +73,7 @@ void attend_reference(const KVCache& cache, const AttentionRequest& r, const Att
     const int qpos = r.pos0 + i;
     for (int hq = 0; hq < s.n_heads; ++hq) {
       const int h = hq / s.group;
-      const float* q = r.q + (static_cast<size_t>(i) * s.n_heads + hq) * s.dim;
+      const float* q = r.q_row(i) + static_cast<size_t>(hq) * s.dim;
       std::vector<double> score(positions.size(), -INFINITY);
       double mx = p.sinks ? static_cast<double>(p.sinks[hq]) : -INFINITY;
       for (size_t t = 0; t < positions.size(); ++t) {
@@ -91,7 +91,7 @@ void attend_reference(const KVCache& cache, const AttentionRequest& r, const Att
         denom += w;
         for (int j = 0; j < s.dim; ++j) out[j] += w * values[t][static_cast<size_t>(h) * s.dim + j];
       }
-      float* o = r.out + (static_cast<size_t>(i) * s.n_heads + hq) * s.dim;
+      float* o = r.out_row(i) + static_cast<size_t>(hq) * s.dim;
       for (int j = 0; j < s.dim; ++j) o[j] = denom > 0 ? static_cast<float>(out[j] / denom) : 0.0f;
     }
   }
@@ -121,7 +121,7 @@ void attend_standard_head(const KVCache& cache, const AttentionRequest& r, const
   AlignedVector<float> scores(static_cast<size_t>(rows) * std::max(total, 1));     // [rows][total]
   for (int i = 0; i < r.n_q; ++i)
     for (int g = 0; g < s.group; ++g) {
-      const float* src = r.q + (static_cast<size_t>(i) * s.n_heads + h * s.group + g) * dim;
+      const float* src = r.q_row(i) + static_cast<size_t>(h * s.group + g) * dim;
       for (int j = 0; j < dim; ++j) q[static_cast<size_t>(i * s.group + g) * dim + j] = src[j] * s.scale;
     }
   attn_kernels::score_tile(q.data(), rows, keys.data(), total, dim, scores.data(), total);
@@ -143,7 +143,7 @@ void attend_standard_head(const KVCache& cache, const AttentionRequest& r, const
   attn_kernels::accumulate_tile(acc.data(), rows, scores.data(), total, values.data(), total, dim);
   for (int row = 0; row < rows; ++row) {
     const int i = row / s.group, hq = h * s.group + row % s.group;
-    float* o = r.out + (static_cast<size_t>(i) * s.n_heads + hq) * dim;
+    float* o = r.out_row(i) + static_cast<size_t>(hq) * dim;
     const float inv = denom[row] > 0 ? 1.0f / denom[row] : 0.0f;
     for (int j = 0; j < dim; ++j) o[j] = acc[static_cast<size_t>(row) * dim + j] * inv;
   }
@@ -375,7 +375,7 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     for (int h = 0; h < s.n_kv; ++h)
       for (int row = 0; row < rows; ++row) {
         const int i = row / s.group, hq = h * s.group + row % s.group;
-        const float* src = r.q + (static_cast<size_t>(i) * s.n_heads + hq) * dim;
+        const float* src = r.q_row(i) + static_cast<size_t>(hq) * dim;
         float* dst = plan.q_orig.data() + (static_cast<size_t>(h) * rows + row) * dim;
         for (int j = 0; j < dim; ++j) dst[j] = src[j] * s.scale;
       }
@@ -500,7 +500,7 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
           if (permuted) attn_kernels::unpermute_values(out_rot.data(), 1, dim);
           if (v_rot) v_rot->inverse(out_rot.data());
         }
-        float* o = r.out + (static_cast<size_t>(i) * s.n_heads + hq) * dim;
+        float* o = r.out_row(i) + static_cast<size_t>(hq) * dim;
         const float inv = l > 0 ? 1.0f / l : 0.0f;
         for (int j = 0; j < dim; ++j) o[j] = (out_orig[j] + out_rot[j]) * inv;
       }
@@ -518,8 +518,18 @@ std::string fused_unsupported_reason(const KVCache& cache, const AttentionParams
   return "";
 }
 
-void attend(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& params,
+void attend(const KVCache& cache, std::span<const AttentionRequest> given, const AttentionParams& params,
             AttentionPath path, ThreadPool& pool, AttentionStats* stats) {
+  // Row strides resolved once: 0 means rows side by side.
+  std::vector<AttentionRequest> resolved(given.begin(), given.end());
+  for (AttentionRequest& r : resolved) {
+    const size_t row = static_cast<size_t>(params.n_heads) * static_cast<size_t>(cache.head_dim());
+    if (r.q_stride == 0) r.q_stride = row;
+    if (r.out_stride == 0) r.out_stride = row;
+    TQ_CHECK(r.q_stride >= row && r.out_stride >= row, "attention rows of ", row, " floats cannot be ", r.q_stride, " (queries) or ",
+             r.out_stride, " (output) floats apart");
+  }
+  const std::span<const AttentionRequest> requests(resolved);
   const Shape s = check_and_shape(cache, requests, params);
   if (path == AttentionPath::fused) {
     const std::string why = fused_unsupported_reason(cache, params);

@@ -35,10 +35,15 @@ struct AttentionParams {
 
 struct AttentionRequest {
   int seq = 0;
-  const float* q = nullptr;  // [n_q][n_heads][head_dim]
+  const float* q = nullptr;  // [n_q][n_heads][head_dim], rows q_stride floats apart
   int n_q = 1;
   int pos0 = 0;
-  float* out = nullptr;      // [n_q][n_heads][head_dim]
+  float* out = nullptr;      // [n_q][n_heads][head_dim], rows out_stride floats apart
+  size_t q_stride = 0;       // 0: n_heads * head_dim (rows side by side)
+  size_t out_stride = 0;
+  // Query i's row, set up by attend() (the strides resolved).
+  const float* q_row(int i) const { return q + static_cast<size_t>(i) * q_stride; }
+  float* out_row(int i) const { return out + static_cast<size_t>(i) * out_stride; }
 };
 
 enum class AttentionPath { reference, standard, fused };

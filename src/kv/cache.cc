@@ -90,28 +90,52 @@ void KVCache::remove_sequence(int seq) {
   seqs_.erase(seq);
 }
 
-void KVCache::fork_sequence(int parent, int child) {
+void KVCache::fork_sequence(int parent, int child, bool copy) {
   const Sequence& p = seq_ref(parent);
   TQ_CHECK(child >= 0, "sequence ids are non-negative, got ", child);
   TQ_CHECK(!seqs_.count(child), "cannot fork sequence ", parent, " into ", child, ": sequence ", child, " already exists in this cache");
+  TQ_CHECK(!copy || static_cast<int64_t>(p.block_table.size()) <= pool_.blocks_available(), "cannot copy sequence ", parent, ": its ",
+           p.block_table.size(), " blocks are more than the ", pool_.blocks_available(), " the KV pool has free");
   Sequence c = p;  // the sink tier is per sequence (small): copied
-  for (int b : c.block_table) pool_.retain(b);
+  for (int& b : c.block_table) {
+    if (!copy) {
+      pool_.retain(b);
+      continue;
+    }
+    const int own = pool_.allocate();
+    std::memcpy(pool_.data(own), pool_.data(b), pool_.block_bytes());
+    b = own;
+  }
   seqs_.emplace(child, std::move(c));
 }
 
-void KVCache::truncate(int seq, int length) {
-  Sequence& s = seq_ref(seq);
-  TQ_CHECK(length >= 0 && length <= s.length, "cannot truncate sequence ", seq, " to ", length, " positions: it holds ", s.length);
-  if (length == s.length) return;
+std::string KVCache::truncate_problem(int seq, int length) const {
+  const Sequence& s = seq_ref(seq);
+  std::ostringstream os;
+  if (length < 0 || length > s.length) {
+    os << "cannot truncate sequence " << seq << " to " << length << " positions: it holds " << s.length;
+    return os.str();
+  }
   // The next query, at position `length`, sees the positions [length - window + 1, length) (all of them
   // without a window); those must still be held. Positions before first_block_pos that are not in the sink
   // tier are gone (a rotating cache dropped them, or the sequence was converted after it had).
   const int M = options_.min_tokens;
   const int oldest_needed = options_.window > 0 ? std::max(0, length - options_.window + 1) : 0;
   const int held_from = s.first_block_pos > M ? s.first_block_pos : 0;
-  TQ_CHECK(oldest_needed >= held_from || length <= M, "cannot truncate sequence ", seq, " to ", length,
-           " positions: positions before ", held_from, " are no longer held",
-           options_.window > 0 ? " (they left the sliding window)" : "", ", and the next position needs them from ", oldest_needed);
+  if (oldest_needed < held_from && length > M && length < s.length) {
+    os << "cannot truncate sequence " << seq << " to " << length << " positions: positions before " << held_from
+       << " are no longer held" << (options_.window > 0 ? " (they left the sliding window)" : "")
+       << ", and the next position needs them from " << oldest_needed;
+  }
+  return os.str();
+}
+
+void KVCache::truncate(int seq, int length) {
+  const std::string problem = truncate_problem(seq, length);
+  TQ_CHECK(problem.empty(), problem);
+  Sequence& s = seq_ref(seq);
+  if (length == s.length) return;
+  const int M = options_.min_tokens;
   const int T = options_.block_tokens;
   // Blocks that hold no position below `length` go back to the pool.
   while (!s.block_table.empty()) {
@@ -225,7 +249,12 @@ void Segment::decode_k(int head, int t, float* x) const {
   }
 }
 
-void KVCache::append(int seq, const float* k, const float* v, int n) {
+void KVCache::append(int seq, const float* k, const float* v, int n, size_t k_stride, size_t v_stride) {
+  const size_t row = static_cast<size_t>(n_kv_heads_) * static_cast<size_t>(head_dim_);
+  if (k_stride == 0) k_stride = row;
+  if (v_stride == 0) v_stride = row;
+  TQ_CHECK(k_stride >= row && v_stride >= row, "appended rows of ", row, " floats cannot be ", k_stride, " (keys) or ", v_stride,
+           " (values) floats apart");
   TQ_CHECK(n >= 0, "cannot append a negative number of positions");
   TQ_CHECK(n == 0 || (k != nullptr && v != nullptr), "append needs keys and values (got a null pointer)");
   Sequence& s = seq_ref(seq);
@@ -235,8 +264,8 @@ void KVCache::append(int seq, const float* k, const float* v, int n) {
   for (int i = 0; i < n; ++i) {
     const int pos = s.length;
     for (int h = 0; h < n_kv_heads_; ++h) {
-      const float* kh = k + (static_cast<size_t>(i) * n_kv_heads_ + h) * head_dim_;
-      const float* vh = v + (static_cast<size_t>(i) * n_kv_heads_ + h) * head_dim_;
+      const float* kh = k + static_cast<size_t>(i) * k_stride + static_cast<size_t>(h) * head_dim_;
+      const float* vh = v + static_cast<size_t>(i) * v_stride + static_cast<size_t>(h) * head_dim_;
       if (pos < M) {
         if (s.sink_k.empty()) {
           s.sink_k.resize(static_cast<size_t>(n_kv_heads_) * M * sink_rec);
@@ -614,6 +643,12 @@ void StateCache::remove_sequence(int seq) {
   TQ_CHECK(states_.erase(seq) == 1, "no sequence ", seq, " in this state cache");
 }
 
+std::vector<int> StateCache::sequences() const {
+  std::vector<int> ids;
+  for (const auto& [id, s] : states_) ids.push_back(id);
+  return ids;
+}
+
 int StateCache::length(int seq) const {
   auto it = states_.find(seq);
   TQ_CHECK(it != states_.end(), "no sequence ", seq, " in this state cache");
@@ -625,17 +660,25 @@ void StateCache::advance(int seq, int n) {
   state(seq).length += n;
 }
 
-void StateCache::fork_sequence(int parent, int child) {
+void StateCache::fork_sequence(int parent, int child, bool copy) {
   TQ_CHECK(child >= 0, "sequence ids are non-negative, got ", child);
   TQ_CHECK(!states_.count(child), "cannot fork sequence ", parent, " into ", child, ": sequence ", child, " already exists in this state cache");
-  State copy = state(parent);
-  states_.emplace(child, std::move(copy));
+  State child_state = state(parent);
+  states_.emplace(child, std::move(child_state));
+}
+
+std::string StateCache::truncate_problem(int seq, int length) const {
+  const int held = this->length(seq);
+  if (length == held) return "";
+  std::ostringstream os;
+  os << "cannot truncate sequence " << seq << " from " << held << " to " << length
+     << " positions: a recurrent state holds no earlier positions to go back to";
+  return os.str();
 }
 
 void StateCache::truncate(int seq, int length) {
-  const State& s = state(seq);
-  TQ_CHECK(length == s.length, "cannot truncate sequence ", seq, " from ", s.length, " to ", length,
-           " positions: a recurrent state holds no earlier positions to go back to");
+  const std::string problem = truncate_problem(seq, length);
+  TQ_CHECK(problem.empty(), problem);
 }
 
 StateCache::State& StateCache::state(int seq) {

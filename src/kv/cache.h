@@ -95,14 +95,18 @@ class LayerCache {
   virtual void add_sequence_with_id(int seq) = 0;
   virtual void remove_sequence(int seq) = 0;
   virtual bool has_sequence(int seq) const = 0;
+  virtual std::vector<int> sequences() const = 0;  // the ids held, in increasing order
   virtual int length(int seq) const = 0;  // positions appended so far
   // A new sequence `child` that holds what `parent` holds. KV caches share the parent's blocks, the one
   // still filling included: a block is copied when either sequence first writes into it while the other
-  // still holds it (copy-on-write), so a fork costs no block until the sequences diverge.
-  virtual void fork_sequence(int parent, int child) = 0;
+  // still holds it (copy-on-write), so a fork costs no block until the sequences diverge. With copy, the
+  // child gets copies of every block at once (what a benchmark of independent sequences wants).
+  virtual void fork_sequence(int parent, int child, bool copy = false) = 0;
   // Forgets positions [length, length(seq)): the next append goes to position `length`. Throws when the
   // positions the next query needs are gone (a rotating cache's window, a recurrent state).
   virtual void truncate(int seq, int length) = 0;
+  // Why truncate(seq, length) would throw, or "" when it would not (nothing is changed).
+  virtual std::string truncate_problem(int seq, int length) const = 0;
   // What appending these positions would take from the block pool (nothing is changed).
   virtual BlockDemand demand(const std::vector<SequenceGrowth>& growth) const = 0;
 };
@@ -137,15 +141,17 @@ class KVCache final : public LayerCache {
   void add_sequence_from(int seq, int first);
   void remove_sequence(int seq) override;
   bool has_sequence(int seq) const override { return seqs_.count(seq) != 0; }
-  std::vector<int> sequences() const;
+  std::vector<int> sequences() const override;
   int length(int seq) const override;  // positions appended so far
   int first_kept(int seq) const;       // oldest position still held (> 0 only for rotating caches)
-  void fork_sequence(int parent, int child) override;
+  void fork_sequence(int parent, int child, bool copy = false) override;
   void truncate(int seq, int length) override;
+  std::string truncate_problem(int seq, int length) const override;
   BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override;
 
-  // Appends n positions. k, v: [n][n_kv_heads][head_dim] floats, original domain.
-  void append(int seq, const float* k, const float* v, int n);
+  // Appends n positions. k, v: [n][n_kv_heads][head_dim] floats, original domain, position i's row at
+  // k + i * k_stride (0: rows side by side), likewise v.
+  void append(int seq, const float* k, const float* v, int n, size_t k_stride = 0, size_t v_stride = 0);
 
   // The stored positions of a sequence, oldest first: sink tier, then main-tier blocks.
   void segments(int seq, std::vector<Segment>& out) const;
@@ -208,13 +214,15 @@ class StateCache final : public LayerCache {
   void add_sequence_with_id(int seq) override;
   void remove_sequence(int seq) override;
   bool has_sequence(int seq) const override { return states_.count(seq) != 0; }
+  std::vector<int> sequences() const override;
   int length(int seq) const override;
   // Records that n more positions went into the state (the layer that updates it calls this).
   void advance(int seq, int n);
   // A copy of the parent's state: a recurrent state cannot be shared.
-  void fork_sequence(int parent, int child) override;
+  void fork_sequence(int parent, int child, bool copy = false) override;
   // Only to the current length: the state holds no earlier positions to go back to.
   void truncate(int seq, int length) override;
+  std::string truncate_problem(int seq, int length) const override;
   BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override { return {}; }
   const StateShape& shape() const { return shape_; }
   float* conv_state(int seq);       // [conv_channels][conv_kernel - 1]

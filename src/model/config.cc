@@ -21,14 +21,14 @@ namespace fs = std::filesystem;
 struct ArchInfo {
   const char* hf_class;
   const char* model_type;
-  Architecture arch;
+  ModelArch arch;
   int64_t default_max_positions;  // the transformers config class's default
 };
 constexpr ArchInfo kArchs[] = {
-    {"LlamaForCausalLM", "llama", Architecture::llama, 2048},
-    {"MistralForCausalLM", "mistral", Architecture::mistral, 4096 * 32},
-    {"Qwen2ForCausalLM", "qwen2", Architecture::qwen2, 32768},
-    {"Qwen3ForCausalLM", "qwen3", Architecture::qwen3, 32768},
+    {"LlamaForCausalLM", "llama", ModelArch::llama, 2048},
+    {"MistralForCausalLM", "mistral", ModelArch::mistral, 4096 * 32},
+    {"Qwen2ForCausalLM", "qwen2", ModelArch::qwen2, 32768},
+    {"Qwen3ForCausalLM", "qwen3", ModelArch::qwen3, 32768},
 };
 
 // Typed reads from one JSON object; every message names the file and the key. A key whose value is
@@ -203,12 +203,12 @@ void check_dimensions(ModelConfig& c) {
 
 }  // namespace
 
-const char* architecture_name(Architecture a) {
+const char* architecture_name(ModelArch a) {
   switch (a) {
-    case Architecture::llama: return "llama";
-    case Architecture::mistral: return "mistral";
-    case Architecture::qwen2: return "qwen2";
-    case Architecture::qwen3: return "qwen3";
+    case ModelArch::llama: return "llama";
+    case ModelArch::mistral: return "mistral";
+    case ModelArch::qwen2: return "qwen2";
+    case ModelArch::qwen3: return "qwen3";
   }
   return "?";
 }
@@ -294,16 +294,16 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
 
   const bool attention_bias = f.opt_bool("attention_bias").value_or(false);
   switch (c.arch) {
-    case Architecture::llama:
+    case ModelArch::llama:
       c.qkv_bias = c.o_bias = attention_bias;
       c.mlp_bias = f.opt_bool("mlp_bias").value_or(false);
       break;
-    case Architecture::mistral:
+    case ModelArch::mistral:
       break;  // MistralAttention has no biases
-    case Architecture::qwen2:
+    case ModelArch::qwen2:
       c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o without
       break;
-    case Architecture::qwen3:
+    case ModelArch::qwen3:
       c.qkv_bias = c.o_bias = attention_bias;
       c.qk_norm = true;
       break;
@@ -312,10 +312,10 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   // Sliding windows: Mistral applies sliding_window (when not null) to every layer; Qwen only when
   // use_sliding_window is true, to the layers that layer_types (or max_window_layers) says.
   const std::optional<int64_t> window = f.opt_int("sliding_window");
-  if (c.arch == Architecture::mistral && window) {
+  if (c.arch == ModelArch::mistral && window) {
     c.sliding_window = window;
     c.sliding_layers.assign(c.num_hidden_layers, true);
-  } else if ((c.arch == Architecture::qwen2 || c.arch == Architecture::qwen3) &&
+  } else if ((c.arch == ModelArch::qwen2 || c.arch == ModelArch::qwen3) &&
              f.opt_bool("use_sliding_window").value_or(false)) {
     TQ_CHECK(window && *window > 0, "'", source, "': use_sliding_window is true but sliding_window is not a positive size");
     c.sliding_window = window;
@@ -358,14 +358,14 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   TQ_CHECK(g.has("general.architecture"), "'", g.path(), "': metadata general.architecture is missing");
   const std::string arch = g.get_string("general.architecture");
   if (arch == "llama") {
-    c.arch = Architecture::llama;
+    c.arch = ModelArch::llama;
     c.rope_layout = RopeLayout::interleaved;  // see gguf.h: llama.cpp permutes Q/K for interleaved pairs
   } else if (arch == "qwen2") {
-    c.arch = Architecture::qwen2;
+    c.arch = ModelArch::qwen2;
     c.rope_layout = RopeLayout::rotate_half;
     c.qkv_bias = true;
   } else if (arch == "qwen3") {
-    c.arch = Architecture::qwen3;
+    c.arch = ModelArch::qwen3;
     c.rope_layout = RopeLayout::rotate_half;
     c.qk_norm = true;
   } else {
@@ -422,12 +422,12 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   }
   TQ_CHECK(c.vocab_size > 0, "'", g.path(), "': empty vocabulary");
   c.tie_word_embeddings = !g.tensors().contains("output.weight");
-  if (c.arch == Architecture::llama) {
+  if (c.arch == ModelArch::llama) {
     // llama.cpp's llama graph adds biases when the tensors exist.
     c.qkv_bias = g.tensors().contains("blk.0.attn_q.bias");
     c.o_bias = g.tensors().contains("blk.0.attn_output.bias");
   }
-  if (c.arch == Architecture::qwen3) c.o_bias = g.tensors().contains("blk.0.attn_output.bias");
+  if (c.arch == ModelArch::qwen3) c.o_bias = g.tensors().contains("blk.0.attn_output.bias");
 
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!g.has(key)) return std::nullopt;

@@ -12,8 +12,8 @@ namespace tq {
 
 class GgufFile;
 
-enum class Architecture { llama, mistral, qwen2, qwen3 };
-const char* architecture_name(Architecture a);  // "llama", "mistral", "qwen2", "qwen3"
+enum class ModelArch { llama, mistral, qwen2, qwen3 };
+const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qwen3"
 
 // How RoPE pairs the coordinates of a head of dimension d (rotating the first rope_dim of them):
 //   rotate_half: (x[i], x[i + rope_dim/2])  - Hugging Face checkpoints (and Qwen GGUFs)
@@ -37,7 +37,7 @@ struct RopeScaling {
 
 struct ModelConfig {
   std::string source;             // config.json or .gguf path, for messages
-  Architecture arch = Architecture::llama;
+  ModelArch arch = ModelArch::llama;
   std::string architecture_class; // "LlamaForCausalLM", ... (HF), or "gguf:llama"
 
   int64_t hidden_size = 0;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "runtime/test_engine.h"
 
 namespace tq {
 namespace {
@@ -19,23 +19,19 @@ class Golden : public testing::TestWithParam<std::string> {};
 TEST_P(Golden, LogitsMatchTransformers) {
   const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden/" + GetParam();
   const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
-  const auto model = LlamaModel::open(dir);
-  const int V = static_cast<int>(model->vocab_size());
   for (int threads : {1, 2}) {
-    ThreadPool pool(threads);
+    testing_util::CpuModel cpu(dir, threads);
+    Model& model = *cpu.model;
+    const int V = static_cast<int>(model.vocab_size());
     for (const auto& prompt : golden["prompts"]) {
       const auto ids = prompt["ids"].get<std::vector<int32_t>>();
       const int n = static_cast<int>(ids.size());
       // All positions in one pass (prompt processing)...
-      auto caches = make_prompt_cache(model->layer_specs(), KVType::f32);
-      for (auto& c : caches) c->add_sequence();
-      std::vector<float> logits(static_cast<size_t>(n) * V);
-      model->forward(ids.data(), n, 0, caches, 0, logits.data(), true, pool);
+      auto engine = testing_util::dense_engine(model, "f32");
+      const auto logits = testing_util::feed_all(*engine, engine->add_sequence(), ids, ids.size());
       // ...and one token at a time (decode), against the same reference.
-      auto step_caches = make_prompt_cache(model->layer_specs(), KVType::f32);
-      for (auto& c : step_caches) c->add_sequence();
-      std::vector<float> step(static_cast<size_t>(n) * V);
-      for (int i = 0; i < n; ++i) model->forward(&ids[i], 1, i, step_caches, 0, step.data() + static_cast<size_t>(i) * V, false, pool);
+      auto step_engine = testing_util::dense_engine(model, "f32");
+      const auto step = testing_util::feed_all(*step_engine, step_engine->add_sequence(), ids, 1);
       for (int i = 0; i < n; ++i) {
         const auto& want = prompt["logits"][i];
         double max_abs = 0, err_batch = 0, err_step = 0;

@@ -1,9 +1,5 @@
 #include "model/llama.h"
 
-#include <algorithm>
-#include <cmath>
-
-#include "core/aligned.h"
 #include "core/error.h"
 
 namespace tq {
@@ -24,42 +20,68 @@ ops::WeightView view(const TensorView* t) {
   return ops::WeightView::dense(to_ops(t->dtype), t->data, t->shape.size() == 1 ? 1 : t->rows(), t->row_length());
 }
 
-std::vector<float> floats(const TensorView* t) { return t ? read_tensor_f32(*t) : std::vector<float>(); }
+// The float values of the tensors, one after another (stacked biases); empty when all are absent.
+std::vector<float> floats(std::initializer_list<const TensorView*> tensors) {
+  std::vector<float> out;
+  for (const TensorView* t : tensors) {
+    if (!t) continue;
+    const std::vector<float> v = read_tensor_f32(*t);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+DeviceVector upload(Device& dev, std::initializer_list<const TensorView*> tensors) {
+  const std::vector<float> v = floats(tensors);
+  return v.empty() ? DeviceVector{} : dev.vector(v);
+}
 
 }  // namespace
 
-LlamaModel::LlamaModel(ModelFiles files) : files_(std::move(files)) {
-  const ModelConfig& c = files_.config;
-  const ModelWeights& w = files_.weights;
-  embed_ = view(w.embed);
-  lm_head_ = view(w.lm_head);
-  final_norm_ = floats(w.final_norm);
+Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = files.weights;
+  hidden_ = static_cast<int>(c.hidden_size);
+  inter_ = static_cast<int>(c.intermediate_size);
+  n_heads_ = static_cast<int>(c.num_attention_heads);
+  n_kv_ = static_cast<int>(c.num_key_value_heads);
+  head_dim_ = static_cast<int>(c.head_dim);
+  q_dim_ = n_heads_ * head_dim_;
+  kv_dim_ = n_kv_ * head_dim_;
+  eps_ = static_cast<float>(c.rms_norm_eps);
+  TQ_CHECK(c.hidden_act == "silu", files.path, ": hidden_act ", c.hidden_act, " is not supported (silu only)");
+  TQ_CHECK(!c.rope_freq_factors, files.path, ": RoPE frequency factors stored as a tensor (rope_freqs.weight) are not supported yet");
+
+  embed_ = dev.linear(view(w.embed), "embed_tokens");
+  lm_head_ = w.lm_head == w.embed ? embed_ : dev.linear(view(w.lm_head), "lm_head");
+  final_norm_ = upload(dev, {w.final_norm});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     Layer L;
-    L.wq = view(lw.wq);
-    L.wk = view(lw.wk);
-    L.wv = view(lw.wv);
-    L.wo = view(lw.wo);
-    L.w_gate = view(lw.w_gate);
-    L.w_up = view(lw.w_up);
-    L.w_down = view(lw.w_down);
-    L.attn_norm = floats(lw.attn_norm);
-    L.ffn_norm = floats(lw.ffn_norm);
-    L.q_norm = floats(lw.q_norm);
-    L.k_norm = floats(lw.k_norm);
-    L.bq = floats(lw.bq);
-    L.bk = floats(lw.bk);
-    L.bv = floats(lw.bv);
-    L.bo = floats(lw.bo);
-    L.b_gate = floats(lw.b_gate);
-    L.b_up = floats(lw.b_up);
-    L.b_down = floats(lw.b_down);
-    if (c.uses_sliding_window(l) && c.sliding_window) L.window = static_cast<int>(*c.sliding_window);
-    layers_.push_back(std::move(L));
+    L.attn_norm = upload(dev, {lw.attn_norm});
+    L.ffn_norm = upload(dev, {lw.ffn_norm});
+    L.q_norm = upload(dev, {lw.q_norm});
+    L.k_norm = upload(dev, {lw.k_norm});
+    const ops::WeightView qkv[] = {view(lw.wq), view(lw.wk), view(lw.wv)};
+    L.wqkv = dev.linear(qkv, "q/k/v_proj");
+    L.bqkv = upload(dev, {lw.bq, lw.bk, lw.bv});
+    L.wo = dev.linear(view(lw.wo), "o_proj");
+    L.bo = upload(dev, {lw.bo});
+    const ops::WeightView gate_up[] = {view(lw.w_gate), view(lw.w_up)};
+    L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
+    L.b_gate_up = upload(dev, {lw.b_gate, lw.b_up});
+    L.w_down = dev.linear(view(lw.w_down), "down_proj");
+    L.b_down = upload(dev, {lw.b_down});
+    TQ_CHECK(L.bqkv.empty() || L.bqkv.size == L.wqkv.rows, files.path, ": layer ", l, " has biases on some of q/k/v_proj only");
+    TQ_CHECK(L.b_gate_up.empty() || L.b_gate_up.size == L.w_gate_up.rows, files.path, ": layer ", l,
+             " has a bias on one of gate/up_proj only");
+    L.attention.n_heads = n_heads_;
+    if (c.uses_sliding_window(l) && c.sliding_window) L.attention.window = static_cast<int>(*c.sliding_window);
+    layers_.push_back(L);
   }
+
   ops::RopeConfig rc;
-  rc.head_dim = static_cast<int>(c.head_dim);
+  rc.head_dim = head_dim_;
   rc.rotary_dim = static_cast<int>(c.rope_dim > 0 ? c.rope_dim : c.head_dim);
   rc.theta = c.rope_theta;
   rc.layout = c.rope_layout == RopeLayout::interleaved ? ops::RopeLayout::interleaved : ops::RopeLayout::rotate_half;
@@ -70,122 +92,69 @@ LlamaModel::LlamaModel(ModelFiles files) : files_(std::move(files)) {
     rc.llama3_scaling.high_freq_factor = c.rope_scaling.high_freq_factor;
     rc.llama3_scaling.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
   }
-  TQ_CHECK(!c.rope_freq_factors, files_.path, ": RoPE frequency factors stored as a tensor (rope_freqs.weight) are not supported yet");
-  rope_ = std::make_unique<ops::RopeTable>(rc);
+  rope_ = dev.rope_table(rc);
 }
 
-std::unique_ptr<LlamaModel> LlamaModel::open(const std::string& path) {
-  return std::make_unique<LlamaModel>(open_model(path));
-}
-
-std::string LlamaModel::weights_dtype() const { return ops::dtype_name(layers_.empty() ? embed_.dtype : layers_[0].wq.dtype); }
-
-size_t LlamaModel::weight_bytes() const {
-  size_t bytes = 0;
-  for (const TensorView& t : files_.tensors().all()) bytes += t.nbytes;
-  return bytes;
-}
-
-std::vector<LayerSpec> LlamaModel::layer_specs() const {
-  const ModelConfig& c = files_.config;
-  std::vector<LayerSpec> specs(c.num_hidden_layers);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    specs[l].n_kv_heads = static_cast<int>(c.num_key_value_heads);
-    specs[l].head_dim = static_cast<int>(c.head_dim);
-    if (layers_[l].window > 0) {
+std::vector<LayerSpec> Llama::layer_specs() const {
+  std::vector<LayerSpec> specs(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    specs[l].n_kv_heads = n_kv_;
+    specs[l].head_dim = head_dim_;
+    if (layers_[l].attention.window > 0) {
       specs[l].kind = LayerKind::sliding_attention;
-      specs[l].window = layers_[l].window;
+      specs[l].window = layers_[l].attention.window;
     }
   }
   return specs;
 }
 
-void LlamaModel::forward(const int32_t* tokens, int n, int pos0, PromptCache& caches, int seq, float* logits,
-                         bool all_logits, ThreadPool& pool, std::vector<LayerAttentionReport>* report) const {
-  const ModelConfig& c = files_.config;
-  const int H = static_cast<int>(c.hidden_size), I = static_cast<int>(c.intermediate_size);
-  const int n_heads = static_cast<int>(c.num_attention_heads), n_kv = static_cast<int>(c.num_key_value_heads);
-  const int hd = static_cast<int>(c.head_dim), q_dim = n_heads * hd, kv_dim = n_kv * hd;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  TQ_CHECK(n >= 1, "forward needs at least one token");
-  TQ_CHECK(caches.size() == layers_.size(), "the prompt cache has ", caches.size(), " layers, the model ", layers_.size());
-  const int64_t limit = position_limit_ > 0 ? position_limit_ : c.max_position_embeddings;
-  TQ_CHECK(pos0 + n <= limit || limit <= 0, "positions up to ", pos0 + n, " exceed the model's context of ", limit, " tokens");
-  for (int i = 0; i < n; ++i) {
-    TQ_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i], " is outside the vocabulary (", c.vocab_size, ")");
-  }
-  if (report) report->resize(layers_.size());
+void Llama::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const {
+  TQ_CHECK(caches.size() == layers_.size(), "the model has ", layers_.size(), " layers, its caches ", caches.size());
+  const int n = dev.step().rows();
+  const ActType mm = dev.matmul_input();
+  const Tensor x = dev.scratch(n, hidden_);                     // [n][hidden]: the residual stream
+  const Tensor h = dev.scratch(n, hidden_, mm);                 // [n][hidden]: a block's normed input
+  const Tensor qkv = dev.scratch(n, q_dim_ + 2 * kv_dim_);      // [n][q | k | v]
+  const Tensor q = qkv.columns(0, q_dim_);                      // [n][heads][head_dim]
+  const Tensor k = qkv.columns(q_dim_, kv_dim_);                // [n][kv_heads][head_dim]
+  const Tensor v = qkv.columns(q_dim_ + kv_dim_, kv_dim_);      // [n][kv_heads][head_dim]
+  const Tensor att = dev.scratch(n, q_dim_);                    // [n][heads][head_dim]
+  const Tensor gate_up = dev.scratch(n, 2 * inter_);            // [n][gate | up]
+  const Tensor act = dev.scratch(n, inter_, mm);                // [n][intermediate]
 
-  AlignedVector<float> x(static_cast<size_t>(n) * H), h(x.size());           // [n][hidden]
-  AlignedVector<float> q(static_cast<size_t>(n) * q_dim), att(q.size());     // [n][heads * head_dim]
-  AlignedVector<float> k(static_cast<size_t>(n) * kv_dim), v(k.size());      // [n][kv_heads * head_dim]
-  AlignedVector<float> gate(static_cast<size_t>(n) * I), up(gate.size());    // [n][intermediate]
-  AlignedVector<float> proj(x.size());                                       // [n][hidden]
-
-  auto linear = [&](const ops::WeightView& w, const float* in, float* out, const std::vector<float>& bias) {
-    const float* b = bias.empty() ? nullptr : bias.data();
-    if (n == 1) {
-      ops::matvec(w, in, out, pool, b);
-    } else {
-      ops::matmul(w, in, static_cast<size_t>(n), out, pool, b);
-    }
-  };
-
-  for (int i = 0; i < n; ++i) ops::weight_row(embed_, tokens[i], x.data() + static_cast<size_t>(i) * H);
-
+  dev.embed(embed_, x);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    auto* cache = dynamic_cast<KVCache*>(caches[l].get());
-    TQ_CHECK(cache != nullptr, "layer ", l, " needs a KV cache");
-    ops::rms_norm_rows(x.data(), L.attn_norm.data(), eps, n, H, h.data());
-    linear(L.wq, h.data(), q.data(), L.bq);
-    linear(L.wk, h.data(), k.data(), L.bk);
-    linear(L.wv, h.data(), v.data(), L.bv);
+    LayerCache& cache = *caches[l];
+    // x += Wo . attention(rope(Wq h), rope(Wk h), Wv h),  h = RMSNorm(x) * attn_norm
+    dev.rms_norm(x, L.attn_norm, eps_, h);
+    dev.matmul(L.wqkv, h, qkv, L.bqkv);
     if (!L.q_norm.empty()) {
-      ops::rms_norm_rows(q.data(), L.q_norm.data(), eps, static_cast<size_t>(n) * n_heads, hd, q.data());
-      ops::rms_norm_rows(k.data(), L.k_norm.data(), eps, static_cast<size_t>(n) * n_kv, hd, k.data());
+      dev.rms_norm(q, L.q_norm, eps_, q);
+      dev.rms_norm(k, L.k_norm, eps_, k);
     }
-    for (int i = 0; i < n; ++i) {
-      rope_->apply(q.data() + static_cast<size_t>(i) * q_dim, n_heads, pos0 + i);
-      rope_->apply(k.data() + static_cast<size_t>(i) * kv_dim, n_kv, pos0 + i);
-    }
-    TQ_CHECK(cache->length(seq) == pos0, "layer ", l, " cache holds ", cache->length(seq), " positions, expected ", pos0);
-    cache->append(seq, k.data(), v.data(), n);
-    AttentionParams p;
-    p.n_heads = n_heads;
-    p.window = L.window;
-    // A dense cache has nothing to expand: the block kernel reads it directly whatever the setting. A
-    // cache with either side compressed takes the path the settings chose (K f16 with V TurboQuant too).
-    const bool dense = is_dense(cache->k_format().type()) && is_dense(cache->v_format().type());
-    const AttentionPath path = cache->fused() || dense ? AttentionPath::fused : AttentionPath::standard;
-    AttentionRequest r{seq, q.data(), n, pos0, att.data()};
-    AttentionStats* stats = report ? &(*report)[l].stats : nullptr;
-    attend(*cache, {&r, 1}, p, path, pool, stats);
-    if (report) (*report)[l].cache = cache->describe();
-    linear(L.wo, att.data(), proj.data(), L.bo);
-    ops::add(x.data(), proj.data(), x.data(), x.size());
-
-    ops::rms_norm_rows(x.data(), L.ffn_norm.data(), eps, n, H, h.data());
-    linear(L.w_gate, h.data(), gate.data(), L.b_gate);
-    linear(L.w_up, h.data(), up.data(), L.b_up);
-    ops::swiglu(gate.data(), up.data(), gate.data(), gate.size());
-    // down projection: [n][intermediate] -> [n][hidden]
-    if (n == 1) {
-      ops::matvec(L.w_down, gate.data(), proj.data(), pool, L.b_down.empty() ? nullptr : L.b_down.data());
-    } else {
-      ops::matmul(L.w_down, gate.data(), static_cast<size_t>(n), proj.data(), pool, L.b_down.empty() ? nullptr : L.b_down.data());
-    }
-    ops::add(x.data(), proj.data(), x.data(), x.size());
+    dev.rope(rope_, q, n_heads_);
+    dev.rope(rope_, k, n_kv_);
+    dev.append_kv(cache, k, v);
+    dev.attention(cache, q, att, L.attention, attention ? &(*attention)[l] : nullptr);
+    dev.matmul(L.wo, att, x, L.bo, /*accumulate=*/true);
+    // x += Wdown . (silu(Wgate h) * (Wup h)),  h = RMSNorm(x) * ffn_norm
+    dev.rms_norm(x, L.ffn_norm, eps_, h);
+    dev.matmul(L.w_gate_up, h, gate_up, L.b_gate_up);
+    dev.swiglu(gate_up.columns(0, inter_), gate_up.columns(inter_, inter_), act);
+    dev.matmul(L.w_down, act, x, L.b_down, /*accumulate=*/true);
   }
 
-  const int first = all_logits ? 0 : n - 1;
-  const int rows = n - first;
-  ops::rms_norm_rows(x.data() + static_cast<size_t>(first) * H, final_norm_.data(), eps, rows, H, h.data());
-  if (rows == 1) {
-    ops::matvec(lm_head_, h.data(), logits, pool);
-  } else {
-    ops::matmul(lm_head_, h.data(), static_cast<size_t>(rows), logits, pool);
-  }
+  // logits = (RMSNorm(x) * final_norm) . Wlm^T, for the rows asked for
+  const int m = static_cast<int>(dev.step().output_rows.size());
+  if (m == 0) return;
+  const Tensor last = dev.scratch(m, hidden_);      // [m][hidden]
+  const Tensor last_h = dev.scratch(m, hidden_, mm);  // [m][hidden]
+  const Tensor logits = dev.scratch(m, config_.vocab_size);  // [m][vocab]
+  dev.gather_output_rows(x, last);
+  dev.rms_norm(last, final_norm_, eps_, last_h);
+  dev.matmul(lm_head_, last_h, logits);
+  dev.set_logits(logits);
 }
 
 }  // namespace tq

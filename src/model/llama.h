@@ -1,76 +1,52 @@
-// The Llama family (Llama 1/2/3, Mistral, Qwen2, Qwen3) on the CPU.
+// The Llama family (Llama 1/2/3, Mistral, Qwen2, Qwen3), for every device.
 //
-// Per layer l, for the tokens x [n][hidden] at positions pos0 .. pos0 + n - 1:
+// Per layer l, for the batch's rows x [n][hidden] (each at its sequence's position):
 //   h = RMSNorm(x) * attn_norm
 //   q = h Wq^T (+ bq), k = h Wk^T (+ bk), v = h Wv^T (+ bv)      [n][heads|kv_heads][head_dim]
-//   q, k = RMSNorm per head (Qwen3 only), then RoPE at each token's position
+//   q, k = RMSNorm per head (Qwen3 only), then RoPE at each row's position
 //   append k, v to layer l's cache; a = attention(q, cache) (causal, GQA, optional sliding window)
 //   x = x + a Wo^T (+ bo)
 //   h = RMSNorm(x) * ffn_norm
 //   x = x + (silu(h Wgate^T) * (h Wup^T)) Wdown^T
-// logits = RMSNorm(x) * final_norm  Wlm^T.
+// logits = RMSNorm(x) * final_norm  Wlm^T, for the rows whose logits are asked for.
 #pragma once
 
-#include <memory>
-#include <string>
 #include <vector>
 
-#include "attn/attention.h"
-#include "core/thread_pool.h"
-#include "kv/cache.h"
-#include "model/loader.h"
-#include "ops/ops.h"
+#include "model/architecture.h"
 
 namespace tq {
 
-// Which attention path each layer ran, counted over the calls (reported by the tools).
-struct LayerAttentionReport {
-  std::string cache;  // the cache's description
-  AttentionStats stats;
-};
-
-class LlamaModel {
+class Llama final : public Architecture {
  public:
-  explicit LlamaModel(ModelFiles files);
-  static std::unique_ptr<LlamaModel> open(const std::string& path);
+  Llama(const ModelFiles& files, Device& device);
 
-  const ModelConfig& config() const { return files_.config; }
-  const ModelFiles& files() const { return files_; }
-  int64_t vocab_size() const { return files_.config.vocab_size; }
-  std::string weights_dtype() const;
-  size_t weight_bytes() const;
-
-  // Positions beyond the model's max_position_embeddings are refused unless the limit is raised
-  // (benchmarks at depth; RoPE itself has no limit, the model's quality does).
-  void set_position_limit(int64_t limit) { position_limit_ = limit; }
-  int64_t position_limit() const { return position_limit_; }
-
-  // The RoPE frequencies the forward pass uses (the GPU model uploads inv_freq()).
-  const ops::RopeTable& rope() const { return *rope_; }
-
-  // One cache per layer, as make_prompt_cache builds them (sliding-window layers get rotating caches).
-  std::vector<LayerSpec> layer_specs() const;
-
-  // Runs tokens[0 .. n) of sequence `seq` at positions pos0 .. pos0 + n - 1, appending their keys
-  // and values to the caches. logits: [n][vocab] when all_logits, else [vocab] for the last token.
-  // Caches marked fused (and all dense caches) use the fused attention path, the others the
-  // standard path; `report` (one per layer, optional) counts what ran.
-  void forward(const int32_t* tokens, int n, int pos0, PromptCache& caches, int seq, float* logits, bool all_logits,
-               ThreadPool& pool, std::vector<LayerAttentionReport>* report = nullptr) const;
+  const ModelConfig& config() const override { return config_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  std::vector<LayerSpec> layer_specs() const override;
+  void forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const override;
 
  private:
   struct Layer {
-    ops::WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
-    std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;  // [hidden] / [head_dim]
-    std::vector<float> bq, bk, bv, bo, b_gate, b_up, b_down; // empty when absent
-    int window = 0;                                          // sliding window, 0 = full attention
+    DeviceVector attn_norm, ffn_norm;  // [hidden]
+    DeviceVector q_norm, k_norm;       // [head_dim] (Qwen3)
+    Linear wqkv;                       // [q_dim + 2 kv_dim][hidden]: Wq, Wk, Wv stacked (one input)
+    DeviceVector bqkv;                 // [q_dim + 2 kv_dim] (Qwen2, Llama with attention_bias)
+    Linear wo;                         // [hidden][q_dim]
+    DeviceVector bo;                   // [hidden]
+    Linear w_gate_up;                  // [2 intermediate][hidden]: Wgate, Wup stacked
+    DeviceVector b_gate_up;            // [2 intermediate] (mlp_bias)
+    Linear w_down;                     // [hidden][intermediate]
+    DeviceVector b_down;               // [hidden]
+    AttentionParams attention;         // heads, sliding window
   };
-  ModelFiles files_;
+  ModelConfig config_;
+  int hidden_ = 0, inter_ = 0, n_heads_ = 0, n_kv_ = 0, head_dim_ = 0, q_dim_ = 0, kv_dim_ = 0;
+  float eps_ = 0;
   std::vector<Layer> layers_;
-  ops::WeightView embed_, lm_head_;
-  std::vector<float> final_norm_;
-  std::unique_ptr<ops::RopeTable> rope_;
-  int64_t position_limit_ = 0;  // 0: the config's max_position_embeddings
+  Linear embed_, lm_head_;  // [vocab][hidden] (the same matrix when tied)
+  DeviceVector final_norm_;  // [hidden]
+  int rope_ = -1;
 };
 
 }  // namespace tq

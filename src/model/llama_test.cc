@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "model/llama.h"
 #include "ops/ops.h"
+#include "runtime/test_engine.h"
 
 namespace tq {
 namespace {
@@ -19,37 +19,25 @@ std::string shared(const std::string& rel) { return std::string(TQ_SHARED_DIR) +
 #define SKIP_IF_MISSING(path) \
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent (shared test data)"
 
-PromptCache dense_cache(const LlamaModel& m, KVType type) { return make_prompt_cache(m.layer_specs(), type); }
+using testing_util::CpuModel;
+using testing_util::greedy;
 
-// Greedy decoding: prefill `prompt` in one forward pass, then one token at a time.
-std::vector<int32_t> greedy(const LlamaModel& m, PromptCache& caches, const std::vector<int32_t>& prompt, int steps,
-                            ThreadPool& pool, std::vector<LayerAttentionReport>* report = nullptr) {
-  const int seq = dynamic_cast<KVCache*>(caches[0].get())->sequences().empty() ? 0 : 0;
-  for (auto& c : caches) c->add_sequence();
-  std::vector<float> logits(m.vocab_size());
-  m.forward(prompt.data(), static_cast<int>(prompt.size()), 0, caches, seq, logits.data(), false, pool, report);
-  std::vector<int32_t> out;
-  int pos = static_cast<int>(prompt.size());
-  for (int s = 0; s < steps; ++s) {
-    const int32_t next = static_cast<int32_t>(ops::argmax(logits.data(), logits.size()));
-    out.push_back(next);
-    m.forward(&next, 1, pos++, caches, seq, logits.data(), false, pool, report);
-  }
-  return out;
+// An engine over CPU caches built by the Python-API functions (make_prompt_cache, then converted).
+std::unique_ptr<Engine> engine_over(Model& m, PromptCache caches) {
+  return std::make_unique<Engine>(m, std::move(caches), EngineOptions{});
 }
+PromptCache dense_cache(const Model& m, KVType type) { return make_prompt_cache(m.layer_specs(), type); }
 
 TEST(LlamaReal, TqLlamaHd128MatchesTransformersGoldenLogits) {
   const std::string dir = shared("models/tq-llama-hd128");
   SKIP_IF_MISSING(dir + "/golden.json");
   const auto golden = nlohmann::json::parse(std::ifstream(dir + "/golden.json"));
-  const auto model = LlamaModel::open(dir);
-  ThreadPool pool(2);
+  CpuModel cpu(dir, 2);
+  Model& model = *cpu.model;
   const auto ids = golden["prompt_ids"].get<std::vector<int32_t>>();
-  auto caches = dense_cache(*model, KVType::f32);
-  for (auto& c : caches) c->add_sequence();
-  const int V = static_cast<int>(model->vocab_size());
-  std::vector<float> logits(ids.size() * V);
-  model->forward(ids.data(), static_cast<int>(ids.size()), 0, caches, 0, logits.data(), true, pool);
+  auto engine = testing_util::dense_engine(model, "f32");
+  const int V = static_cast<int>(model.vocab_size());
+  const std::vector<float> logits = testing_util::feed_all(*engine, engine->add_sequence(), ids, ids.size());
   // Last position: all logits within 1e-4 of the largest magnitude.
   const auto expect = golden["last_position_logits"].get<std::vector<float>>();
   const float* last = logits.data() + (ids.size() - 1) * V;
@@ -74,29 +62,28 @@ TEST(LlamaReal, TqLlamaHd128GreedyContinuationAndCompressedCache) {
   const std::string dir = shared("models/tq-llama-hd128");
   SKIP_IF_MISSING(dir + "/golden.json");
   const auto golden = nlohmann::json::parse(std::ifstream(dir + "/golden.json"));
-  const auto model = LlamaModel::open(dir);
-  ThreadPool pool(2);
+  CpuModel cpu(dir, 2);
+  Model& model = *cpu.model;
   const auto ids = golden["prompt_ids"].get<std::vector<int32_t>>();
   const auto want = golden["greedy_new_ids"].get<std::vector<int32_t>>();
-  auto f32 = dense_cache(*model, KVType::f32);
-  EXPECT_EQ(greedy(*model, f32, ids, 64, pool), want);
+  EXPECT_EQ(greedy(*engine_over(model, dense_cache(model, KVType::f32)), ids, 64), want);
 
-  auto f16 = dense_cache(*model, KVType::f16);
-  const auto f16_ids = greedy(*model, f16, ids, 48, pool);
+  const auto f16_ids = greedy(*engine_over(model, dense_cache(model, KVType::f16)), ids, 48);
   // K8/V3 with every position compressed (no sink tier): fused and standard read the same codes and
   // must give the same tokens. Agreement with the FP16 cache is asserted teacher-forced below, not
   // free-running: along the golden continuation the float32 top-1/top-2 logit gaps are 0.018 at new
   // token 9 and 0.008 at token 26; K8/V3 moves the first to -0.08 and even K8/V8 moves the second to
   // -0.002, so no lossy cache can promise 32 identical free-running tokens on this prompt.
   TurboQuantCacheOptions o;
-  auto fused = dense_cache(*model, KVType::f16);
+  auto fused = dense_cache(model, KVType::f16);
   convert_cache_to_turboquant(fused, o);
   enable_fused_attend(fused);
-  std::vector<LayerAttentionReport> report;
-  const auto fused_ids = greedy(*model, fused, ids, 48, pool, &report);
-  auto standard = dense_cache(*model, KVType::f16);
+  auto fused_engine = engine_over(model, std::move(fused));
+  const auto fused_ids = greedy(*fused_engine, ids, 48);
+  const std::vector<LayerAttentionReport> report = fused_engine->attention_report();
+  auto standard = dense_cache(model, KVType::f16);
   convert_cache_to_turboquant(standard, o);
-  const auto standard_ids = greedy(*model, standard, ids, 48, pool);
+  const auto standard_ids = greedy(*engine_over(model, std::move(standard)), ids, 48);
   EXPECT_EQ(fused_ids, standard_ids);
   ASSERT_EQ(report.size(), 8u);
   for (const auto& r : report) {
@@ -106,10 +93,10 @@ TEST(LlamaReal, TqLlamaHd128GreedyContinuationAndCompressedCache) {
   // The recommended setting, K8/V3 with the first 128 positions in the FP16 sink tier: here every
   // position is in the sink tier, so the continuation must be the FP16 cache's.
   o.min_tokens_before_quant = 128;
-  auto sink = dense_cache(*model, KVType::f16);
+  auto sink = dense_cache(model, KVType::f16);
   convert_cache_to_turboquant(sink, o);
   enable_fused_attend(sink);
-  EXPECT_EQ(greedy(*model, sink, ids, 48, pool), f16_ids);
+  EXPECT_EQ(greedy(*engine_over(model, std::move(sink)), ids, 48), f16_ids);
 }
 
 // Teacher-forced along the golden continuation: the K8/V3 cache (no sink tier) picks the FP16
@@ -119,23 +106,20 @@ TEST(LlamaReal, TqLlamaHd128CompressedCacheStaysCloseToFp16) {
   const std::string dir = shared("models/tq-llama-hd128");
   SKIP_IF_MISSING(dir + "/golden.json");
   const auto golden = nlohmann::json::parse(std::ifstream(dir + "/golden.json"));
-  const auto model = LlamaModel::open(dir);
-  ThreadPool pool(2);
+  CpuModel cpu(dir, 2);
+  Model& model = *cpu.model;
   std::vector<int32_t> seq = golden["prompt_ids"].get<std::vector<int32_t>>();
   for (int id : golden["greedy_new_ids"]) seq.push_back(id);
-  const int V = static_cast<int>(model->vocab_size()), n = static_cast<int>(seq.size());
-  auto run = [&](PromptCache& caches) {
-    for (auto& c : caches) c->add_sequence();
-    std::vector<float> logits(static_cast<size_t>(n) * V);
-    for (int i = 0; i < n; ++i) model->forward(&seq[i], 1, i, caches, 0, logits.data() + static_cast<size_t>(i) * V, false, pool);
-    return logits;
+  const int V = static_cast<int>(model.vocab_size()), n = static_cast<int>(seq.size());
+  auto run = [&](PromptCache caches) {
+    auto engine = engine_over(model, std::move(caches));
+    return testing_util::feed_all(*engine, engine->add_sequence(), seq, 1);
   };
-  auto f16 = dense_cache(*model, KVType::f16);
-  const auto base = run(f16);
-  auto tq = dense_cache(*model, KVType::f16);
+  const auto base = run(dense_cache(model, KVType::f16));
+  auto tq = dense_cache(model, KVType::f16);
   convert_cache_to_turboquant(tq, TurboQuantCacheOptions{});
   enable_fused_attend(tq);
-  const auto test = run(tq);
+  const auto test = run(std::move(tq));
   double kld = 0;
   int same = 0, clear = 0, clear_same = 0;
   for (int i = 0; i < n; ++i) {
@@ -170,26 +154,24 @@ TEST(LlamaReal, TqLlamaHd128CompressedCacheStaysCloseToFp16) {
 TEST(LlamaReal, Stories260KGgufGreedyStory) {
   const std::string path = shared("models/stories260K/stories260K.gguf");
   SKIP_IF_MISSING(path);
-  const auto model = LlamaModel::open(path);
-  ThreadPool pool(1);
-  auto caches = dense_cache(*model, KVType::f32);
+  CpuModel cpu(path, 1);
+  auto engine = testing_util::dense_engine(*cpu.model, "f32");
   // README: greedy decoding from BOS (1) gives these ids first.
   const std::vector<int32_t> want = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
                                      401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
                                      328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267};
-  EXPECT_EQ(greedy(*model, caches, {1}, 48, pool), want);
+  EXPECT_EQ(greedy(*engine, {1}, 48), want);
 }
 
 TEST(LlamaReal, TinyStories656KGreedyIds) {
   const std::string dir = shared("models/tinystories-656K");
   SKIP_IF_MISSING(dir + "/config.json");
-  const auto model = LlamaModel::open(dir);
-  ThreadPool pool(2);
-  auto caches = dense_cache(*model, KVType::f32);
+  CpuModel cpu(dir, 2);
+  auto engine = testing_util::dense_engine(*cpu.model, "f32");
   const std::vector<int32_t> prompt = {1, 80, 147, 201, 282, 57};  // "Once upon a time"
   const std::vector<int32_t> want = {313, 598, 303, 1049, 1468, 267, 628, 333, 94, 1210, 263, 251, 604, 94, 1030, 94, 1030, 94,
                                      436, 220, 1053, 615, 303, 328, 552, 319, 1269, 163, 1945, 897, 645, 1188, 108, 319, 135};
-  EXPECT_EQ(greedy(*model, caches, prompt, static_cast<int>(want.size()), pool), want);
+  EXPECT_EQ(greedy(*engine, prompt, static_cast<int>(want.size())), want);
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ std::string fixture(const std::string& name) { return std::string(TQ_SOURCE_DIR)
 
 TEST(HfConfig, Llama32WithLlama3RopeScaling) {
   const ModelConfig c = load_hf_config(fixture("llama3.2-1b.json"));
-  EXPECT_EQ(c.arch, Architecture::llama);
+  EXPECT_EQ(c.arch, ModelArch::llama);
   EXPECT_EQ(c.architecture_class, "LlamaForCausalLM");
   EXPECT_EQ(c.hidden_size, 2048);
   EXPECT_EQ(c.intermediate_size, 8192);
@@ -71,7 +71,7 @@ TEST(HfConfig, Transformers5RopeParameters) {
 
 TEST(HfConfig, Qwen2ImpliesQkvBias) {
   const ModelConfig c = load_hf_config(fixture("qwen2.5-0.5b.json"));
-  EXPECT_EQ(c.arch, Architecture::qwen2);
+  EXPECT_EQ(c.arch, ModelArch::qwen2);
   EXPECT_EQ(c.head_dim, 64);  // 896 / 14
   EXPECT_TRUE(c.qkv_bias);
   EXPECT_FALSE(c.o_bias);
@@ -84,7 +84,7 @@ TEST(HfConfig, Qwen2ImpliesQkvBias) {
 
 TEST(HfConfig, Qwen3HasQkNormAndOwnHeadDim) {
   const ModelConfig c = load_hf_config(fixture("qwen3-0.6b.json"));
-  EXPECT_EQ(c.arch, Architecture::qwen3);
+  EXPECT_EQ(c.arch, ModelArch::qwen3);
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_EQ(c.q_dim(), 2048);  // larger than hidden_size 1024
   EXPECT_EQ(c.kv_dim(), 1024);
@@ -95,7 +95,7 @@ TEST(HfConfig, Qwen3HasQkNormAndOwnHeadDim) {
 
 TEST(HfConfig, MistralRecordsSlidingWindow) {
   const ModelConfig c = load_hf_config(fixture("mistral-7b-v0.1.json"));
-  EXPECT_EQ(c.arch, Architecture::mistral);
+  EXPECT_EQ(c.arch, ModelArch::mistral);
   ASSERT_TRUE(c.sliding_window.has_value());
   EXPECT_EQ(*c.sliding_window, 4096);
   EXPECT_TRUE(c.uses_sliding_window(0));
@@ -149,7 +149,7 @@ TEST(HfConfig, Variants) {
   // No "architectures": model_type decides.
   c = parse_hf_config(R"({"model_type": "mistral", "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
       "num_attention_heads": 2, "vocab_size": 4, "sliding_window": null})", "x");
-  EXPECT_EQ(c.arch, Architecture::mistral);
+  EXPECT_EQ(c.arch, ModelArch::mistral);
   EXPECT_FALSE(c.sliding_window.has_value());
   // Integral floats are accepted for integer fields.
   c = parse_hf_config(tiny_config("LlamaForCausalLM", "llama", R"("max_position_embeddings": 512.0)"), "x");
@@ -257,12 +257,12 @@ std::vector<Spec> expected_tensors(const ModelConfig& c, WeightNaming naming) {
     add("self_attn.k_proj.weight", "attn_k.weight", {KV, H});
     add("self_attn.v_proj.weight", "attn_v.weight", {KV, H});
     add("self_attn.o_proj.weight", "attn_output.weight", {H, Q});
-    if (c.arch == Architecture::qwen2) {
+    if (c.arch == ModelArch::qwen2) {
       add("self_attn.q_proj.bias", "attn_q.bias", {Q});
       add("self_attn.k_proj.bias", "attn_k.bias", {KV});
       add("self_attn.v_proj.bias", "attn_v.bias", {KV});
     }
-    if (c.arch == Architecture::qwen3) {
+    if (c.arch == ModelArch::qwen3) {
       add("self_attn.q_norm.weight", "attn_q_norm.weight", {D});
       add("self_attn.k_norm.weight", "attn_k_norm.weight", {D});
     }
@@ -309,12 +309,12 @@ std::vector<Spec> reshaped(std::vector<Spec> specs, const std::string& name, std
 struct ArchCase {
   const char* cls;
   const char* type;
-  Architecture arch;
+  ModelArch arch;
 };
-constexpr ArchCase kArchCases[] = {{"LlamaForCausalLM", "llama", Architecture::llama},
-                                   {"MistralForCausalLM", "mistral", Architecture::mistral},
-                                   {"Qwen2ForCausalLM", "qwen2", Architecture::qwen2},
-                                   {"Qwen3ForCausalLM", "qwen3", Architecture::qwen3}};
+constexpr ArchCase kArchCases[] = {{"LlamaForCausalLM", "llama", ModelArch::llama},
+                                   {"MistralForCausalLM", "mistral", ModelArch::mistral},
+                                   {"Qwen2ForCausalLM", "qwen2", ModelArch::qwen2},
+                                   {"Qwen3ForCausalLM", "qwen3", ModelArch::qwen3}};
 
 TEST(Weights, HfModelsOfEveryArchitectureValidate) {
   for (const ArchCase& a : kArchCases) {
@@ -330,9 +330,9 @@ TEST(Weights, HfModelsOfEveryArchitectureValidate) {
       EXPECT_EQ(w.lm_head->name, tied ? "model.embed_tokens.weight" : "lm_head.weight") << a.cls;
       EXPECT_EQ(w.layers[1].wk->name, "model.layers.1.self_attn.k_proj.weight");
       EXPECT_EQ(w.layers[1].wk->shape, (std::vector<int64_t>{8, 16}));
-      EXPECT_EQ(w.layers[0].bq != nullptr, a.arch == Architecture::qwen2) << a.cls;
+      EXPECT_EQ(w.layers[0].bq != nullptr, a.arch == ModelArch::qwen2) << a.cls;
       EXPECT_EQ(w.layers[0].bo, nullptr);
-      EXPECT_EQ(w.layers[0].q_norm != nullptr, a.arch == Architecture::qwen3) << a.cls;
+      EXPECT_EQ(w.layers[0].q_norm != nullptr, a.arch == ModelArch::qwen3) << a.cls;
       EXPECT_TRUE(w.unused.empty());
     }
   }
@@ -609,7 +609,7 @@ TEST(OpenModel, FolderAndErrors) {
   const ModelConfig c = parse_hf_config(config, "x");
   write_hf_model(dir, expected_tensors(c, WeightNaming::hf));
   const ModelFiles m = open_model(dir.path());
-  EXPECT_EQ(m.config.arch, Architecture::qwen3);
+  EXPECT_EQ(m.config.arch, ModelArch::qwen3);
   EXPECT_EQ(m.weights.layers[1].k_norm->name, "model.layers.1.self_attn.k_norm.weight");
   EXPECT_FALSE(m.generation.temperature.has_value());
   expect_error([&] { open_model(dir.file("absent")); }, {"absent", "does not exist"});

@@ -66,7 +66,7 @@ TEST(RealModels, Stories260KGgufMetadataAndTensors) {
 
   const ModelConfig c = config_from_gguf(g);
   std::cout << c.summary() << "\n";
-  EXPECT_EQ(c.arch, Architecture::llama);
+  EXPECT_EQ(c.arch, ModelArch::llama);
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_EQ(c.intermediate_size, 172);
   EXPECT_EQ(c.num_hidden_layers, 5);
@@ -148,7 +148,7 @@ TEST(RealModels, TinyStories656KSafetensorsWithAliasedEmbedding) {
 
   const ModelConfig c = load_hf_config(dir);
   std::cout << c.summary() << "\n";
-  EXPECT_EQ(c.arch, Architecture::llama);
+  EXPECT_EQ(c.arch, ModelArch::llama);
   EXPECT_EQ(c.hidden_size, 128);
   EXPECT_EQ(c.intermediate_size, 384);
   EXPECT_EQ(c.num_hidden_layers, 2);

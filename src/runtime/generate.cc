@@ -182,24 +182,28 @@ GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenize
   return result;
 }
 
-GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, PromptCache& caches,
-                        std::span<const int32_t> prompt, const GenerateOptions& options, ThreadPool& pool,
-                        const std::function<void(std::string_view)>& on_text) {
-  const ModelConfig& c = model.config();
-  const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(c.max_position_embeddings);
+GenerateResult generate(Engine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                        const GenerateOptions& options, const std::function<void(std::string_view)>& on_text) {
+  const Model& model = engine.model();
+  const int ctx = static_cast<int>(options.ctx_size > 0 ? std::min<int64_t>(options.ctx_size, engine.ctx_size()) : engine.ctx_size());
   check_request(prompt, ctx, options);
-  for (auto& layer : caches) TQ_CHECK(layer->add_sequence() == 0, "generate needs empty caches");
+  const int seq = engine.add_sequence();
   const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
-  std::vector<float> logits(model.vocab_size());  // [vocab]: the last fed token's
-  std::vector<LayerAttentionReport> layers;
+  const bool greedy_where_the_logits_are = options.sampling.temperature == 0.0f && options.sampling.repetition_penalty == 1.0f;
+  std::vector<float> logits;  // [vocab]: the last fed token's (host sampling only)
   Sampler sampler(options.sampling);
   TokenSteps steps;
   steps.feed = [&](const int32_t* tokens, int n, int pos) {
-    model.forward(tokens, n, pos, caches, 0, logits.data(), false, pool, &layers);
+    const BatchEntry e{seq, std::span<const int32_t>(tokens, static_cast<size_t>(n)), pos, Logits::last};
+    engine.forward({&e, 1});
+    if (!greedy_where_the_logits_are) logits = engine.logits();
   };
-  steps.next = [&](const std::vector<int32_t>& history) { return sampler.sample(logits, history); };
+  steps.next = [&](const std::vector<int32_t>& history) {
+    return greedy_where_the_logits_are ? engine.argmax()[0] : sampler.sample(logits, history);
+  };
   GenerateResult result = generate_steps(steps, tokenizer, prompt, eos, ctx, options, on_text);
-  result.layers = std::move(layers);
+  result.layers = engine.attention_report();
+  result.seq = seq;
   return result;
 }
 

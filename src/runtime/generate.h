@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/llama.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "text/tokenizer.h"
 
@@ -33,14 +33,16 @@ struct GenerateResult {
   std::string stop_reason;         // "eos", "stop string", "max tokens", "context full"
   int prompt_tokens = 0;
   double prompt_seconds = 0, decode_seconds = 0;
-  std::vector<LayerAttentionReport> layers;  // attention path per layer, over the whole run
+  std::vector<LayerAttentionReport> layers;  // attention path per layer, over the engine's calls so far
+  int seq = -1;                    // the engine's sequence that holds the prompt and the generated tokens
 };
 
-// Runs one sequence (id 0 in every cache, which must hold no sequence yet). on_text receives text as
-// it becomes final (complete UTF-8, never a possible start of a stop string).
-GenerateResult generate(const LlamaModel& model, const Tokenizer& tokenizer, PromptCache& caches,
-                        std::span<const int32_t> prompt, const GenerateOptions& options, ThreadPool& pool,
-                        const std::function<void(std::string_view)>& on_text);
+// Runs one new sequence of the engine (left in it: its memory can be read, it can be continued or
+// removed). on_text receives text as it becomes final (complete UTF-8, never a possible start of a stop
+// string). Greedy decoding without a repetition penalty takes the argmax where the logits are (on the
+// GPU, no logits are copied back); anything else samples the logits on the host.
+GenerateResult generate(Engine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                        const GenerateOptions& options, const std::function<void(std::string_view)>& on_text);
 
 // What the generation loop asks of a model, wherever it runs: feed(tokens, n, pos) runs tokens [0, n)
 // at positions pos .. pos + n - 1 (the prompt in chunks, then one token at a time); next(history) picks
@@ -50,8 +52,7 @@ struct TokenSteps {
   std::function<int32_t(const std::vector<int32_t>& history)> next;
 };
 
-// The generation loop itself (generate() runs it on the CPU model; turboquant-generate --device cuda on
-// the GPU one): prefill in options.prefill_chunk pieces, then next / eos / stop strings / context checks
+// The generation loop itself (generate() runs it on an engine): prefill in options.prefill_chunk pieces, then next / eos / stop strings / context checks
 // and one feed per generated token, with the same stop reasons. eos: the ids that end the sequence.
 GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                               const std::vector<int32_t>& eos, int ctx, const GenerateOptions& options,

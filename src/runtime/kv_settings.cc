@@ -102,17 +102,24 @@ KVCacheOptions KVSettings::cache_options(int default_block_tokens) const {
   return o;
 }
 
-PromptCache build_prompt_cache(const LlamaModel& model, const KVSettings& kv) {
-  const auto specs = model.layer_specs();
+KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_tokens) const {
+  const KVCacheOptions full = cache_options(default_block_tokens);
+  KVCacheOptions o;
+  if (!compressed()) {
+    o.k = full.k;
+    o.v = full.v;
+  }
+  o.window = window;
+  o.block_tokens = full.block_tokens;
+  return o;
+}
+
+PromptCache build_prompt_cache(const std::vector<LayerSpec>& specs, const KVSettings& kv) {
   PromptCache caches;
   const KVCacheOptions full = kv.cache_options();
   for (const LayerSpec& l : specs) {
     KVCacheOptions o = full;
-    if (l.kind == LayerKind::sliding_attention) {
-      o = KVCacheOptions{};
-      o.window = l.window;
-      o.block_tokens = full.block_tokens;
-    }
+    if (l.kind == LayerKind::sliding_attention) o = kv.sliding_cache_options(l.window);
     auto cache = std::make_unique<KVCache>(l.n_kv_heads, l.head_dim, o);
     cache->set_fused(kv.fused);
     caches.push_back(std::move(cache));

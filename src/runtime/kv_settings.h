@@ -12,7 +12,6 @@
 #include <string>
 
 #include "kv/cache.h"
-#include "model/llama.h"
 
 namespace tq {
 
@@ -40,9 +39,13 @@ struct KVSettings {
   // Cache options for one full-attention layer.
   // block_tokens 0 takes default_block_tokens, the backend's (CPU: kDefaultBlockTokens).
   KVCacheOptions cache_options(int default_block_tokens = kDefaultBlockTokens) const;
+  // Cache options for a sliding-window layer of `window` positions: a rotating dense cache (its few
+  // positions are not worth compressing), of the settings' type when that is dense, else FP16.
+  KVCacheOptions sliding_cache_options(int window, int default_block_tokens = kDefaultBlockTokens) const;
 };
 
-// One cache per layer of `model`, as the settings ask. Sliding-window layers keep rotating dense caches.
-PromptCache build_prompt_cache(const LlamaModel& model, const KVSettings& kv);
+// CPU caches, one per layer of a model (Architecture::layer_specs), as the settings ask. Sliding-window
+// layers keep rotating dense caches. (The engine builds its caches on its device the same way.)
+PromptCache build_prompt_cache(const std::vector<LayerSpec>& specs, const KVSettings& kv);
 
 }  // namespace tq

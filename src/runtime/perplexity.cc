@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "core/error.h"
@@ -20,19 +22,20 @@ void log_softmax(const float* x, int n, std::vector<double>& out) {
   for (int i = 0; i < n; ++i) out[i] = x[i] - lse;
 }
 
-// Logits of every position of one window: [n][vocab].
-void window_logits(const LlamaModel& model, std::span<const int32_t> window, const KVSettings& kv, int chunk,
-                   ThreadPool& pool, std::vector<float>& logits) {
+// Logits of every position of one window: [n][vocab], from a new sequence of `engine` (removed after).
+void window_logits(Engine& engine, std::span<const int32_t> window, int chunk, std::vector<float>& logits) {
   const int n = static_cast<int>(window.size());
-  const size_t V = static_cast<size_t>(model.vocab_size());
+  const size_t V = static_cast<size_t>(engine.model().vocab_size());
   logits.resize(static_cast<size_t>(n) * V);
-  PromptCache caches = build_prompt_cache(model, kv);
-  for (auto& c : caches) c->add_sequence();
+  const int seq = engine.add_sequence();
   for (int done = 0; done < n;) {
     const int m = std::min(chunk, n - done);
-    model.forward(window.data() + done, m, done, caches, 0, logits.data() + static_cast<size_t>(done) * V, true, pool);
+    const BatchEntry e{seq, window.subspan(static_cast<size_t>(done), static_cast<size_t>(m)), done, Logits::all};
+    engine.forward({&e, 1});
+    engine.read_logits(logits.data() + static_cast<size_t>(done) * V);
     done += m;
   }
+  engine.remove_sequence(seq);
 }
 
 double bits_per_value(const KVSettings& kv, int head_dim) {
@@ -93,14 +96,21 @@ KVSettings parse_kv_spec(const std::string& spec) {
   return kv;
 }
 
-std::vector<QualityReport> measure_quality(const LlamaModel& model, std::span<const int32_t> tokens,
+std::vector<QualityReport> measure_quality(Model& model, std::span<const int32_t> tokens,
                                            const std::vector<std::pair<std::string, KVSettings>>& configs,
-                                           const PerplexityOptions& options, ThreadPool& pool,
-                                           const std::function<void(int, int)>& progress, const WindowRunner& runner) {
-  const WindowRunner run = runner ? runner : WindowRunner([&](std::span<const int32_t> w, const KVSettings& kv, int chunk,
-                                                                 std::vector<float>& out) {
-    window_logits(model, w, kv, chunk, pool, out);
-  });
+                                           const PerplexityOptions& options, const std::function<void(int, int)>& progress) {
+  // One engine per configuration (and the FP16 baseline), built on first use; every window is a new sequence.
+  std::map<std::string, std::unique_ptr<Engine>> engines;
+  auto run = [&](std::span<const int32_t> window, const KVSettings& kv, int chunk, std::vector<float>& out) {
+    std::unique_ptr<Engine>& engine = engines[kv.describe() + "/bt" + std::to_string(kv.block_tokens)];
+    if (!engine) {
+      EngineOptions eo;
+      eo.kv = kv;
+      eo.ctx_size = static_cast<int64_t>(window.size());
+      engine = std::make_unique<Engine>(model, eo);
+    }
+    window_logits(*engine, window, chunk, out);
+  };
   TQ_CHECK(options.ctx >= 2, "--ctx must be at least 2");
   TQ_CHECK(options.ctx <= model.config().max_position_embeddings, "--ctx ", options.ctx, " exceeds the model's context of ",
            model.config().max_position_embeddings);

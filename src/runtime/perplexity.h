@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine.h"
 #include "runtime/kv_settings.h"
 
 namespace tq {
@@ -36,18 +37,11 @@ struct QualityReport {
   int64_t scored = 0;
 };
 
-// Logits of every position of one window [n][vocab], from an empty cache with the given settings,
-// prompt chunks of `chunk` tokens. The default runs the CPU model; --device cuda passes the GPU's.
-using WindowRunner = std::function<void(std::span<const int32_t> window, const KVSettings& kv, int chunk,
-                                        std::vector<float>& logits)>;
-
 // Scores the first options.chunks windows of `tokens` with each of `configs` (and the FP16 baseline once
-// per window when kl_divergence). progress(done, total) is called after each window.
-std::vector<QualityReport> measure_quality(const LlamaModel& model, std::span<const int32_t> tokens,
+// per window when kl_divergence), on the model's device. progress(done, total) is called after each window.
+std::vector<QualityReport> measure_quality(Model& model, std::span<const int32_t> tokens,
                                            const std::vector<std::pair<std::string, KVSettings>>& configs,
-                                           const PerplexityOptions& options, ThreadPool& pool,
-                                           const std::function<void(int, int)>& progress,
-                                           const WindowRunner& runner = {});
+                                           const PerplexityOptions& options, const std::function<void(int, int)>& progress);
 
 // A compact name for a KV configuration, also accepted by parse_kv_spec: "k8v3", "k8v3+mt128",
 // "q8_0/q4_0", "q4_0_rot/q4_0_rot", "k4v4+fit=plain+g=128", "f16", "k8v3+bt=256" (bt: positions per

@@ -11,6 +11,7 @@
 #include "runtime/kv_settings.h"
 #include "runtime/perplexity.h"
 #include "runtime/sampler.h"
+#include "runtime/test_engine.h"
 
 namespace tq {
 namespace {
@@ -144,11 +145,11 @@ TEST(KVSettings, CompactSpecsParseAndBadOnesSayWhy) {
 TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {
   const std::string path = shared("models/stories260K/stories260K.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent (shared test data)";
-  const auto model = LlamaModel::open(path);
-  const auto tok = load_model_tokenizer(model->files());
+  testing_util::CpuModel cpu(path, 1);
+  Model& model = *cpu.model;
+  const auto tok = load_model_tokenizer(model.files());
   const auto ids = tok->encode("Once upon a time", true);
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 403, 407, 261, 378}));
-  ThreadPool pool(1);
   for (const char* kv_type : {"", "turboquant"}) {
     KVSettings kv;
     if (*kv_type) {
@@ -159,16 +160,21 @@ TEST(Generate, Stories260KFromGgufWritesTheReadmeStory) {
     if (*kv_type) {
       kv.resolve();
       // head_dim 8 is smaller than every supported group: the settings must refuse it clearly.
-      EXPECT_THROW(build_prompt_cache(*model, kv), Error);
+      EXPECT_THROW(build_prompt_cache(model.layer_specs(), kv), Error);
+      EngineOptions eo;
+      eo.kv = kv;
+      EXPECT_THROW(Engine(model, eo), Error);
       continue;
     }
     kv.resolve();
-    auto caches = build_prompt_cache(*model, kv);
+    EngineOptions eo;
+    eo.kv = kv;
+    Engine engine(model, eo);
     GenerateOptions o;
     o.max_tokens = 60;
     o.sampling.temperature = 0;
     std::string streamed;
-    const auto r = generate(*model, *tok, caches, ids, o, pool, [&](std::string_view t) { streamed += t; });
+    const auto r = generate(engine, *tok, ids, o, [&](std::string_view t) { streamed += t; });
     EXPECT_EQ(streamed, r.text);
     EXPECT_NE(r.text.find("there was a little girl named Lily. She loved to play outside in the park."), std::string::npos)
         << r.text;
@@ -182,9 +188,9 @@ std::string demo_model_dir() { return std::string(TQ_SOURCE_DIR) + "/models/demo
 // with dense K and TurboQuant V took the fused path while the settings (and the run's summary) said
 // standard, because only K's type was looked at.
 TEST(Generate, DemoModelTakesTheAttentionPathTheSettingsAsk) {
-  const auto model = LlamaModel::open(demo_model_dir());
-  const auto tok = load_model_tokenizer(model->files());
-  ThreadPool pool(2);
+  testing_util::CpuModel cpu(demo_model_dir(), 2);
+  Model& model = *cpu.model;
+  const auto tok = load_model_tokenizer(model.files());
   const auto ids = tok->encode("It is a truth", true);
   GenerateOptions o;
   o.max_tokens = 3;
@@ -202,8 +208,10 @@ TEST(Generate, DemoModelTakesTheAttentionPathTheSettingsAsk) {
     kv.bits = c.bits;
     kv.fused = c.fused;
     kv.resolve();
-    auto caches = build_prompt_cache(*model, kv);
-    const auto r = generate(*model, *tok, caches, ids, o, pool, [](std::string_view) {});
+    EngineOptions eo;
+    eo.kv = kv;
+    Engine engine(model, eo);
+    const auto r = generate(engine, *tok, ids, o, [](std::string_view) {});
     ASSERT_FALSE(r.layers.empty());
     for (const auto& layer : r.layers) {
       const AttentionStats& s = layer.stats;
@@ -215,9 +223,9 @@ TEST(Generate, DemoModelTakesTheAttentionPathTheSettingsAsk) {
 }
 
 TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
-  const auto model = LlamaModel::open(demo_model_dir());
-  const auto tok = load_model_tokenizer(model->files());
-  ThreadPool pool(2);
+  testing_util::CpuModel cpu(demo_model_dir(), 2);
+  Model& model = *cpu.model;
+  const auto tok = load_model_tokenizer(model.files());
   KVSettings kv;
   kv.k_bits = 8;
   kv.v_bits = 3;
@@ -227,31 +235,34 @@ TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
   GenerateOptions o;
   o.max_tokens = 40;
   o.sampling.temperature = 0;
-  auto caches = build_prompt_cache(*model, kv);
-  const auto full = generate(*model, *tok, caches, ids, o, pool, [](std::string_view) {});
+  EngineOptions eo;
+  eo.kv = kv;
+  eo.max_sequences = 4;
+  Engine engine(model, eo);
+  const auto full = generate(engine, *tok, ids, o, [](std::string_view) {});
   ASSERT_GT(full.text.size(), 20u);
   // Stop at a string the unrestricted run produced: the text ends right before it.
   const std::string stop = full.text.substr(10, 4);
   o.stop = {stop};
-  auto caches2 = build_prompt_cache(*model, kv);
   std::string streamed;
-  const auto cut = generate(*model, *tok, caches2, ids, o, pool, [&](std::string_view t) { streamed += t; });
+  const auto cut = generate(engine, *tok, ids, o, [&](std::string_view t) { streamed += t; });
   EXPECT_EQ(cut.stop_reason, "stop string");
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
   EXPECT_EQ(streamed, cut.text);
   // A prompt longer than the context is an error that says so.
   o.ctx_size = 4;
-  auto caches3 = build_prompt_cache(*model, kv);
+  const std::vector<int> before = engine.sequences();
   try {
-    generate(*model, *tok, caches3, ids, o, pool, [](std::string_view) {});
+    generate(engine, *tok, ids, o, [](std::string_view) {});
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
   }
-  // The caches are untouched by the refused request: they still take a new generation.
+  // The engine is untouched by the refused request (no sequence was added): it still takes a new generation.
+  EXPECT_EQ(engine.sequences(), before);
   o.ctx_size = 0;
   o.stop.clear();
-  const auto again = generate(*model, *tok, caches3, ids, o, pool, [](std::string_view) {});
+  const auto again = generate(engine, *tok, ids, o, [](std::string_view) {});
   EXPECT_EQ(again.text, full.text);
 }
 
@@ -259,9 +270,9 @@ TEST(Generate, DemoModelStopsAtStopStringsAndRespectsTheContext) {
 // right positions: chunks of 3 give the tokens that one chunk gives, and the context ends a run with
 // its own stop reason.
 TEST(Generate, PromptChunksAndTheContextLimitInTheSharedLoop) {
-  const auto model = LlamaModel::open(demo_model_dir());
-  const auto tok = load_model_tokenizer(model->files());
-  ThreadPool pool(2);
+  testing_util::CpuModel cpu(demo_model_dir(), 2);
+  Model& model = *cpu.model;
+  const auto tok = load_model_tokenizer(model.files());
   KVSettings kv;
   kv.resolve();
   const auto ids = tok->encode("It is a truth universally acknowledged", true);
@@ -269,14 +280,18 @@ TEST(Generate, PromptChunksAndTheContextLimitInTheSharedLoop) {
   o.max_tokens = 12;
   o.sampling.temperature = 0;
   auto run = [&](int chunk, int ctx, std::vector<int>* fed_positions) {
-    PromptCache caches = build_prompt_cache(*model, kv);
-    for (auto& c : caches) c->add_sequence();
-    std::vector<float> logits(model->vocab_size());
+    EngineOptions eo;
+    eo.kv = kv;
+    Engine engine(model, eo);
+    const int seq = engine.add_sequence();
+    std::vector<float> logits;
     Sampler sampler(o.sampling);
     TokenSteps steps;
     steps.feed = [&](const int32_t* tokens, int n, int pos) {
       if (fed_positions) fed_positions->push_back(pos);
-      model->forward(tokens, n, pos, caches, 0, logits.data(), false, pool);
+      const BatchEntry e{seq, std::span<const int32_t>(tokens, static_cast<size_t>(n)), pos, Logits::last};
+      engine.forward({&e, 1});
+      logits = engine.logits();
     };
     steps.next = [&](const std::vector<int32_t>& history) { return sampler.sample(logits, history); };
     GenerateOptions oc = o;

@@ -55,7 +55,9 @@ struct ModelBenchArgs {
   int reps = 3;
   int threads = 2;
   std::string format = "md";
-  std::string device = "cpu";  // cpu or cuda (GpuLlamaModel; needs a build with the CUDA backend)
+  std::vector<int> batches = {1};  // sequences decoding together
+  std::string device = "cpu";  // cpu or cuda (needs a build with the CUDA backend)
+  bool no_cuda_graph = false;  // --device cuda: decode steps launched kernel by kernel
   std::string simd;            // as AttentionArgs::simd
 };
 int run_model(const ModelBenchArgs& args);

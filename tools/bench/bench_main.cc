@@ -91,7 +91,11 @@ int main(int argc, char** argv) {
   mo->add_option("-r,--repetitions", mb.reps, "repetitions")->check(CLI::Range(1, 1000));
   mo->add_option("-t,--threads", mb.threads, "threads")->check(CLI::Range(1, 256));
   mo->add_option("-o,--output", mb.format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
+  mo->add_option("-b,--batch", mb.batches, "sequences decoding together (each at the depth), e.g. 1,4,16,64")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
   mo->add_option("--device", mb.device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  mo->add_flag("--no-cuda-graph", mb.no_cuda_graph, "--device cuda: launch decode steps kernel by kernel (no CUDA graphs)");
   mo->add_option("--simd", simd, simd_help)->check(CLI::IsMember({"best", "avx2"}));
 
   PipesArgs pipes;

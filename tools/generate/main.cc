@@ -17,14 +17,10 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "device_flags.h"
 #include "kv_flags.h"
 #include "progress.h"
 #include "runtime/generate.h"
-
-#ifdef TQ_HAVE_CUDA_MODEL
-#include "cuda/cuda_backend.h"
-#include "cuda/gpu_model.h"
-#endif
 
 namespace {
 
@@ -71,35 +67,6 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-#ifdef TQ_HAVE_CUDA_MODEL
-// Generation with the whole forward pass on the GPU (--device cuda), through the same loop as the CPU
-// (prompt in chunks, stop strings, EOS, context): greedy decoding without a repetition penalty picks on
-// the device; anything else copies the logits back and samples them on the host as the CPU path does.
-GenerateResult generate_cuda(const LlamaModel& model, const Tokenizer& tokenizer, const KVSettings& kv,
-                             const std::vector<int32_t>& prompt, const GenerateOptions& options, MemoryUsage& mem) {
-  std::string why;
-  TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
-  const int ctx = options.ctx_size > 0 ? options.ctx_size : static_cast<int>(model.config().max_position_embeddings);
-  const int64_t capacity = std::max<int64_t>(1, std::min<int64_t>(ctx, static_cast<int64_t>(prompt.size()) + options.max_tokens + 1));
-  cuda::GpuLlamaModel gpu(model, kv, capacity);
-  const std::vector<int32_t> eos = options.stop_at_eos ? eos_ids(model.files(), tokenizer) : std::vector<int32_t>{};
-  const bool greedy_on_device = options.sampling.temperature == 0.0f && options.sampling.repetition_penalty == 1.0f;
-  std::vector<float> logits(static_cast<size_t>(model.vocab_size()));  // [vocab], host sampling only
-  Sampler sampler(options.sampling);
-  TokenSteps steps;
-  steps.feed = [&](const int32_t* tokens, int n, int pos) { gpu.forward(tokens, n, pos, greedy_on_device ? nullptr : logits.data()); };
-  steps.next = [&](const std::vector<int32_t>& history) { return greedy_on_device ? gpu.argmax() : sampler.sample(logits, history); };
-  GenerateResult result =
-      generate_steps(steps, tokenizer, prompt, eos, ctx, options, [](std::string_view text) { std::cout << text << std::flush; });
-  mem = gpu.cache_memory();
-  const auto graph = gpu.decode_graph_stats();
-  std::fprintf(stderr, "\ndecode steps on the GPU: %lld replays of the recorded graph, %lld recordings, %lld launched kernel by kernel%s%s\n",
-               static_cast<long long>(graph.replays), static_cast<long long>(graph.captures), static_cast<long long>(graph.eager_steps),
-               graph.eager_reason.empty() ? "" : ": ", graph.eager_reason.c_str());
-  return result;
-}
-#endif
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,7 +76,7 @@ int main(int argc, char** argv) {
   std::optional<float> temp, top_p, min_p, rep_penalty;
   std::optional<int> top_k;
   int rep_ctx = 256;
-  std::string device = "cpu";
+  cli::DeviceFlags device_flags;
   uint64_t seed = 0;
   std::vector<std::string> stops;
   bool chat = false, no_chat = false;
@@ -131,7 +98,7 @@ int main(int argc, char** argv) {
   app.add_option("--system", system_prompt, "system message (chat mode)");
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
   app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::Range(0, 1 << 30));
-  app.add_option("--device", device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  cli::add_device_flags(app, device_flags);
   cli::add_kv_flags(app, kv);
   CLI11_PARSE(app, argc, argv);
 
@@ -144,9 +111,10 @@ int main(int argc, char** argv) {
     if (model_path.empty()) model_path = std::string(TQ_SOURCE_DIR) + "/models/demo";
 
     const auto t_load = clock::now();
+    const std::unique_ptr<Device> device = cli::make_device(device_flags, threads, "turboquant-generate");
     cli::Progress progress(3);
     progress.step("reading " + model_path);
-    auto model = std::make_unique<LlamaModel>(open_model(model_path));
+    const auto model = Model::open(model_path, *device);
     progress.step("tokenizer");
     const auto tokenizer = load_model_tokenizer(model->files());
     progress.step("chat template");
@@ -187,46 +155,31 @@ int main(int argc, char** argv) {
     go.sampling.seed = seed;
     go.sampling.validate();
 
-#ifndef TQ_HAVE_CUDA_MODEL
-    TQ_CHECK(device == "cpu", "--device cuda: this turboquant-generate was built without the CUDA backend (configure with -DTQ_CUDA=ON where nvcc is found)");
-#endif
-#ifdef TQ_HAVE_CUDA_MODEL
-    if (device == "cuda") {
-      std::string why;
-      TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
-    }
-#endif
-    PromptCache caches;
-    if (device == "cpu") caches = build_prompt_cache(*model, kv);
-    ThreadPool pool(threads);
+    EngineOptions eo;
+    eo.kv = kv;
+    eo.ctx_size = ctx_size;
+    // One sequence: its cache needs room for the prompt and what is generated (the GPU allocates it up front).
+    eo.kv_pool_tokens = static_cast<int64_t>(ids.size()) + max_tokens + 1;
+    Engine engine(*model, eo);
     if (tpl_source.empty()) std::cout << prompt << std::flush;
-    MemoryUsage mem;
-    GenerateResult r;
-#ifdef TQ_HAVE_CUDA_MODEL
-    if (device == "cuda") r = generate_cuda(*model, *tokenizer, kv, ids, go, mem);
-#endif
-    if (device == "cpu")
-      r = generate(*model, *tokenizer, caches, ids, go, pool, [](std::string_view text) { std::cout << text << std::flush; });
+    const GenerateResult r = generate(engine, *tokenizer, ids, go, [](std::string_view text) { std::cout << text << std::flush; });
     std::cout << std::endl;
-
-    for (const auto& c : caches) {
-      const MemoryUsage m = c->memory();
-      mem.sink_tokens += m.sink_tokens;
-      mem.main_tokens += m.main_tokens;
-      mem.sink_bytes += m.sink_bytes;
-      mem.main_bytes += m.main_bytes;
-      mem.allocated_bytes += m.allocated_bytes;
-      mem.fp16_bytes += m.fp16_bytes;
+    const MemoryUsage mem = engine.memory();
+    if (device->is_cuda()) {
+      const StepStats graph = engine.step_stats();
+      std::fprintf(stderr, "\ndecode steps on the GPU: %lld replays of the recorded graph, %lld recordings, %lld launched kernel by kernel%s%s\n",
+                   static_cast<long long>(graph.replays), static_cast<long long>(graph.captures), static_cast<long long>(graph.eager_steps),
+                   graph.eager_reason.empty() ? "" : ": ", graph.eager_reason.c_str());
     }
     std::fprintf(stderr, "\nmodel: %s (%s, %s weights, %s), loaded in %.2f s\n", model_path.c_str(),
-                 model->config().summary().c_str(), model->weights_dtype().c_str(), human_bytes(model->weight_bytes()).c_str(),
+                 model->config().summary().c_str(), model->weights_dtype().c_str(), human_bytes(static_cast<double>(model->file_weight_bytes())).c_str(),
                  load_seconds);
     std::fprintf(stderr, "sampling: %s; stop: %s\n", go.sampling.describe().c_str(), r.stop_reason.c_str());
     std::fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tokens/s)\n", r.prompt_tokens, r.prompt_seconds,
                  r.prompt_tokens / std::max(r.prompt_seconds, 1e-9));
     std::fprintf(stderr, "decode: %zu tokens in %.3f s (%.1f tokens/s), %s\n", r.tokens.size(), r.decode_seconds,
                  r.tokens.size() / std::max(r.decode_seconds, 1e-9),
-                 device == "cuda" ? "on the GPU" : (std::to_string(threads) + " threads").c_str());
+                 device->name().c_str());
     std::fprintf(stderr, "KV cache: %s; %s in use (%lld positions in the FP16 sink tier, %lld in the main tier), FP16 would take %s (%.2fx smaller)\n",
                  kv.describe().c_str(), human_bytes(static_cast<double>(mem.bytes_in_use())).c_str(),
                  static_cast<long long>(mem.sink_tokens), static_cast<long long>(mem.main_tokens),

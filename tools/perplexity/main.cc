@@ -12,16 +12,10 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "device_flags.h"
 #include "kv_flags.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
-#ifdef TQ_HAVE_CUDA_MODEL
-#include <map>
-#include <memory>
-
-#include "cuda/cuda_backend.h"
-#include "cuda/gpu_model.h"
-#endif
 
 int main(int argc, char** argv) {
   using namespace tq;
@@ -41,14 +35,15 @@ int main(int argc, char** argv) {
   app.add_flag("--add-bos", add_bos, "encode the text with the tokenizer's BOS (default: without)");
   app.add_option("--compare", compare, "more KV configurations, e.g. k8v4, k8v3+mt128, q8_0/q4_0_rot")->take_all();
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
-  std::string device = "cpu";
-  app.add_option("--device", device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  cli::DeviceFlags device_flags;
+  cli::add_device_flags(app, device_flags);
   app.add_flag("--json", json, "print JSON (an object, or an array with --compare)");
   cli::add_kv_flags(app, kv);
   CLI11_PARSE(app, argc, argv);
   try {
     kv.resolve();
-    const auto model = LlamaModel::open(model_path);
+    const std::unique_ptr<Device> device = cli::make_device(device_flags, threads, "turboquant-perplexity");
+    const auto model = Model::open(model_path, *device);
     const auto tok = load_model_tokenizer(model->files());
     std::ifstream in(file, std::ios::binary);
     std::ostringstream text;
@@ -58,38 +53,13 @@ int main(int argc, char** argv) {
     const auto tokens = tok->encode(text.str(), eo);
     std::vector<std::pair<std::string, KVSettings>> configs = {{kv.describe(), kv}};
     for (const auto& c : compare) configs.emplace_back(c, parse_kv_spec(c));
-    ThreadPool pool(threads);
     const bool tty = isatty(fileno(stderr));
     std::fprintf(stderr, "%s: %zu tokens, %s windows of %d, prompt chunks of %d tokens; every position at or after "
                  "--kv-min-tokens is read back from the compressed tier (also inside its own chunk)\n",
                  file.c_str(), tokens.size(), po.chunks ? std::to_string(po.chunks).c_str() : "all", po.ctx, po.chunk);
-    WindowRunner runner;  // empty: the CPU model
-#ifdef TQ_HAVE_CUDA_MODEL
-    // One GPU model per KV configuration (weights and caches on the device), reset for every window.
-    std::map<std::string, std::unique_ptr<cuda::GpuLlamaModel>> gpu_models;
-    if (device == "cuda") {
-      std::string why;
-      TQ_CHECK(cuda::device_available(&why), "--device cuda: no usable CUDA device (", why, ")");
-      runner = [&](std::span<const int32_t> window, const KVSettings& s, int chunk, std::vector<float>& logits) {
-        auto& gpu = gpu_models[s.describe()];
-        if (!gpu) gpu = std::make_unique<cuda::GpuLlamaModel>(*model, s, static_cast<int64_t>(window.size()));
-        gpu->reset();
-        const size_t V = static_cast<size_t>(model->vocab_size());
-        logits.resize(window.size() * V);
-        for (size_t done = 0; done < window.size();) {
-          const int n = static_cast<int>(std::min<size_t>(chunk, window.size() - done));
-          gpu->forward(window.data() + done, n, static_cast<int>(done), logits.data() + done * V, true);
-          done += static_cast<size_t>(n);
-        }
-      };
-    }
-#else
-    TQ_CHECK(device == "cpu", "--device cuda: this turboquant-perplexity was built without the CUDA backend "
-             "(configure with -DTQ_CUDA=ON where nvcc is found)");
-#endif
-    const auto reports = measure_quality(*model, tokens, configs, po, pool, [&](int done, int total) {
+    const auto reports = measure_quality(*model, tokens, configs, po, [&](int done, int total) {
       if (tty) std::fprintf(stderr, "\r[%-30s] window %d/%d", std::string(30 * done / total, '#').c_str(), done, total);
-    }, runner);
+    });
     if (tty) std::fprintf(stderr, "\n");
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : reports) {

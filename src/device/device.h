@@ -1,0 +1,165 @@
+// The device interface: the operations an architecture file (src/model/<arch>.cc) states its layer math
+// in, implemented once per backend: the CPU (device/cpu_device.h: ops/, kv/, attn/) and CUDA
+// (cuda/cuda_device.h: cuBLAS, the device caches, the fused kernels, CUDA graphs). A model file calls
+// these and nothing else; a backend knows no architecture.
+//
+// Granularity. Each call is one whole-batch operation (a matrix product over every row of the batch, a
+// norm over every row, attention over every sequence), so the CUDA backend launches a handful of kernels
+// per layer and can record a decode step as a CUDA graph, and the CPU backend runs each product as one
+// parallel region. Weights are uploaded once, when the model is built (linear(), vector()).
+//
+// A forward call: the runtime fills a StepLayout (the batch: sequences, their tokens and positions, the
+// rows whose logits it wants) and calls run_step(layout, forward). Inside `forward` the model asks for
+// scratch tensors and calls the operations; they read the step's tokens, positions and sequences from
+// the layout. After run_step the runtime reads the logits (read_logits) or their argmax. run_step may
+// call `forward` more than once (the CUDA backend plans a step, then records it into a graph): forward
+// must make the same calls in the same order for the same layout, and have no other side effects.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attn/attention.h"
+#include "kv/cache.h"
+#include "ops/ops.h"
+
+namespace tq {
+
+// Element type of an activation tensor. The CPU backend computes in float32 throughout; the CUDA
+// backend's matrix products read BF16 (rounded from float32 activations) and write float32.
+enum class ActType : uint8_t { f32, bf16 };
+
+// A matrix of activations in the device's memory: rows x cols elements, row r at data + r * stride.
+// Views (columns()) share the memory of the tensor they come from.
+struct Tensor {
+  void* data = nullptr;
+  ActType type = ActType::f32;
+  int64_t rows = 0, cols = 0;
+  int64_t stride = 0;  // elements from one row to the next (>= cols)
+
+  // Columns [first, first + count) of every row.
+  Tensor columns(int64_t first, int64_t count) const;
+  // Rows [first, first + count).
+  Tensor row_range(int64_t first, int64_t count) const;
+  float* f32() const;             // data as floats (type f32)
+  float* row(int64_t r) const;    // row r as floats (type f32)
+  size_t element_bytes() const { return type == ActType::f32 ? 4 : 2; }
+};
+
+// What the device holds for a model, by handle.
+struct Linear {  // a weight matrix [rows][cols] (y = x . W^T), possibly several stacked by rows
+  int id = -1;
+  int64_t rows = 0, cols = 0;
+};
+struct DeviceVector {  // float32 values: a norm weight, a bias, learned sinks
+  int id = -1;
+  int64_t size = 0;
+  bool empty() const { return id < 0; }
+};
+
+// One sequence's share of a step: rows [row0, row0 + n) of the batch are its tokens at positions
+// pos0 .. pos0 + n - 1.
+struct StepSequence {
+  int seq = 0;
+  int row0 = 0;
+  int n = 0;
+  int pos0 = 0;
+};
+
+// The batch of one forward call.
+struct StepLayout {
+  std::vector<StepSequence> sequences;
+  std::vector<int32_t> tokens;       // [rows]: token ids, the sequences' rows one after another
+  std::vector<int32_t> positions;    // [rows]: each row's position in its sequence
+  std::vector<int32_t> output_rows;  // rows whose logits come back, in this order
+  int rows() const { return static_cast<int>(tokens.size()); }
+  bool decode_only() const;          // one row per sequence (every sequence decodes a token)
+  // Appends a sequence's rows (tokens at pos0, pos0 + 1, ...).
+  void add(int seq, std::span<const int32_t> tokens, int pos0);
+};
+
+// How a decode step ran on a backend that records steps (CUDA graphs); zeros elsewhere.
+struct StepStats {
+  int64_t replays = 0, captures = 0, eager_steps = 0;
+  std::string eager_reason;  // why decode steps are not replayed, when they are not
+  // Replayed steps: host preparation (plans, uploads, the launch) and device time (events), summed.
+  double host_seconds = 0, device_seconds = 0;
+};
+
+// The capacity a KV cache is built for (the CUDA backend allocates it up front; KVCacheOptions::max_blocks
+// bounds a growing cache).
+struct CacheCapacity {
+  int max_sequences = 1;     // sequences alive at once
+  int64_t max_tokens = 0;    // main-tier positions of all sequences together (0: no bound)
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;  // "cpu (AVX2, 2 threads)", "cuda (NVIDIA H200)"
+  virtual bool is_cuda() const { return false; }
+
+  // ---- what a model keeps on the device, made once when the model is built
+  // Parts stacked by rows into one matrix (q/k/v, gate/up share their input): [sum of rows][cols].
+  virtual Linear linear(std::span<const ops::WeightView> parts, std::string_view what) = 0;
+  Linear linear(const ops::WeightView& w, std::string_view what) { return linear(std::span(&w, 1), what); }
+  virtual DeviceVector vector(std::span<const float> values) = 0;
+  // RoPE frequencies; the handle is what rope() takes.
+  virtual int rope_table(const ops::RopeConfig& config) = 0;
+  virtual int64_t weight_bytes() const = 0;  // what linear() and vector() hold on the device
+
+  // A layer's KV cache on this device (a KVCache on the CPU, a device cache on CUDA).
+  virtual std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
+                                               const CacheCapacity& capacity) = 0;
+  // The block size a KV cache gets when the settings do not say (the backend's kernels are tuned for it).
+  virtual int default_block_tokens() const = 0;
+  // Whether caches take their whole capacity when built (device memory) rather than growing.
+  virtual bool preallocates_caches() const { return false; }
+
+  // ---- one forward call
+  virtual void run_step(const StepLayout& step, const std::function<void()>& forward) = 0;
+  const StepLayout& step() const { return *step_; }
+
+  // Operations, inside run_step's forward. Shapes are [rows][cols]; rows is the step's row count unless
+  // said otherwise. Outputs may be views (columns of a wider tensor).
+  // Type the matrix products read: a tensor made for them in this type skips a conversion.
+  virtual ActType matmul_input() const = 0;
+  virtual Tensor scratch(int64_t rows, int64_t cols, ActType type = ActType::f32) = 0;  // until the next step
+  // out[r] = table[step().tokens[r]] (the embedding lookup).
+  virtual void embed(const Linear& table, const Tensor& out) = 0;
+  // RMSNorm of each run of w.size values (a row, or each head of a row): out = x / rms(x) * w.
+  virtual void rms_norm(const Tensor& x, const DeviceVector& w, float eps, const Tensor& out) = 0;
+  // out = x . W^T (+ bias) (+ out when accumulate: the residual). x in either type.
+  virtual void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias = {},
+                      bool accumulate = false) = 0;
+  // Rotates each of the `heads` heads of every row at its position (step().positions).
+  virtual void rope(int table, const Tensor& x, int heads) = 0;
+  // out = silu(gate) * up.
+  virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // Appends each sequence's rows of k and v ([rows][kv_heads * head_dim]) to the layer's cache.
+  virtual void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) = 0;
+  // out = attention of each sequence's rows of q ([rows][heads * head_dim]) over its positions in the
+  // cache (append first). The path follows the cache: fused for dense caches and caches marked fused,
+  // standard otherwise; `stats` counts what ran.
+  virtual void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
+                         AttentionStats* stats) = 0;
+  // out[i] = x[step().output_rows[i]]: the rows whose logits are wanted.
+  virtual void gather_output_rows(const Tensor& x, const Tensor& out) = 0;
+  // The logits of this step ([output rows][vocab], float32), read after run_step.
+  virtual void set_logits(const Tensor& logits) = 0;
+
+  // ---- after run_step
+  virtual void read_logits(float* host) = 0;      // [output rows][vocab]
+  virtual void argmax_logits(int32_t* host) = 0;  // [output rows]: the largest logit's index, lowest on ties
+  virtual StepStats step_stats() const { return {}; }
+
+ protected:
+  const StepLayout* step_ = nullptr;  // set by run_step for the duration of the call
+};
+
+}  // namespace tq

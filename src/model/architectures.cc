@@ -1,0 +1,18 @@
+// The architecture table: which file builds which checkpoint.
+#include "core/error.h"
+#include "model/architecture.h"
+#include "model/llama.h"
+
+namespace tq {
+
+std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device& device) {
+  switch (files.config.arch) {
+    case ModelArch::llama:
+    case ModelArch::mistral:
+    case ModelArch::qwen2:
+    case ModelArch::qwen3: return std::make_unique<Llama>(files, device);
+  }
+  fail(files.path, ": no architecture file builds '", files.config.architecture_class, "'");
+}
+
+}  // namespace tq

@@ -1,0 +1,264 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+
+namespace tq {
+
+// ------------------------------------------------------------------ Model
+
+Model::Model(ModelFiles files, Device& device)
+    : files_(std::make_unique<ModelFiles>(std::move(files))), device_(device), arch_(build_architecture(*files_, device)) {}
+
+std::unique_ptr<Model> Model::open(const std::string& path, Device& device) { return std::make_unique<Model>(open_model(path), device); }
+
+std::string Model::weights_dtype() const {
+  const ModelWeights& w = files_->weights;
+  const TensorView* t = w.layers.empty() ? w.embed : w.layers[0].wq;
+  return t ? dtype_name(t->dtype) : "none";
+}
+
+int64_t Model::file_weight_bytes() const {
+  int64_t bytes = 0;
+  for (const TensorView& t : files_->tensors().all()) bytes += static_cast<int64_t>(t.nbytes);
+  return bytes;
+}
+
+// ------------------------------------------------------------------ Engine
+
+namespace {
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+Engine::Engine(Model& model, const EngineOptions& options) : model_(model), options_(options) {
+  Device& dev = model.device();
+  TQ_CHECK(options.max_sequences >= 1, "an engine needs room for at least one sequence, got ", options.max_sequences);
+  TQ_CHECK(options.ctx_size >= 0, "the context size must not be negative, got ", options.ctx_size);
+  TQ_CHECK(options.kv_pool_bytes >= 0, "the KV pool size must not be negative, got ", options.kv_pool_bytes);
+  ctx_ = options.ctx_size > 0 ? options.ctx_size : model.position_limit();
+  TQ_CHECK(ctx_ >= 1, "the model has no context length (max_position_embeddings); give a context size");
+  TQ_CHECK(ctx_ <= model.position_limit(), "a context of ", ctx_, " positions is longer than the model's ", model.position_limit());
+
+  const std::vector<LayerSpec> specs = model.layer_specs();
+  const KVCacheOptions full = options.kv.cache_options(dev.default_block_tokens());
+  std::vector<KVCacheOptions> layer_options;
+  int64_t bytes_per_position = 0;  // main tiers of all layers
+  for (const LayerSpec& l : specs) {
+    TQ_CHECK(l.kind != LayerKind::linear_attention, "internal error: this runtime builds KV caches only");
+    const KVCacheOptions o =
+        l.kind == LayerKind::sliding_attention ? options.kv.sliding_cache_options(l.window, dev.default_block_tokens()) : full;
+    const VectorFormat k(l.head_dim, o.k), v(l.head_dim, o.v);
+    bytes_per_position += static_cast<int64_t>(l.n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
+    layer_options.push_back(o);
+  }
+  // The pool: the same number of positions in every layer.
+  CacheCapacity capacity;
+  capacity.max_sequences = options.max_sequences;
+  TQ_CHECK(options.kv_pool_tokens >= 0, "the KV pool size must not be negative, got ", options.kv_pool_tokens);
+  if (options.kv_pool_tokens > 0) {
+    capacity.max_tokens = options.kv_pool_tokens;
+  } else if (options.kv_pool_bytes > 0) {
+    capacity.max_tokens = std::max<int64_t>(1, options.kv_pool_bytes / std::max<int64_t>(1, bytes_per_position));
+  } else if (dev.preallocates_caches()) {
+    capacity.max_tokens = static_cast<int64_t>(options.max_sequences) * ctx_;
+  }
+  for (size_t l = 0; l < specs.size(); ++l) {
+    KVCacheOptions& o = layer_options[l];
+    if (capacity.max_tokens > 0) o.max_blocks = (capacity.max_tokens + o.block_tokens - 1) / o.block_tokens;
+    const bool fused = options.kv.fused && o.window == 0;
+    caches_.push_back(dev.kv_cache(specs[l].n_kv_heads, specs[l].head_dim, o, fused, capacity));
+  }
+  attention_.resize(caches_.size());
+}
+
+Engine::Engine(Model& model, std::vector<std::unique_ptr<LayerCache>> caches, const EngineOptions& options)
+    : model_(model), options_(options), caches_(std::move(caches)) {
+  TQ_CHECK(options.max_sequences >= 1, "an engine needs room for at least one sequence, got ", options.max_sequences);
+  ctx_ = options.ctx_size > 0 ? options.ctx_size : model.position_limit();
+  const size_t layers = model.layer_specs().size();
+  TQ_CHECK(caches_.size() == layers, "the model has ", layers, " layers, the caches given ", caches_.size());
+  const std::vector<int> ids = caches_.empty() ? std::vector<int>{} : caches_[0]->sequences();
+  for (size_t l = 0; l < caches_.size(); ++l) {
+    TQ_CHECK(caches_[l]->sequences() == ids, "the caches given hold different sequences in layer 0 and layer ", l);
+    for (int id : ids)
+      TQ_CHECK(caches_[l]->length(id) == caches_[0]->length(id), "sequence ", id, " holds ", caches_[0]->length(id), " positions in layer 0 and ",
+               caches_[l]->length(id), " in layer ", l);
+  }
+  for (int id : ids) {
+    if (static_cast<size_t>(id) >= lengths_.size()) lengths_.resize(static_cast<size_t>(id) + 1, -1);
+    lengths_[static_cast<size_t>(id)] = caches_[0]->length(id);
+  }
+  alive_ = static_cast<int>(ids.size());
+  TQ_CHECK(alive_ <= options.max_sequences, "the caches given hold ", alive_, " sequences, more than the ", options.max_sequences, " allowed");
+  attention_.resize(caches_.size());
+}
+
+void Engine::check_sequence(int seq, const char* what) const {
+  TQ_CHECK(has_sequence(seq), what, ": sequence ", seq, " does not exist (never added, or removed)");
+}
+
+bool Engine::has_sequence(int seq) const { return seq >= 0 && static_cast<size_t>(seq) < lengths_.size() && lengths_[seq] >= 0; }
+
+int Engine::length(int seq) const {
+  check_sequence(seq, "length");
+  return lengths_[static_cast<size_t>(seq)];
+}
+
+std::vector<int> Engine::sequences() const {
+  std::vector<int> ids;
+  for (size_t i = 0; i < lengths_.size(); ++i)
+    if (lengths_[i] >= 0) ids.push_back(static_cast<int>(i));
+  return ids;
+}
+
+int Engine::add_sequence() {
+  TQ_CHECK(alive_ < options_.max_sequences, "the engine holds at most ", options_.max_sequences,
+           " sequences at once; remove one first");
+  int id = 0;
+  while (has_sequence(id)) ++id;
+  for (auto& c : caches_) c->add_sequence_with_id(id);
+  if (static_cast<size_t>(id) >= lengths_.size()) lengths_.resize(static_cast<size_t>(id) + 1, -1);
+  lengths_[static_cast<size_t>(id)] = 0;
+  ++alive_;
+  return id;
+}
+
+void Engine::remove_sequence(int seq) {
+  check_sequence(seq, "remove");
+  for (auto& c : caches_) c->remove_sequence(seq);
+  lengths_[static_cast<size_t>(seq)] = -1;
+  --alive_;
+}
+
+int Engine::fork_sequence(int parent, bool copy) {
+  check_sequence(parent, "fork");
+  TQ_CHECK(alive_ < options_.max_sequences, "cannot fork sequence ", parent, ": the engine holds at most ", options_.max_sequences,
+           " sequences at once");
+  int id = 0;
+  while (has_sequence(id)) ++id;
+  size_t done = 0;
+  try {
+    for (; done < caches_.size(); ++done) caches_[done]->fork_sequence(parent, id, copy);
+  } catch (...) {
+    for (size_t l = 0; l < done; ++l) caches_[l]->remove_sequence(id);
+    throw;
+  }
+  if (static_cast<size_t>(id) >= lengths_.size()) lengths_.resize(static_cast<size_t>(id) + 1, -1);
+  lengths_[static_cast<size_t>(id)] = lengths_[static_cast<size_t>(parent)];
+  ++alive_;
+  return id;
+}
+
+void Engine::truncate(int seq, int length) {
+  check_sequence(seq, "truncate");
+  const int held = lengths_[static_cast<size_t>(seq)];
+  TQ_CHECK(length >= 0 && length <= held, "cannot truncate sequence ", seq, " to ", length, " positions: it holds ", held);
+  // Every layer first says whether it can (a rotating cache's window); then all go back together.
+  for (const auto& c : caches_) {
+    const std::string problem = c->truncate_problem(seq, length);
+    TQ_CHECK(problem.empty(), problem);
+  }
+  for (auto& c : caches_) c->truncate(seq, length);
+  lengths_[static_cast<size_t>(seq)] = length;
+}
+
+BatchOutput Engine::forward(std::span<const BatchEntry> batch) {
+  TQ_CHECK(!batch.empty(), "a batch needs at least one entry");
+  const int64_t vocab = model_.vocab_size();
+  // Everything is checked before anything changes.
+  std::set<int> seen;
+  std::vector<SequenceGrowth> growth;
+  for (const BatchEntry& e : batch) {
+    check_sequence(e.seq, "forward");
+    TQ_CHECK(seen.insert(e.seq).second, "sequence ", e.seq, " appears twice in one batch");
+    TQ_CHECK(!e.tokens.empty(), "the batch entry of sequence ", e.seq, " has no tokens");
+    const int held = lengths_[static_cast<size_t>(e.seq)];
+    TQ_CHECK(e.pos0 < 0 || e.pos0 == held, "sequence ", e.seq, " holds ", held, " positions: a batch entry at position ", e.pos0,
+             e.pos0 > held ? " would leave a gap" : " would overwrite it (truncate first)");
+    TQ_CHECK(held + static_cast<int64_t>(e.tokens.size()) <= ctx_, "sequence ", e.seq, " would reach ", held + e.tokens.size(),
+             " positions, more than the context of ", ctx_);
+    for (int32_t t : e.tokens) TQ_CHECK(t >= 0 && t < vocab, "token id ", t, " is outside the vocabulary (", vocab, ")");
+    growth.push_back({e.seq, static_cast<int>(e.tokens.size())});
+  }
+  for (size_t l = 0; l < caches_.size(); ++l) {
+    const BlockDemand d = caches_[l]->demand(growth);
+    if (d.needed <= d.available) continue;
+    fail("the batch needs ", d.needed, " more KV blocks in layer ", l, " (", mib(static_cast<double>(d.needed * d.block_bytes)),
+         "), but the KV pool has ", d.available, " free (", mib(static_cast<double>(d.available * d.block_bytes)), ") of ", d.capacity,
+         " (", mib(static_cast<double>(d.capacity * d.block_bytes)), "); finish or remove sequences, or give a larger pool");
+  }
+
+  step_ = StepLayout{};
+  BatchOutput out;
+  for (const BatchEntry& e : batch) {
+    const int row0 = step_.rows();
+    step_.add(e.seq, e.tokens, lengths_[static_cast<size_t>(e.seq)]);
+    const int n = static_cast<int>(e.tokens.size());
+    const int first = e.logits == Logits::all ? 0 : n - 1;
+    const int count = e.logits == Logits::none ? 0 : n - first;
+    out.first_row.push_back(count ? out.total : -1);
+    out.rows.push_back(count);
+    for (int i = 0; i < count; ++i) step_.output_rows.push_back(row0 + first + i);
+    out.total += count;
+  }
+  Device& dev = model_.device();
+  try {
+    dev.run_step(step_, [&] { model_.architecture().forward(dev, caches_, &attention_); });
+  } catch (...) {
+    // A step that failed on the way leaves every layer as it was before the batch.
+    for (const BatchEntry& e : batch)
+      for (auto& c : caches_)
+        if (c->has_sequence(e.seq) && c->length(e.seq) > lengths_[static_cast<size_t>(e.seq)]) c->truncate(e.seq, lengths_[static_cast<size_t>(e.seq)]);
+    throw;
+  }
+  for (const BatchEntry& e : batch) lengths_[static_cast<size_t>(e.seq)] += static_cast<int>(e.tokens.size());
+  last_output_rows_ = out.total;
+  return out;
+}
+
+void Engine::read_logits(float* host) {
+  TQ_CHECK(last_output_rows_ > 0, "the last batch asked for no logits");
+  model_.device().read_logits(host);
+}
+
+std::vector<float> Engine::logits() {
+  std::vector<float> v(static_cast<size_t>(last_output_rows_) * static_cast<size_t>(model_.vocab_size()));
+  read_logits(v.data());
+  return v;
+}
+
+std::vector<int32_t> Engine::argmax() {
+  TQ_CHECK(last_output_rows_ > 0, "the last batch asked for no logits");
+  std::vector<int32_t> ids(static_cast<size_t>(last_output_rows_));
+  model_.device().argmax_logits(ids.data());
+  return ids;
+}
+
+MemoryUsage Engine::memory() const {
+  MemoryUsage total;
+  for (const auto& c : caches_) total += c->memory();
+  return total;
+}
+
+std::vector<MemoryUsage> Engine::layer_memory() const {
+  std::vector<MemoryUsage> m;
+  for (const auto& c : caches_) m.push_back(c->memory());
+  return m;
+}
+
+std::vector<LayerAttentionReport> Engine::attention_report() const {
+  std::vector<LayerAttentionReport> r(caches_.size());
+  for (size_t l = 0; l < caches_.size(); ++l) r[l] = {caches_[l]->describe(), attention_[l]};
+  return r;
+}
+
+}  // namespace tq
