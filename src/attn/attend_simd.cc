@@ -301,18 +301,27 @@ HWY_INLINE hn::Vec<D16> ExpNonPositiveOrZero512(D16 d, hn::Vec<D16> z, hn::Vec<D
 }
 #endif
 
+// Every element through the same vector exp, the last partial vector too: an element's value must not
+// depend on where it falls (the standard path's score rows are as long as the sequence, so a tail
+// computed with std::exp made a position's weight depend on the sequence's length, and a prompt run in
+// other chunks gave other logits).
 void ExpShifted(float* HWY_RESTRICT x, int n, float shift) {
   const D d;
   const int N = static_cast<int>(hn::Lanes(d));
   const auto sh = hn::Set(d, shift);
   const auto lowest = hn::Set(d, -87.0f);  // below this exp underflows; masked scores are -inf
+  auto exp_shifted = [&](hn::Vec<D> v) {
+    const auto z = hn::Sub(v, sh);
+    return hn::IfThenZeroElse(hn::Lt(z, lowest), hn::Exp(d, hn::Max(z, lowest)));
+  };
   int i = 0;
-  for (; i + N <= n; i += N) {
-    const auto z = hn::Sub(hn::LoadU(d, x + i), sh);
-    const auto e = hn::Exp(d, hn::Max(z, lowest));
-    hn::StoreU(hn::IfThenZeroElse(hn::Lt(z, lowest), e), d, x + i);
+  for (; i + N <= n; i += N) hn::StoreU(exp_shifted(hn::LoadU(d, x + i)), d, x + i);
+  if (i < n) {
+    HWY_ALIGN float tail[HWY_LANES(float)] = {};
+    for (int j = 0; j < n - i; ++j) tail[j] = x[i + j];
+    hn::Store(exp_shifted(hn::Load(d, tail)), d, tail);
+    for (int j = 0; j < n - i; ++j) x[i + j] = tail[j];
   }
-  for (; i < n; ++i) x[i] = x[i] - shift < -87.0f ? 0.0f : std::exp(x[i] - shift);
 }
 
 void Scale(float* HWY_RESTRICT x, int n, float a) {

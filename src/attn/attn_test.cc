@@ -595,6 +595,23 @@ TEST_P(BlockTargets, RandomConfigurationsAgree) {
 
 // A sliding-window layer prefilled in FP16 past its window, converted to TurboQuant (its block grid
 // now starts at the oldest held position), then decoded further: all paths agree.
+// An element's exp does not depend on where it falls in the row (the standard path's rows are as long as
+// the sequence, so a tail computed another way made a prompt's logits depend on its chunking).
+TEST_P(BlockTargets, ExpShiftedDoesNotDependOnTheRowLength) {
+  SplitMix64 rng(5);
+  std::vector<float> base(64);
+  for (auto& x : base) x = static_cast<float>(rng.normal() * 4);
+  base[7] = -INFINITY;
+  std::vector<float> whole = base;
+  attn_kernels::exp_shifted(whole.data(), 64, 1.5f);
+  for (int n = 1; n <= 64; ++n) {
+    std::vector<float> part(base.begin(), base.begin() + n);
+    attn_kernels::exp_shifted(part.data(), n, 1.5f);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(part[i], whole[i]) << "element " << i << " of a row of " << n;
+  }
+  EXPECT_EQ(whole[7], 0.0f);
+}
+
 TEST(Attention, RotatingCacheConvertedAfterItDroppedPositions) {
   ThreadPool pool(2);
   SplitMix64 rng(41);

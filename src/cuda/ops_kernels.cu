@@ -1,0 +1,200 @@
+// Kernels of the CUDA device's operations: simple and correct first (a thread per element, or a block per
+// row or run); the matrix products are cuBLAS's and the attention kernels have files of their own.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda/check.h"
+#include "cuda/ops_kernels.h"
+
+namespace tq::cuda::ops_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__device__ void store(float* p, float v) { *p = v; }
+__device__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// Grid of (columns in blocks of kThreads, rows): element-wise kernels over [rows][cols] views.
+dim3 grid_for(int64_t rows, int cols) { return dim3(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(rows)); }
+
+__global__ void embed_kernel(const uint16_t* table, const int32_t* tokens, int hidden, float* x, int64_t x_stride) {
+  const int64_t row = tokens[blockIdx.x];
+  const uint16_t* src = table + row * hidden;
+  float* dst = x + static_cast<int64_t>(blockIdx.x) * x_stride;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = __uint_as_float(static_cast<uint32_t>(src[i]) << 16);
+}
+
+// One block per run (blockIdx.x = row * runs + run); the sum of squares reduced in float (the order
+// differs from the CPU's, within rounding).
+template <typename Out>
+__global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* weight, float eps, int runs, int run, Out* y,
+                                int64_t y_stride) {
+  const int64_t row = blockIdx.x / runs, j = blockIdx.x % runs;
+  const float* xr = x + row * x_stride + j * run;
+  Out* yr = y + row * y_stride + j * run;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < run; i += blockDim.x) sum += xr[i] * xr[i];
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __shared__ float warp_sums[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(run) + eps);
+  // Every thread has read its values (and the barrier above ordered the sums) before y, which may be x,
+  // is written: each element is read and written by the same thread.
+  for (int i = threadIdx.x; i < run; i += blockDim.x) store(yr + i, __fmul_rn(__fmul_rn(xr[i], inv), weight[i]));
+}
+
+__global__ void add_bias_kernel(float* y, int64_t y_stride, const float* bias, int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < cols) y[blockIdx.y * y_stride + c] += bias[c];
+}
+
+template <typename Out>
+__global__ void swiglu_kernel(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, int cols, Out* out,
+                              int64_t out_stride) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float g = gate[blockIdx.y * gate_stride + c];
+  store(out + blockIdx.y * out_stride + c, g / (1.0f + expf(-g)) * up[blockIdx.y * up_stride + c]);
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t x_stride, int cols, __nv_bfloat16* out, int64_t out_stride) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < cols) out[blockIdx.y * out_stride + c] = __float2bfloat16_rn(x[blockIdx.y * x_stride + c]);
+}
+
+// One block per (row, head) of q, then of k; a thread per frequency pair.
+__global__ void rope_kernel(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim,
+                            int rotary_dim, bool interleaved, const float* inv_freq, const int32_t* positions) {
+  const int q_blocks = n * q_heads;
+  const bool is_q = static_cast<int>(blockIdx.x) < q_blocks;
+  const int b = is_q ? blockIdx.x : blockIdx.x - q_blocks, heads = is_q ? q_heads : k_heads;
+  const int row = b / heads, head = b % heads;
+  float* xh = (is_q ? q + row * q_stride : k + row * k_stride) + static_cast<int64_t>(head) * head_dim;
+  const int half = rotary_dim / 2;
+  const float pos = static_cast<float>(positions[row]);
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const double angle = static_cast<double>(__fmul_rn(inv_freq[j], pos));
+    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
+    const int ia = interleaved ? 2 * j : j, ib = interleaved ? 2 * j + 1 : j + half;
+    const float a = xh[ia], b2 = xh[ib];
+    // Products rounded, then the sum (no fused multiply-add), as ops::apply_rope.
+    xh[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b2, s));
+    xh[ib] = __fadd_rn(__fmul_rn(b2, c), __fmul_rn(a, s));
+  }
+}
+
+__global__ void gather_rows_kernel(const float* x, int64_t x_stride, const int32_t* rows, int cols, float* out, int64_t out_stride) {
+  const float* src = x + static_cast<int64_t>(rows[blockIdx.x]) * x_stride;
+  float* dst = out + static_cast<int64_t>(blockIdx.x) * out_stride;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
+}
+
+// One block of 1024 threads per row: strided scan, then a tree reduction of (value, index) pairs.
+__global__ void argmax_kernel(const float* x, int64_t x_stride, int64_t count, int32_t* out) {
+  constexpr int kMaxThreads = 1024;
+  __shared__ float best_value[kMaxThreads];
+  __shared__ int64_t best_index[kMaxThreads];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const float v = row[i];
+    if (v > bv) {  // false for NaN and for -inf; strided order keeps the lowest index per thread on ties
+      bv = v;
+      bi = i;
+    }
+  }
+  best_value[threadIdx.x] = bv;
+  best_index[threadIdx.x] = bi;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (static_cast<int>(threadIdx.x) < stride) {
+      const float ov = best_value[threadIdx.x + stride];
+      const int64_t oi = best_index[threadIdx.x + stride];
+      const float mv = best_value[threadIdx.x];
+      const int64_t mi = best_index[threadIdx.x];
+      if (oi >= 0 && (mi < 0 || ov > mv || (ov == mv && oi < mi))) {
+        best_value[threadIdx.x] = ov;
+        best_index[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = best_index[0] < 0 ? 0 : static_cast<int32_t>(best_index[0]);
+}
+
+}  // namespace
+
+void embed(const uint16_t* table_bf16, const int32_t* tokens, int n, int hidden, float* x, int64_t x_stride, void* stream) {
+  if (n == 0) return;
+  embed_kernel<<<n, kThreads, 0, as_stream(stream)>>>(table_bf16, tokens, hidden, x, x_stride);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void rms_norm(const float* x, int64_t x_stride, const float* weight, float eps, int64_t rows, int runs, int run, void* y,
+              int64_t y_stride, bool y_bf16, void* stream) {
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>(rows * runs);
+  if (y_bf16) {
+    rms_norm_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(x, x_stride, weight, eps, runs, run, static_cast<__nv_bfloat16*>(y), y_stride);
+  } else {
+    rms_norm_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(x, x_stride, weight, eps, runs, run, static_cast<float*>(y), y_stride);
+  }
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_bias(float* y, int64_t y_stride, const float* bias, int64_t rows, int cols, void* stream) {
+  if (rows == 0 || cols == 0) return;
+  add_bias_kernel<<<grid_for(rows, cols), kThreads, 0, as_stream(stream)>>>(y, y_stride, bias, cols);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, int64_t rows, int cols, void* out,
+            int64_t out_stride, bool out_bf16, void* stream) {
+  if (rows == 0 || cols == 0) return;
+  if (out_bf16) {
+    swiglu_kernel<<<grid_for(rows, cols), kThreads, 0, as_stream(stream)>>>(gate, gate_stride, up, up_stride, cols,
+                                                                            static_cast<__nv_bfloat16*>(out), out_stride);
+  } else {
+    swiglu_kernel<<<grid_for(rows, cols), kThreads, 0, as_stream(stream)>>>(gate, gate_stride, up, up_stride, cols, static_cast<float*>(out),
+                                                                            out_stride);
+  }
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void to_bf16(const float* x, int64_t x_stride, int64_t rows, int cols, uint16_t* out, int64_t out_stride, void* stream) {
+  if (rows == 0 || cols == 0) return;
+  to_bf16_kernel<<<grid_for(rows, cols), kThreads, 0, as_stream(stream)>>>(x, x_stride, cols, reinterpret_cast<__nv_bfloat16*>(out),
+                                                                           out_stride);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim, int rotary_dim,
+          bool interleaved, const float* inv_freq, const int32_t* positions, void* stream) {
+  const int blocks = n * (q_heads + k_heads);
+  if (blocks == 0) return;
+  rope_kernel<<<static_cast<unsigned>(blocks), 64, 0, as_stream(stream)>>>(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim,
+                                                                           rotary_dim, interleaved, inv_freq, positions);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const float* x, int64_t x_stride, const int32_t* rows, int n, int cols, float* out, int64_t out_stride, void* stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, as_stream(stream)>>>(x, x_stride, rows, cols, out, out_stride);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows(const float* x, int64_t x_stride, int rows, int64_t count, int32_t* out, void* stream) {
+  if (rows == 0) return;
+  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, as_stream(stream)>>>(x, x_stride, count, out);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tq::cuda::ops_kernels

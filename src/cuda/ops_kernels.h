@@ -1,0 +1,35 @@
+// Elementwise and row kernels of the CUDA device's operations (ops_kernels.cu). All take device pointers,
+// rows `*_stride` elements apart (views of wider tensors), and enqueue on `stream` (a cudaStream_t;
+// nullptr is the legacy default stream). Plain C++ header.
+#pragma once
+
+#include <cstdint>
+
+namespace tq::cuda::ops_kernels {
+
+// x[r] = table[tokens[r]] widened from BF16, r < n (tokens: device ids [n]).
+void embed(const uint16_t* table_bf16, const int32_t* tokens, int n, int hidden, float* x, int64_t x_stride, void* stream);
+// RMSNorm of each run of `run` values of each row of runs * run values: y = (x * 1/sqrt(mean(x^2) + eps)) * weight[run]
+// (the CPU's order of products). y is float, or BF16 (rounded to nearest even) when y_bf16. y may equal x.
+void rms_norm(const float* x, int64_t x_stride, const float* weight, float eps, int64_t rows, int runs, int run, void* y,
+              int64_t y_stride, bool y_bf16, void* stream);
+// y[r][c] += bias[c].
+void add_bias(float* y, int64_t y_stride, const float* bias, int64_t rows, int cols, void* stream);
+// out = silu(gate) * up, float or BF16.
+void swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, int64_t rows, int cols, void* out,
+            int64_t out_stride, bool out_bf16, void* stream);
+// out = BF16(x) (round to nearest even): a matrix product's input.
+void to_bf16(const float* x, int64_t x_stride, int64_t rows, int cols, uint16_t* out, int64_t out_stride, void* stream);
+// Rotates q[n][q_heads][head_dim] and k[n][k_heads][head_dim] (one launch), row r at position positions[r]
+// (device [n]), with inv_freq[rotary_dim / 2] (device), in the layout of ops::RopeLayout (interleaved:
+// pairs (2j, 2j+1); else (j, j + rotary_dim/2)). The angle is the float product inv_freq[j] * float(pos);
+// its cosine and sine are evaluated in double and rounded to float (as the CPU).
+void rope(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim, int rotary_dim,
+          bool interleaved, const float* inv_freq, const int32_t* positions, void* stream);
+// out[i] = x[rows[i]], i < n (rows: device [n]).
+void gather_rows(const float* x, int64_t x_stride, const int32_t* rows, int n, int cols, float* out, int64_t out_stride, void* stream);
+// out[r] = index of the largest of row r of x (count values), the lowest on ties, NaN never chosen; 0 when
+// nothing exceeds -inf.
+void argmax_rows(const float* x, int64_t x_stride, int rows, int64_t count, int32_t* out, void* stream);
+
+}  // namespace tq::cuda::ops_kernels
