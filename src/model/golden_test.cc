@@ -48,6 +48,32 @@ TEST_P(Golden, LogitsMatchTransformers) {
   }
 }
 
+// Every prompt of a model in one batch (three sequences of 1, 7 and 33 tokens), against the same logits.
+TEST_P(Golden, LogitsMatchTransformersInOneBatch) {
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden/" + GetParam();
+  const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
+  testing_util::CpuModel cpu(dir, 2);
+  const int V = static_cast<int>(cpu.model->vocab_size());
+  auto engine = testing_util::dense_engine(*cpu.model, "f32", static_cast<int>(golden["prompts"].size()));
+  std::vector<std::vector<int32_t>> ids;
+  for (const auto& prompt : golden["prompts"]) ids.push_back(prompt["ids"].get<std::vector<int32_t>>());
+  std::vector<BatchEntry> batch;
+  for (const auto& p : ids) batch.push_back({engine->add_sequence(), p, -1, Logits::all});
+  const BatchOutput out = engine->forward(batch);
+  const std::vector<float> logits = engine->logits();
+  for (size_t b = 0; b < ids.size(); ++b)
+    for (size_t i = 0; i < ids[b].size(); ++i) {
+      const auto& want = golden["prompts"][b]["logits"][i];
+      double max_abs = 0, err = 0;
+      for (int j = 0; j < V; ++j) {
+        const double w = want[j].get<double>();
+        max_abs = std::max(max_abs, std::fabs(w));
+        err = std::max(err, std::fabs(logits[(static_cast<size_t>(out.first_row[b]) + i) * V + j] - w));
+      }
+      EXPECT_LE(err / max_abs, 1e-4) << GetParam() << " sequence " << b << " position " << i;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, Golden, testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3"));
 
 }  // namespace

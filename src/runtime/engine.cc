@@ -73,9 +73,16 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   }
   for (size_t l = 0; l < specs.size(); ++l) {
     KVCacheOptions& o = layer_options[l];
-    if (capacity.max_tokens > 0) o.max_blocks = (capacity.max_tokens + o.block_tokens - 1) / o.block_tokens;
+    CacheCapacity layer_capacity = capacity;
+    if (capacity.max_tokens > 0) {
+      // Whole blocks: the positions asked for wherever the sequences end (each may leave a block partly
+      // filled), so that the pool holds them in any split among its sequences.
+      const int64_t T = o.block_tokens;
+      o.max_blocks = (capacity.max_tokens + (static_cast<int64_t>(options.max_sequences) - 1) * (T - 1) + T - 1) / T;
+      layer_capacity.max_tokens = o.max_blocks * T;
+    }
     const bool fused = options.kv.fused && o.window == 0;
-    caches_.push_back(dev.kv_cache(specs[l].n_kv_heads, specs[l].head_dim, o, fused, capacity));
+    caches_.push_back(dev.kv_cache(specs[l].n_kv_heads, specs[l].head_dim, o, fused, layer_capacity));
   }
   attention_.resize(caches_.size());
 }
