@@ -60,6 +60,7 @@ struct DeviceAttention::Impl {
   bool replayable = false;
   int items_cap = 0, groups_cap = 0;
   bool overlap_append = false;  // launch as a programmatic dependent of the stream's previous kernel
+  int min_tiles = 0;            // the planner's fewest tiles per item (0: its default)
 };
 
 DeviceAttention::DeviceAttention() : impl_(std::make_unique<Impl>()) {}
@@ -67,6 +68,10 @@ DeviceAttention::~DeviceAttention() = default;
 
 void DeviceAttention::set_replayable(bool on) { impl_->replayable = on; }
 void DeviceAttention::set_overlap_append(bool on) { impl_->overlap_append = on; }
+void DeviceAttention::set_min_tiles(int tiles) {
+  TQ_CHECK(tiles >= 0, "the fewest tiles per attention work item must not be negative, got ", tiles);
+  impl_->min_tiles = tiles;
+}
 
 std::string DeviceAttention::launch_signature() const {
   const Impl& a = *impl_;
@@ -115,6 +120,9 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     p.slot = s.slot;
     p.length = s.length;
     p.n_sink = std::min(s.length, c.options.min_tokens);
+    const int64_t row = static_cast<int64_t>(params.n_heads) * c.dim;
+    TQ_CHECK(r.q_stride == 0 || r.q_stride >= row, "query rows of ", row, " floats cannot be ", r.q_stride, " floats apart");
+    p.q_stride = static_cast<int32_t>(r.q_stride > 0 ? r.q_stride : row);
     rq.push_back(p);
     pr.push_back({s.length, r.n_q, r.pos0});
     seqs.insert(r.seq);
@@ -179,12 +187,8 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   shape.target_blocks = sm_count * std::min(per_sm, kItemsPerSm);
   // Shortest item: its fixed costs (prologue, publishing a part, a share of the merge) against its tiles.
   // Measured on the H200 (tq-llama-hd128 decode at 32K, device time per step, K8/V3): 16 tiles 383.5 us,
-  // 8 tiles 387.5 us, 4 tiles 392.8 us. TQ_ATTN_MIN_TILES=N overrides it (experiments).
-  static const int min_tiles_override = [] {
-    const char* v = std::getenv("TQ_ATTN_MIN_TILES");
-    return v != nullptr ? std::max(1, std::atoi(v)) : 0;
-  }();
-  if (min_tiles_override > 0) shape.min_tiles_per_item = min_tiles_override;
+  // 8 tiles 387.5 us, 4 tiles 392.8 us. set_min_tiles overrides it (experiments: --attn-min-tiles).
+  if (a.min_tiles > 0) shape.min_tiles_per_item = a.min_tiles;
   a.plan = plan_attention(shape, pr);
 
   // The plan's arrays go up in one copy through page-locked memory (no wait for the stream: the decode

@@ -39,7 +39,7 @@ inline constexpr int kAttnThreads = 32 * kAttnWarps;
 inline constexpr int kMaxCachedPages = 256;
 
 // Diagnostics build only (-DTQ_ATTN_TIMELINE): thread 0 of each block stamps the global timer (ns) at the
-// kernel's phase boundaries; TQ_TIMELINE=1 tq-gpu-bench runs one more call per row and prints the spread.
+// kernel's phase boundaries; tq-gpu-bench --timeline runs one more call per row and prints the spread.
 #ifdef TQ_ATTN_TIMELINE
 inline constexpr int kTimelineBlocks = 4096, kTimelineMarks = 16;
 __device__ unsigned long long g_attn_timeline[kTimelineBlocks][kTimelineMarks];
@@ -744,7 +744,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     qx[j] = 0.0f;
     if (grow < rows_total) {
       const int i = grow / p.group, hq = it.kv_head * p.group + grow % p.group;
-      qx[j] = rq.q[(static_cast<int64_t>(i) * p.n_heads + hq) * D + d];
+      qx[j] = rq.q[static_cast<int64_t>(i) * rq.q_stride + hq * D + d];
     }
     k_sign[j] = tq_main ? p.k_signs[d] : 1.0f;
   }

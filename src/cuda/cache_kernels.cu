@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
   if (job >= p.n_tokens * p.n_kv * 2) return;  // whole warps leave; no block barrier below
   const int value = job & 1, head = (job >> 1) % p.n_kv, token = (job >> 1) / p.n_kv;
   const AppendToken tk = p.tokens[token];
-  const float* x = (value ? p.v : p.k) + (static_cast<int64_t>(token) * p.n_kv + head) * D;
+  const float* x = (value ? p.v + token * p.v_stride : p.k + token * p.k_stride) + static_cast<int64_t>(head) * D;
   const EncodeParams& e = tk.tier ? (value ? p.sink_v : p.sink_k) : (value ? p.main_v : p.main_k);
   uint8_t* tile = (tk.tier ? p.sink_base : p.main_base) + tk.tile0 + static_cast<int64_t>(head) * tk.head_stride;
   if (is_dense(e.kind)) {
@@ -263,6 +263,51 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
     }
   }
   TQ_APPEND_MARK(1);
+}
+
+// ------------------------------------------------------------------ clear
+
+// The bits write_code ORs in for (tok, dim), set back to zero (the other positions' bits in the words stay):
+// what a truncated position leaves must read as empty before another position is appended there.
+__device__ void clear_code(uint8_t* tile, const EncodeParams& e, int tok, int dim) {
+  const Slot sl = slot_of(e.is_key, tok, dim);
+  uint8_t* section = tile + e.codes;
+  auto word = [&](int w) { return reinterpret_cast<unsigned int*>(section + lane_word_offset(e.words, sl.lane, w)); };
+  if (is_dense(e.kind)) {
+    *reinterpret_cast<uint16_t*>(section + lane_word_offset(e.words, sl.lane, sl.e / 2) + 2 * (sl.e % 2)) = 0;
+  } else if (is_nibble(e.kind)) {
+    const int b = nibble_bits(e.kind);
+    const int sel = sl.e / 8, n = sl.e % 8, q = sel / 4, a = sel % 4;
+    if (b == 3 && a == 3) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k) atomicAnd(word(3 * q + k), ~(1u << (4 * n + 3)));
+    } else {
+      const int w = b == 2 ? 2 * q + (a & 1) : b * q + a;
+      const int shift = 4 * n + (b == 2 && a >= 2 ? 2 : 0);
+      atomicAnd(word(w), ~(((1u << b) - 1u) << shift));
+    }
+  } else {
+    section[lane_word_offset(e.words, sl.lane, sl.e / 4) + sl.e % 4] = 0;
+  }
+}
+
+// One warp per (position, KV head, K or V), as the append: the position's codes and scales back to zero.
+template <int D>
+__global__ void __launch_bounds__(32 * kAppendWarps) clear_kernel(const AppendParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int job = blockIdx.x * kAppendWarps + warp;
+  if (job >= p.n_tokens * p.n_kv * 2) return;
+  const int value = job & 1, head = (job >> 1) % p.n_kv, token = (job >> 1) / p.n_kv;
+  const AppendToken tk = p.tokens[token];
+  const EncodeParams& e = tk.tier ? (value ? p.sink_v : p.sink_k) : (value ? p.main_v : p.main_k);
+  uint8_t* tile = (tk.tier ? p.sink_base : p.main_base) + tk.tile0 + static_cast<int64_t>(head) * tk.head_stride;
+  for (int j = lane; j < D; j += 32) clear_code(tile, e, tk.tok, j);
+  if (!is_dense(e.kind)) {
+    for (int g = lane; g < D / e.group_size; g += 32) {
+      const int idx = e.is_key ? k_scale_index(tk.tok, g) : v_scale_index(tk.tok, g);
+      reinterpret_cast<uint16_t*>(tile + e.scales)[idx] = 0;
+    }
+  }
 }
 
 // ------------------------------------------------------------------ expand
@@ -425,6 +470,12 @@ void launch_append_d(const AppendParams& p, cudaStream_t stream) {
   append_kernel<D><<<(jobs + kAppendWarps - 1) / kAppendWarps, 32 * kAppendWarps, 0, stream>>>(p);
 }
 
+template <int D>
+void launch_clear_d(const AppendParams& p, cudaStream_t stream) {
+  const int jobs = p.n_tokens * p.n_kv * 2;
+  clear_kernel<D><<<(jobs + kAppendWarps - 1) / kAppendWarps, 32 * kAppendWarps, 0, stream>>>(p);
+}
+
 template <int D, int G>
 void launch_expand_d(const ExpandParams& p, cudaStream_t stream) {
   const int jobs = p.n_tiles * p.n_kv;
@@ -455,6 +506,17 @@ bool launch_append(int dim, const AppendParams& p, void* stream) {
     case 64: launch_append_d<64>(p, s); return true;
     case 128: launch_append_d<128>(p, s); return true;
     case 256: launch_append_d<256>(p, s); return true;
+    default: return false;
+  }
+}
+
+bool launch_clear(int dim, const AppendParams& p, void* stream) {
+  if (p.n_tokens == 0) return true;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dim) {
+    case 64: launch_clear_d<64>(p, s); return true;
+    case 128: launch_clear_d<128>(p, s); return true;
+    case 256: launch_clear_d<256>(p, s); return true;
     default: return false;
   }
 }

@@ -69,9 +69,20 @@ class DeviceKVCache {
   std::string describe() const;
 
   int add_sequence();
-  void remove_sequence(int seq);  // its pages go back to the pool (zeroed)
+  void add_sequence_with_id(int seq);
+  void remove_sequence(int seq, void* stream = nullptr);  // its pages go back (zeroed on the stream) once no fork holds them
   bool has_sequence(int seq) const;
+  std::vector<int> sequences() const;
   int length(int seq) const;
+  // As KVCache (kv/cache.h): the child shares the parent's pages, copied on the first write while shared
+  // (or copied at once with `copy`); the sink tier's tiles are copied. Enqueued on `stream`.
+  void fork_sequence(int parent, int child, bool copy, void* stream = nullptr);
+  // Forgets positions [length, length(seq)): whole pages go back, the codes of the positions left in
+  // the last page are cleared (a kernel on `stream`; a shared page is copied first).
+  void truncate(int seq, int length, void* stream = nullptr);
+  std::string truncate_problem(int seq, int length) const;
+  // Pages that appending these positions would take (new ones, and copies of shared ones), of the free.
+  BlockDemand demand(const std::vector<SequenceGrowth>& growth) const;
 
   // Appends n positions. Host version: k, v are host floats [n][n_kv_heads][head_dim] (original domain);
   // returns when the data is on the device.
@@ -89,8 +100,9 @@ class DeviceKVCache {
   // number of positions return the same parameters, byte for byte (the destinations live at one device
   // address), so a recorded launch stays valid. With a batch, the destinations go up with the batch's copy
   // (the caller's upload(), before the launch) when they fit in it.
+  // k_stride, v_stride: floats between positions' rows of k and v (0: n_kv_heads * head_dim).
   AppendParams prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream = nullptr,
-                              UploadBatch* batch = nullptr);
+                              UploadBatch* batch = nullptr, int64_t k_stride = 0, int64_t v_stride = 0);
   void launch_append(const AppendParams& params, void* stream = nullptr) const;
 
   // Position pos decoded to floats in the original domain, k, v: [n_kv_heads][head_dim] (like KVCache::read).
@@ -124,6 +136,7 @@ struct DeviceAttentionRequest {
   int n_q = 1;
   int pos0 = 0;
   float* out = nullptr;
+  int64_t q_stride = 0;  // floats between query rows (0: n_heads * head_dim); out's rows are side by side
 };
 
 // A planned attention call. plan() fixes the shapes (sequence lengths, query counts) and uploads the work
@@ -158,6 +171,8 @@ class DeviceAttention {
   // the ones the append writes. So the append hides behind the prologue and the older tiles. Only for
   // queries at the positions just appended, with the append launched right before run() on its stream.
   void set_overlap_append(bool on);
+  // The planner's fewest 16-token tiles per work item (0: its default, tuned on the H200).
+  void set_min_tiles(int tiles);
 
   // What plan() decided, for reports and tests.
   int items() const;

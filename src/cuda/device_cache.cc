@@ -122,6 +122,21 @@ void PinnedStaging::upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t
   pending_ = true;
 }
 
+void PinnedStaging::upload_pieces(DeviceBuffer& dst, const std::vector<Piece>& pieces, void* stream) {
+  if (pieces.empty()) return;
+  for (const Piece& p : pieces) {
+    TQ_CHECK(p.src_offset + p.bytes <= bytes_, "internal error: staged piece past the ", bytes_, " staged bytes");
+    dst.upload(host_ + p.src_offset, p.bytes, stream, p.dst_offset);
+  }
+  if (!done_) {
+    cudaEvent_t e;
+    TQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    done_ = e;
+  }
+  TQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), static_cast<cudaStream_t>(stream)));
+  pending_ = true;
+}
+
 void UploadBatch::begin() {
   if (wanted_ > capacity_) {
     capacity_ = std::max<size_t>(2 * wanted_, 64 << 10);
@@ -273,6 +288,7 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
     TQ_CUDA_CHECK(cudaMemset(c.sink_pool.get(), 0, c.sink_pool.bytes()));
   }
   c.host_page_table.assign(static_cast<size_t>(capacity.max_sequences) * c.n_pages, 0);
+  c.page_owners.assign(static_cast<size_t>(c.n_pages), 0);
   c.page_table.reserve(c.host_page_table.size() * sizeof(int32_t));
   TQ_CUDA_CHECK(cudaMemset(c.page_table.get(), 0, c.page_table.bytes()));
   for (int p = c.n_pages - 1; p >= 0; --p) c.free_pages.push_back(p);
@@ -305,70 +321,246 @@ DeviceKVCache::Impl::Sequence& DeviceKVCache::Impl::seq(int id) {
 
 int DeviceKVCache::add_sequence() {
   Impl& c = *impl_;
-  TQ_CHECK(!c.free_slots.empty(), "the device cache holds at most ", c.capacity.max_sequences, " sequences");
   while (c.seqs.count(c.next_id)) ++c.next_id;
-  Impl::Sequence s;
-  s.slot = c.free_slots.back();
-  c.free_slots.pop_back();
-  c.seqs.emplace(c.next_id, s);
+  add_sequence_with_id(c.next_id);
   return c.next_id++;
 }
 
-void DeviceKVCache::remove_sequence(int id) {
+void DeviceKVCache::add_sequence_with_id(int id) {
+  Impl& c = *impl_;
+  TQ_CHECK(id >= 0, "sequence ids are non-negative, got ", id);
+  TQ_CHECK(!c.seqs.count(id), "sequence ", id, " already exists in this device cache");
+  TQ_CHECK(!c.free_slots.empty(), "the device cache holds at most ", c.capacity.max_sequences, " sequences");
+  Impl::Sequence s;
+  s.slot = c.free_slots.back();
+  c.free_slots.pop_back();
+  c.seqs.emplace(id, s);
+}
+
+std::vector<int> DeviceKVCache::sequences() const {
+  std::vector<int> ids;
+  for (const auto& [id, s] : impl_->seqs) ids.push_back(id);
+  return ids;
+}
+
+int DeviceKVCache::Impl::take_page() {
+  TQ_CHECK(!free_pages.empty(), "the device cache is full (", n_pages, " pages of ", page_tokens, " positions)");
+  const int page = free_pages.back();
+  free_pages.pop_back();
+  page_owners[static_cast<size_t>(page)] = 1;
+  return page;
+}
+
+void DeviceKVCache::Impl::release_page(int page, void* stream) {
+  int& owners = page_owners[static_cast<size_t>(page)];
+  TQ_CHECK(owners > 0, "internal error: releasing device page ", page, ", which is free");
+  if (--owners > 0) return;
+  // Pages go back zeroed: code bits are OR-ed in, and unused token slots must decode to 0. On the stream
+  // the cache's kernels run on, so that the zeroing is ordered after what reads the page and before what
+  // is appended to it next.
+  TQ_CUDA_CHECK(cudaMemsetAsync(main_pool.as<uint8_t>() + static_cast<size_t>(page) * page_bytes, 0, page_bytes,
+                                static_cast<cudaStream_t>(stream)));
+  free_pages.push_back(page);
+}
+
+void DeviceKVCache::Impl::copy_page(int dst, int src, void* stream) {
+  TQ_CUDA_CHECK(cudaMemcpyAsync(main_pool.as<uint8_t>() + static_cast<size_t>(dst) * page_bytes,
+                                main_pool.as<uint8_t>() + static_cast<size_t>(src) * page_bytes, page_bytes, cudaMemcpyDeviceToDevice,
+                                static_cast<cudaStream_t>(stream)));
+}
+
+void DeviceKVCache::remove_sequence(int id, void* stream) {
   Impl& c = *impl_;
   const Impl::Sequence s = c.seq(id);
-  // Pages and sink tiles go back zeroed: code bits are OR-ed in, and unused token slots must decode to 0.
-  for (int i = 0; i < s.pages; ++i) {
-    const int page = c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + i];
-    TQ_CUDA_CHECK(cudaMemset(c.main_pool.as<uint8_t>() + static_cast<size_t>(page) * c.page_bytes, 0, c.page_bytes));
-    c.free_pages.push_back(page);
-  }
+  for (int i = 0; i < s.pages; ++i) c.release_page(c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + i], stream);
   if (c.sink_tiles > 0) {
     const size_t slot_bytes = static_cast<size_t>(c.n_kv) * c.sink_tiles * c.sink_tile.bytes;
-    TQ_CUDA_CHECK(cudaMemset(c.sink_pool.as<uint8_t>() + s.slot * slot_bytes, 0, slot_bytes));
+    TQ_CUDA_CHECK(cudaMemsetAsync(c.sink_pool.as<uint8_t>() + s.slot * slot_bytes, 0, slot_bytes, static_cast<cudaStream_t>(stream)));
   }
   c.free_slots.push_back(s.slot);
   c.seqs.erase(id);
 }
 
+void DeviceKVCache::fork_sequence(int parent, int child, bool copy, void* stream) {
+  Impl& c = *impl_;
+  const Impl::Sequence p = c.seq(parent);
+  TQ_CHECK(!copy || p.pages <= static_cast<int>(c.free_pages.size()), "cannot copy sequence ", parent, ": its ", p.pages,
+           " pages are more than the ", c.free_pages.size(), " the device cache has free");
+  add_sequence_with_id(child);
+  Impl::Sequence& s = c.seqs.at(child);
+  s.length = p.length;
+  s.pages = p.pages;
+  const size_t from = static_cast<size_t>(p.slot) * c.n_pages, to = static_cast<size_t>(s.slot) * c.n_pages;
+  std::vector<int> changes;
+  for (int i = 0; i < p.pages; ++i) {
+    int page = c.host_page_table[from + i];
+    if (copy) {
+      const int own = c.take_page();
+      c.copy_page(own, page, stream);
+      page = own;
+    } else {
+      ++c.page_owners[static_cast<size_t>(page)];
+    }
+    c.host_page_table[to + i] = page;
+    changes.push_back(static_cast<int>(to + i));
+  }
+  c.upload_page_table(changes, stream);
+  if (c.sink_tiles > 0) {  // the sink tier is per sequence slot: copied
+    const size_t slot_bytes = static_cast<size_t>(c.n_kv) * c.sink_tiles * c.sink_tile.bytes;
+    TQ_CUDA_CHECK(cudaMemcpyAsync(c.sink_pool.as<uint8_t>() + s.slot * slot_bytes, c.sink_pool.as<uint8_t>() + p.slot * slot_bytes,
+                                  slot_bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  }
+}
+
+std::string DeviceKVCache::truncate_problem(int seq, int length) const {
+  const Impl::Sequence& s = impl_->seq(seq);
+  if (length >= 0 && length <= s.length) return "";
+  std::ostringstream os;
+  os << "cannot truncate sequence " << seq << " to " << length << " positions: it holds " << s.length;
+  return os.str();
+}
+
+void DeviceKVCache::truncate(int seq, int length, void* stream) {
+  Impl& c = *impl_;
+  const std::string problem = truncate_problem(seq, length);
+  TQ_CHECK(problem.empty(), problem);
+  Impl::Sequence& s = c.seq(seq);
+  if (length == s.length) return;
+  const int M = c.options.min_tokens;
+  auto pages_for = [&](int len) { return len <= M ? 0 : (len - M + c.page_tokens - 1) / c.page_tokens; };
+  const int keep = pages_for(length);
+  const size_t row = static_cast<size_t>(s.slot) * c.n_pages;
+  for (int i = keep; i < s.pages; ++i) c.release_page(c.host_page_table[row + i], stream);
+  std::vector<int> changes;
+  // The positions left in the last kept page (and in the sink tier) are cleared; a page a fork still
+  // holds is copied first, so that the fork keeps them.
+  const int clear_end = std::min(s.length, length <= M ? M : M + keep * c.page_tokens);
+  if (keep > 0 && length > M && (length - M) % c.page_tokens != 0) {
+    int& page = c.host_page_table[row + keep - 1];
+    if (c.page_owners[static_cast<size_t>(page)] > 1) {
+      const int own = c.take_page();
+      c.copy_page(own, page, stream);
+      --c.page_owners[static_cast<size_t>(page)];
+      page = own;
+      changes.push_back(static_cast<int>(row + keep - 1));
+    }
+  }
+  s.pages = keep;
+  c.upload_page_table(changes, stream);
+  std::vector<AppendToken> cleared;
+  for (int pos = length; pos < clear_end; ++pos) cleared.push_back(c.destination(s, pos));
+  if (!cleared.empty()) {
+    const size_t bytes = cleared.size() * sizeof(AppendToken);
+    c.staging_tokens.reserve(bytes);
+    std::memcpy(c.tokens_stage.begin(bytes), cleared.data(), bytes);
+    c.tokens_stage.upload(c.staging_tokens, bytes, stream);
+    AppendParams p;
+    clear_bytes(p);
+    p.main_base = c.main_pool.as<uint8_t>();
+    p.sink_base = c.sink_pool.as<uint8_t>();
+    p.tokens = c.staging_tokens.as<AppendToken>();
+    p.n_tokens = static_cast<int>(cleared.size());
+    p.n_kv = c.n_kv;
+    p.main_k = c.encode_params(c.main_k, true, c.main_tile);
+    p.main_v = c.encode_params(c.main_v, false, c.main_tile);
+    p.sink_k = c.encode_params(c.sink_k, true, c.sink_tile);
+    p.sink_v = c.encode_params(c.sink_v, false, c.sink_tile);
+    TQ_CHECK(kernels::launch_clear(c.dim, p, stream), "internal error: no clear kernel for head_dim ", c.dim);
+    TQ_CUDA_CHECK(cudaGetLastError());
+  }
+  s.length = length;
+}
+
+BlockDemand DeviceKVCache::demand(const std::vector<SequenceGrowth>& growth) const {
+  const Impl& c = *impl_;
+  BlockDemand d;
+  d.available = static_cast<int64_t>(c.free_pages.size());
+  d.capacity = c.n_pages;
+  d.block_bytes = static_cast<int64_t>(c.page_bytes);
+  const int M = c.options.min_tokens;
+  for (const SequenceGrowth& g : growth) {
+    TQ_CHECK(g.n >= 0, "cannot append a negative number of positions");
+    const Impl::Sequence& s = c.seq(g.seq);
+    const int from = std::max(s.length, M), to = s.length + g.n;
+    if (to <= from) continue;
+    const int first_page = (from - M) / c.page_tokens, last_page = (to - 1 - M) / c.page_tokens;
+    for (int i = first_page; i <= last_page; ++i) {
+      const bool held = i < s.pages;
+      d.needed += !held || c.page_owners[static_cast<size_t>(c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + i])] > 1;
+    }
+  }
+  return d;
+}
+
 bool DeviceKVCache::has_sequence(int seq) const { return impl_->seqs.count(seq) != 0; }
 int DeviceKVCache::length(int seq) const { return impl_->seq(seq).length; }
 
-void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& out, void* stream) {
+AppendToken DeviceKVCache::Impl::destination(const Sequence& s, int pos) const {
   const int M = options.min_tokens;
-  const int first_new_page = s.pages;
+  AppendToken t{};
+  if (pos < M) {
+    const int tile = pos / kTileTokens;
+    t.tier = 1;
+    t.tok = static_cast<int16_t>(pos % kTileTokens);
+    t.tile0 = (static_cast<int64_t>(s.slot) * n_kv * sink_tiles + tile) * sink_tile.bytes;
+    t.head_stride = sink_tiles * sink_tile.bytes;
+  } else {
+    const int mi = pos - M, page_i = mi / page_tokens;
+    const int page = host_page_table[static_cast<size_t>(s.slot) * n_pages + page_i];
+    t.tier = 0;
+    t.tok = static_cast<int16_t>(mi % kTileTokens);
+    t.tile0 = (static_cast<int64_t>(page) * n_kv * tiles_per_page + (mi % page_tokens) / kTileTokens) * main_tile.bytes;
+    t.head_stride = tiles_per_page * main_tile.bytes;
+  }
+  return t;
+}
+
+void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream) {
+  const int M = options.min_tokens;
+  const size_t row = static_cast<size_t>(s.slot) * n_pages;
   for (int i = 0; i < n; ++i) {
     const int pos = s.length + i;
-    AppendToken t{};
-    if (pos < M) {
-      const int tile = pos / kTileTokens;
-      t.tier = 1;
-      t.tok = static_cast<int16_t>(pos % kTileTokens);
-      t.tile0 = (static_cast<int64_t>(s.slot) * n_kv * sink_tiles + tile) * sink_tile.bytes;
-      t.head_stride = sink_tiles * sink_tile.bytes;
-    } else {
-      const int mi = pos - M, page_i = mi / page_tokens;
+    if (pos >= M) {
+      const int page_i = (pos - M) / page_tokens;
       while (s.pages <= page_i) {
-        TQ_CHECK(!free_pages.empty(), "the device cache is full (", n_pages, " pages of ", page_tokens, " positions)");
-        host_page_table[static_cast<size_t>(s.slot) * n_pages + s.pages] = free_pages.back();
-        free_pages.pop_back();
+        host_page_table[row + s.pages] = take_page();
+        changes.push_back(static_cast<int>(row + s.pages));
         ++s.pages;
       }
-      const int page = host_page_table[static_cast<size_t>(s.slot) * n_pages + page_i];
-      t.tier = 0;
-      t.tok = static_cast<int16_t>(mi % kTileTokens);
-      t.tile0 = (static_cast<int64_t>(page) * n_kv * tiles_per_page + (mi % page_tokens) / kTileTokens) * main_tile.bytes;
-      t.head_stride = tiles_per_page * main_tile.bytes;
+      int& page = host_page_table[row + page_i];
+      if (page_owners[static_cast<size_t>(page)] > 1) {
+        // A fork still reads this page: this sequence writes into a copy of its own.
+        const int own = take_page();
+        copy_page(own, page, stream);
+        --page_owners[static_cast<size_t>(page)];
+        page = own;
+        changes.push_back(static_cast<int>(row + page_i));
+      }
     }
-    out.push_back(t);
-  }
-  if (s.pages > first_new_page) {
-    const size_t first = static_cast<size_t>(s.slot) * n_pages + first_new_page;
-    const size_t bytes = (s.pages - first_new_page) * sizeof(int32_t);
-    std::memcpy(page_table_stage.begin(bytes), host_page_table.data() + first, bytes);
-    page_table_stage.upload(page_table, bytes, stream, first * sizeof(int32_t));
+    out.push_back(destination(s, pos));
   }
   s.length += n;
+}
+
+void DeviceKVCache::Impl::upload_page_table(std::vector<int>& changes, void* stream) {
+  if (changes.empty()) return;
+  // Runs of consecutive entries, each one copy out of one staging area.
+  std::sort(changes.begin(), changes.end());
+  changes.erase(std::unique(changes.begin(), changes.end()), changes.end());
+  uint8_t* host = page_table_stage.begin(changes.size() * sizeof(int32_t));
+  std::vector<PinnedStaging::Piece> pieces;
+  size_t at = 0;
+  for (size_t i = 0; i < changes.size();) {
+    size_t j = i + 1;
+    while (j < changes.size() && changes[j] == changes[j - 1] + 1) ++j;
+    const size_t bytes = (j - i) * sizeof(int32_t);
+    std::memcpy(host + at, host_page_table.data() + changes[i], bytes);
+    pieces.push_back({at, static_cast<size_t>(changes[i]) * sizeof(int32_t), bytes});
+    at += bytes;
+    i = j;
+  }
+  page_table_stage.upload_pieces(page_table, pieces, stream);
+  changes.clear();
 }
 
 EncodeParams DeviceKVCache::Impl::encode_params(const SideFormat& side, bool key, const TileFormat& tile) const {
@@ -434,32 +626,30 @@ TierParams DeviceKVCache::Impl::sink_params() const {
 }
 
 AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream,
-                                           UploadBatch* batch) {
+                                           UploadBatch* batch, int64_t k_stride, int64_t v_stride) {
   Impl& c = *impl_;
   // Check everything before changing anything: sequences exist, counts are sane, pages suffice.
   int total = 0;
-  int64_t new_pages = 0;
-  std::map<int, int> pending;  // sequence -> positions appended by earlier spans of this call
+  std::vector<SequenceGrowth> growth;
   for (const Span& sp : spans) {
     TQ_CHECK(sp.count >= 0, "cannot append a negative number of positions");
-    const Impl::Sequence& s = c.seq(sp.seq);
-    const int before = s.length + pending[sp.seq];
-    const int after = before + sp.count;
-    const int M = c.options.min_tokens;
-    auto pages_for = [&](int len) { return len <= M ? 0 : (len - M + c.page_tokens - 1) / c.page_tokens; };
-    new_pages += pages_for(after) - pages_for(before);
-    pending[sp.seq] += sp.count;
+    c.seq(sp.seq);
+    for (const SequenceGrowth& g : growth) TQ_CHECK(g.seq != sp.seq, "sequence ", sp.seq, " appears twice in one append");
+    growth.push_back({sp.seq, sp.count});
     total += sp.count;
   }
-  TQ_CHECK(new_pages <= static_cast<int64_t>(c.free_pages.size()), "the device cache is full: appending needs ", new_pages,
-           " more pages of ", c.page_tokens, " positions, ", c.free_pages.size(), " are free");
+  const BlockDemand need = demand(growth);
+  TQ_CHECK(need.needed <= need.available, "the device cache is full: appending needs ", need.needed, " more pages of ", c.page_tokens,
+           " positions, ", need.available, " are free");
   AppendParams p;
   clear_bytes(p);  // padding too: callers compare parameter blocks byte for byte
   p.n_kv = c.n_kv;
   if (total == 0) return p;
   std::vector<AppendToken> tokens;
   tokens.reserve(total);
-  for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, stream);
+  std::vector<int> changes;
+  for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, changes, stream);
+  c.upload_page_table(changes, stream);
   const size_t token_bytes = tokens.size() * sizeof(AppendToken);
   const UploadBatch::Region region = batch ? batch->take(token_bytes) : UploadBatch::Region{};
   const AppendToken* tokens_dev;
@@ -478,6 +668,8 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   p.tokens = tokens_dev;
   p.k = k;
   p.v = v;
+  p.k_stride = k_stride > 0 ? k_stride : static_cast<int64_t>(c.n_kv) * c.dim;
+  p.v_stride = v_stride > 0 ? v_stride : static_cast<int64_t>(c.n_kv) * c.dim;
   p.n_tokens = total;
   p.main_k = c.encode_params(c.main_k, true, c.main_tile);
   p.main_v = c.encode_params(c.main_v, false, c.main_tile);
@@ -593,6 +785,9 @@ MemoryUsage DeviceKVCache::memory() const {
   m.sink_bytes = m.sink_tokens * static_cast<int64_t>(c.n_kv) * 2 * 2 * c.dim;
   m.main_bytes = m.main_tokens * static_cast<int64_t>(main_bytes_per_token());
   m.allocated_bytes = device_bytes();
+  m.blocks_in_use = c.n_pages - static_cast<int64_t>(c.free_pages.size());
+  for (int o : c.page_owners) m.blocks_shared += o > 1;
+  m.block_bytes = static_cast<int64_t>(c.page_bytes);
   m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(c.n_kv) * c.dim;
   return m;
 }

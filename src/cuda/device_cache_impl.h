@@ -54,6 +54,11 @@ class PinnedStaging {
   uint8_t* begin(size_t bytes);
   // Queues the copy of the first `bytes` written since begin() to dst (+ offset) on the stream.
   void upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t dst_offset = 0);
+  // Several pieces of what was written since begin() to their places in dst, one copy each.
+  struct Piece {
+    size_t src_offset, dst_offset, bytes;
+  };
+  void upload_pieces(DeviceBuffer& dst, const std::vector<Piece>& pieces, void* stream);
 
  private:
   uint8_t* host_ = nullptr;
@@ -117,6 +122,7 @@ struct DeviceKVCache::Impl {
   size_t page_bytes = 0;
   DeviceBuffer main_pool, sink_pool, page_table;
   std::vector<int32_t> host_page_table;  // [max_sequences][n_pages]
+  std::vector<int> page_owners;          // [n_pages]: sequences holding the page (forks share pages); 0 when free
   std::vector<int> free_pages;           // a stack; the next page handed out is at the back
   std::vector<int> free_slots;
   struct Sequence {
@@ -134,9 +140,17 @@ struct DeviceKVCache::Impl {
   TierParams main_params() const;
   TierParams sink_params() const;
   EncodeParams encode_params(const SideFormat& side, bool key, const TileFormat& tile) const;
-  // Positions [from, from + n) of a sequence: page allocation (and page-table upload) and the per-token
-  // destinations of the append kernel.
-  void place(Sequence& s, int n, std::vector<AppendToken>& out, void* stream);
+  // Positions [length, length + n) of a sequence: page allocation (a page another sequence still holds is
+  // copied first), the changed page-table entries (queued in `changes`) and the per-token destinations of
+  // the append kernel.
+  void place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream);
+  // Uploads the page-table entries listed in `changes` (indices into host_page_table).
+  void upload_page_table(std::vector<int>& changes, void* stream);
+  // The append destination of one position of a sequence (its page must be held).
+  AppendToken destination(const Sequence& s, int pos) const;
+  int take_page();               // one owner
+  void release_page(int page, void* stream);  // zeroed (on the stream) and free once no sequence holds it
+  void copy_page(int dst, int src, void* stream);
 };
 
 }  // namespace tq::cuda

@@ -1,45 +1,36 @@
-// GpuLlamaModel against the CPU LlamaModel (float32 reference): logits of the golden tiny models and of
-// tq-llama-hd128 (shared data), prompt processing and token by token, and greedy ids. Skips without a GPU.
+// The model code on the CUDA device (cuda_device.h) through the engine, against transformers' golden
+// logits and against the CPU device (float32), with the batch contract's scenarios of the CPU tests
+// (runtime/batch_check.h): mixed batches against each sequence alone, random fork / truncate / remove
+// against replays, decode graphs against eager steps. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
-#include "cuda/gpu_model.h"
+#include "cuda/cuda_device.h"
+#include "device/cpu_device.h"
 #include "ops/ops.h"
-#include "runtime/kv_settings.h"
+#include "runtime/batch_check.h"
+#include "runtime/test_engine.h"
 #include "runtime/perplexity.h"
 
 namespace tq::cuda {
 namespace {
 
-#define TQ_REQUIRE_GPU()                                                                        \
-  do {                                                                                          \
-    std::string why;                                                                            \
+using testing_util::relative_error;
+
+#define TQ_REQUIRE_GPU()                                                                                      \
+  do {                                                                                                        \
+    std::string why;                                                                                          \
     if (!device_available(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): the GPU model tests need one"; \
   } while (0)
-
-std::vector<int32_t> random_tokens(int64_t vocab, int n, uint64_t seed) {
-  SplitMix64 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab));
-  return t;
-}
-
-// max |a - b| / max |b| over the row.
-double relative_error(const float* gpu, const float* cpu, int64_t n) {
-  double max_ref = 0, max_diff = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(cpu[i])));
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
-  }
-  return max_ref > 0 ? max_diff / max_ref : max_diff;
-}
 
 // BF16 weights and GEMM inputs (8-bit mantissa) through a few layers: a few parts in a thousand typically.
 constexpr double kTolerance = 2e-2;
@@ -48,61 +39,103 @@ constexpr double kTolerance = 2e-2;
 // K8/V4 (random-weight tq-llama-hd128), against ~1 for a wrong code or scale layout.
 constexpr double kCompressedTolerance = 0.15;
 
-// Runs a prompt of n_prompt tokens in one call (all logits), then n_decode tokens one at a time, on the CPU
-// (float32 weights as stored, dense FP32-exact path) and on the GPU with the same KV settings, comparing
-// every row of logits.
-void compare_with_cpu(const std::string& path, const std::string& kv_spec, int n_prompt, int n_decode, bool fused = false) {
-  SCOPED_TRACE(path + " kv " + kv_spec + (fused ? " fused" : ""));
-  const auto cpu = LlamaModel::open(path);
-  KVSettings kv = parse_kv_spec(kv_spec);
-  const double kTolerance = kv.compressed() ? kCompressedTolerance : ::tq::cuda::kTolerance;
-  kv.fused = fused;
-  const int64_t V = cpu->vocab_size();
-  const auto tokens = random_tokens(V, n_prompt + n_decode, 7);
-  ThreadPool pool(2);
-  PromptCache caches = build_prompt_cache(*cpu, kv);
-  for (auto& c : caches) c->add_sequence();
-  GpuLlamaModel gpu(*cpu, kv, n_prompt + n_decode);
-
-  std::vector<float> cpu_logits(static_cast<size_t>(n_prompt * V)), gpu_logits(cpu_logits.size());  // [n_prompt][vocab]
-  cpu->forward(tokens.data(), n_prompt, 0, caches, 0, cpu_logits.data(), true, pool);
-  gpu.forward(tokens.data(), n_prompt, 0, gpu_logits.data(), true);
-  for (int i = 0; i < n_prompt; ++i) {
-    const double e = relative_error(gpu_logits.data() + i * V, cpu_logits.data() + i * V, V);
-    EXPECT_LT(e, kTolerance) << "prompt row " << i;
-  }
-  for (int i = 0; i < n_decode; ++i) {
-    const int pos = n_prompt + i;
-    cpu->forward(&tokens[pos], 1, pos, caches, 0, cpu_logits.data(), false, pool);
-    gpu.forward(&tokens[pos], 1, pos, gpu_logits.data(), false);
-    const double e = relative_error(gpu_logits.data(), cpu_logits.data(), V);
-    EXPECT_LT(e, kTolerance) << "decode position " << pos;
-    // The device argmax is the host argmax of the same logits.
-    EXPECT_EQ(static_cast<size_t>(gpu.argmax()), ops::argmax(gpu_logits.data(), static_cast<size_t>(V))) << "position " << pos;
-  }
-  EXPECT_EQ(gpu.length(), n_prompt + n_decode);
-}
-
-class GoldenModels : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(GoldenModels, LogitsMatchTheCpu) {
-  TQ_REQUIRE_GPU();
-  const std::string path = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden/" + GetParam();
-  const int64_t head_dim = LlamaModel::open(path)->config().head_dim;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
-    GTEST_SKIP() << GetParam() << " has head_dim " << head_dim
-                 << "; the CUDA attention kernels take 64, 128 or 256 (tq-llama-hd128 covers the GPU model)";
-  }
-  compare_with_cpu(path, "f16", 12, 6);
-}
-
-INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels, ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3"));
+std::string demo_model_dir() { return std::string(TQ_SOURCE_DIR) + "/models/demo"; }
 
 // The shared copy, else the one carried to the GPU machine under .gpu/ (scripts/test-cuda).
 std::string hd128_path() {
   const std::string shared = std::string(TQ_SHARED_DIR) + "/models/tq-llama-hd128";
   const std::string carried = std::string(TQ_SOURCE_DIR) + "/.gpu/tq-llama-hd128";
   return std::filesystem::exists(shared + "/config.json") || !std::filesystem::exists(carried + "/config.json") ? shared : carried;
+}
+
+// A model on the GPU (and, for comparisons, on the CPU).
+struct GpuModel {
+  explicit GpuModel(const std::string& path, const CudaDeviceOptions& options = {})
+      : device(make_cuda_device(options)), model(Model::open(path, *device)) {}
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Model> model;
+};
+
+// Golden logits of transformers for the tiny models of every architecture with GPU head dimensions:
+// every prompt in one pass, then token by token, and all prompts in one batch.
+class GoldenModels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GoldenModels, LogitsMatchTransformers) {
+  TQ_REQUIRE_GPU();
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-hd64/" + GetParam();
+  if (!std::filesystem::exists(dir + "/logits.json")) GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpu-shapes)";
+  const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
+  GpuModel gpu(dir);
+  const KVSettings kv = parse_kv_spec("f16");
+  const int64_t V = gpu.model->vocab_size();
+  auto check = [&](const std::vector<float>& logits, size_t row, const nlohmann::json& want, const std::string& what) {
+    std::vector<float> w(static_cast<size_t>(V));
+    for (int64_t j = 0; j < V; ++j) w[static_cast<size_t>(j)] = want[static_cast<size_t>(j)].get<float>();
+    EXPECT_LT(relative_error(logits.data() + row * V, w.data(), V), kTolerance) << GetParam() << " " << what;
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& p : golden["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const auto whole = testing_util::alone_logits(*gpu.model, kv, prompts[p], prompts[p].size(), 64);
+    const auto steps = testing_util::alone_logits(*gpu.model, kv, prompts[p], 1, 64);
+    for (size_t i = 0; i < prompts[p].size(); ++i) {
+      check(whole, i, golden["prompts"][p]["logits"][i], "prompt of " + std::to_string(prompts[p].size()) + " position " + std::to_string(i));
+      check(steps, i, golden["prompts"][p]["logits"][i], "(decode) position " + std::to_string(i));
+    }
+  }
+  auto engine = testing_util::make_engine(*gpu.model, kv, static_cast<int>(prompts.size()), 64);
+  std::vector<BatchEntry> batch;
+  for (const auto& p : prompts) batch.push_back({engine->add_sequence(), p, -1, Logits::all});
+  const BatchOutput out = engine->forward(batch);
+  const std::vector<float> logits = engine->logits();
+  for (size_t b = 0; b < prompts.size(); ++b)
+    for (size_t i = 0; i < prompts[b].size(); ++i)
+      check(logits, static_cast<size_t>(out.first_row[b]) + i, golden["prompts"][b]["logits"][i], "(one batch) position " + std::to_string(i));
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels, ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3"));
+
+// A prompt of n_prompt tokens in one call (all logits), then n_decode tokens one at a time, on the CPU
+// (float32 weights as stored) and on the GPU with the same KV settings, every row of logits compared.
+void compare_with_cpu(const std::string& path, const std::string& kv_spec, int n_prompt, int n_decode, bool fused = false) {
+  SCOPED_TRACE(path + " kv " + kv_spec + (fused ? " fused" : ""));
+  KVSettings kv = parse_kv_spec(kv_spec);
+  kv.fused = fused;
+  const double tolerance = kv.compressed() ? kCompressedTolerance : kTolerance;
+  CpuDevice cpu_device(2);
+  const auto cpu = Model::open(path, cpu_device);
+  GpuModel gpu(path);
+  const int64_t V = cpu->vocab_size();
+  SplitMix64 rng(7);
+  const auto tokens = testing_util::random_ids(V, n_prompt + n_decode, rng);
+  auto cpu_engine = testing_util::make_engine(*cpu, kv, 1, n_prompt + n_decode);
+  auto gpu_engine = testing_util::make_engine(*gpu.model, kv, 1, n_prompt + n_decode);
+  const int cs = cpu_engine->add_sequence(), gs = gpu_engine->add_sequence();
+  const std::span<const int32_t> prompt(tokens.data(), static_cast<size_t>(n_prompt));
+  BatchEntry ce{cs, prompt, -1, Logits::all}, ge{gs, prompt, -1, Logits::all};
+  cpu_engine->forward({&ce, 1});
+  gpu_engine->forward({&ge, 1});
+  std::vector<float> c = cpu_engine->logits(), g = gpu_engine->logits();
+  for (int i = 0; i < n_prompt; ++i) EXPECT_LT(relative_error(g.data() + i * V, c.data() + i * V, V), tolerance) << "prompt row " << i;
+  for (int i = 0; i < n_decode; ++i) {
+    const int pos = n_prompt + i;
+    ce = {cs, std::span<const int32_t>(&tokens[pos], 1), pos, Logits::last};
+    ge = {gs, std::span<const int32_t>(&tokens[pos], 1), pos, Logits::last};
+    cpu_engine->forward({&ce, 1});
+    gpu_engine->forward({&ge, 1});
+    c = cpu_engine->logits();
+    g = gpu_engine->logits();
+    EXPECT_LT(relative_error(g.data(), c.data(), V), tolerance) << "decode position " << pos;
+    // The device argmax is the host argmax of the same logits.
+    EXPECT_EQ(static_cast<size_t>(gpu_engine->argmax()[0]), ops::argmax(g.data(), static_cast<size_t>(V))) << "position " << pos;
+  }
+  EXPECT_EQ(gpu_engine->length(gs), n_prompt + n_decode);
+}
+
+TEST(GpuModel, DemoModelMatchesTheCpu) {
+  TQ_REQUIRE_GPU();
+  compare_with_cpu(demo_model_dir(), "f16", 30, 12);
+  compare_with_cpu(demo_model_dir(), "k8v3", 30, 12, true);
 }
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {
@@ -123,108 +156,131 @@ TEST(GpuModel, TqLlamaHd128TurboQuantCache) {
 TEST(GpuModel, GreedyIdsAgreeWithTheCpu) {
   TQ_REQUIRE_GPU();
   if (!std::filesystem::exists(hd128_path() + "/config.json")) GTEST_SKIP() << hd128_path() << " is absent";
-  const auto cpu = LlamaModel::open(hd128_path());
+  CpuDevice cpu_device(2);
+  const auto cpu = Model::open(hd128_path(), cpu_device);
+  GpuModel gpu(hd128_path());
   const KVSettings kv = parse_kv_spec("f16");
-  const int n_prompt = 16, n_gen = 8;
-  const auto prompt = random_tokens(cpu->vocab_size(), n_prompt, 11);
-  ThreadPool pool(2);
-  PromptCache caches = build_prompt_cache(*cpu, kv);
-  for (auto& c : caches) c->add_sequence();
-  GpuLlamaModel gpu(*cpu, kv, n_prompt + n_gen);
-  std::vector<float> logits(static_cast<size_t>(cpu->vocab_size()));
-  cpu->forward(prompt.data(), n_prompt, 0, caches, 0, logits.data(), false, pool);
-  gpu.forward(prompt.data(), n_prompt, 0, nullptr, false);
-  std::vector<int32_t> cpu_ids, gpu_ids;
-  int32_t cpu_next = static_cast<int32_t>(ops::argmax(logits.data(), logits.size()));
-  int32_t gpu_next = gpu.argmax();
-  for (int i = 0; i < n_gen; ++i) {
-    cpu_ids.push_back(cpu_next);
-    gpu_ids.push_back(gpu_next);
-    cpu->forward(&cpu_next, 1, n_prompt + i, caches, 0, logits.data(), false, pool);
-    gpu.forward(&gpu_next, 1, n_prompt + i, nullptr, false);
-    cpu_next = static_cast<int32_t>(ops::argmax(logits.data(), logits.size()));
-    gpu_next = gpu.argmax();
-  }
+  SplitMix64 rng(11);
+  const auto prompt = testing_util::random_ids(cpu->vocab_size(), 16, rng);
+  auto ce = testing_util::make_engine(*cpu, kv, 1, 32), ge = testing_util::make_engine(*gpu.model, kv, 1, 32);
+  const auto cpu_ids = testing_util::greedy(*ce, prompt, 8), gpu_ids = testing_util::greedy(*ge, prompt, 8);
   // BF16 weights may flip a near tie eventually; the first tokens must agree.
   for (int i = 0; i < 4; ++i) EXPECT_EQ(gpu_ids[i], cpu_ids[i]) << "generated token " << i;
 }
 
-// A decode step replayed from the recorded graph computes what the same step launched kernel by kernel
-// computes: the same kernels, the same plans. The first runs cross tile (16) and page (256) boundaries,
-// so page allocation and plan growth happen between replays, and the graph is recorded once; the last
-// one grows the attention plan from 16 to 18 work items (8 to 9 parts of 16 tiles per KV head, at 2161
-// positions; the same on any GPU with 19 or more blocks per wave), past the recorded grid of 16, so
-// the graph is recorded again.
-TEST(GpuModel, DecodeGraphReplaysTheEagerStep) {
+// Mixed batches of 1, 3 and 17 sequences (prompt chunks and decode tokens together, different lengths)
+// against each sequence alone, on the GPU.
+TEST(GpuModel, MixedBatchesEqualEachSequenceAlone) {
   TQ_REQUIRE_GPU();
-  if (!std::filesystem::exists(hd128_path() + "/config.json")) GTEST_SKIP() << hd128_path() << " is absent";
-  const auto cpu = LlamaModel::open(hd128_path());
-  const int64_t V = cpu->vocab_size();
-  struct Case {
-    const char* spec;
-    int n_prompt, n_decode, recordings;
-  };
-  for (const Case& c : {Case{"f16", 250, 24, 1}, Case{"k8v3", 250, 24, 1}, Case{"k8v3", 2150, 16, 2}}) {
-    SCOPED_TRACE(std::string(c.spec) + " from " + std::to_string(c.n_prompt));
-    KVSettings kv = parse_kv_spec(c.spec);
-    kv.fused = true;
-    const int n_prompt = c.n_prompt, n_decode = c.n_decode;
-    const auto tokens = random_tokens(V, n_prompt + n_decode, 5);
-    GpuLlamaModel graphed(*cpu, kv, n_prompt + n_decode), eager(*cpu, kv, n_prompt + n_decode);
-    eager.set_decode_graph(false);
-    std::vector<float> a(static_cast<size_t>(V)), b(a.size());
-    graphed.forward(tokens.data(), n_prompt, 0, a.data());
-    eager.forward(tokens.data(), n_prompt, 0, b.data());
-    for (int i = n_prompt; i < n_prompt + n_decode; ++i) {
-      graphed.forward(&tokens[i], 1, i, a.data());
-      eager.forward(&tokens[i], 1, i, b.data());
-      EXPECT_LT(relative_error(a.data(), b.data(), V), 1e-5) << "position " << i;
+  GpuModel gpu(demo_model_dir());
+  for (const char* spec : {"f16", "k8v3+fused"}) {
+    const KVSettings kv = parse_kv_spec(spec);
+    for (int sequences : {1, 3, 17}) {
+      const double e = testing_util::batch_vs_alone(*gpu.model, kv, sequences, 100 + sequences);
+      EXPECT_LT(e, kv.compressed() ? kCompressedTolerance : kTolerance) << spec << ", " << sequences << " sequences";
+      RecordProperty(std::string(spec) + "_" + std::to_string(sequences), std::to_string(e));
     }
-    const auto g = graphed.decode_graph_stats(), e = eager.decode_graph_stats();
-    EXPECT_EQ(g.replays, n_decode);
-    EXPECT_EQ(g.captures, c.recordings);
-    EXPECT_EQ(g.eager_steps, 0);
-    EXPECT_TRUE(g.eager_reason.empty()) << g.eager_reason;
-    EXPECT_EQ(e.replays, 0);
-    EXPECT_EQ(e.eager_steps, n_decode);
-    EXPECT_FALSE(e.eager_reason.empty());
-    // After a reset the same graph serves the new sequence.
-    graphed.reset();
-    eager.reset();
-    graphed.forward(tokens.data(), 8, 0, a.data());
-    eager.forward(tokens.data(), 8, 0, b.data());
-    graphed.forward(&tokens[8], 1, 8, a.data());
-    eager.forward(&tokens[8], 1, 8, b.data());
-    EXPECT_LT(relative_error(a.data(), b.data(), V), 1e-5);
-    EXPECT_LE(graphed.decode_graph_stats().captures, c.recordings + 1);  // a shorter plan: at most one more
   }
-  // The standard path over a compressed cache is not replayable: its steps run eagerly and say why.
-  KVSettings standard = parse_kv_spec("k8v3");
-  standard.fused = false;
-  GpuLlamaModel gpu(*cpu, standard, 16);
-  const auto tokens = random_tokens(V, 2, 9);
-  gpu.forward(tokens.data(), 1, 0, nullptr);
-  gpu.forward(tokens.data() + 1, 1, 1, nullptr);
-  EXPECT_EQ(gpu.decode_graph_stats().eager_steps, 2);
-  EXPECT_EQ(gpu.decode_graph_stats().replays, 0);
-  EXPECT_NE(gpu.decode_graph_stats().eager_reason.find("standard"), std::string::npos);
 }
 
-TEST(GpuModel, ResetStartsAgain) {
+TEST(GpuModel, RandomForksTruncatesAndRemovesMatchReplays) {
+  TQ_REQUIRE_GPU();
+  GpuModel gpu(demo_model_dir());
+  for (const char* spec : {"f16", "k8v3+mt4+fused", "k4v4"}) {
+    KVSettings kv = parse_kv_spec(spec);
+    kv.block_tokens = 16;  // pages fill and get shared, copied and released within a short history
+    const double e = testing_util::random_operations(*gpu.model, kv, 80, 9);
+    EXPECT_LT(e, kv.compressed() ? kCompressedTolerance : kTolerance) << spec;
+    RecordProperty(spec, std::to_string(e));
+  }
+}
+
+// Truncated positions are cleared on the device: appending other tokens where they were gives what a
+// sequence that never held them gives (the codes are OR-ed into zeroed tiles).
+TEST(GpuModel, TruncateThenAppendEqualsNeverHavingAppended) {
+  TQ_REQUIRE_GPU();
+  GpuModel gpu(demo_model_dir());
+  for (const char* spec : {"f16", "k4v4+fused", "k8v3+mt8+fused"}) {
+    SCOPED_TRACE(spec);
+    KVSettings kv = parse_kv_spec(spec);
+    kv.block_tokens = 16;
+    SplitMix64 rng(4);
+    const int64_t V = gpu.model->vocab_size();
+    const auto a = testing_util::random_ids(V, 40, rng), other = testing_util::random_ids(V, 13, rng);
+    auto engine = testing_util::make_engine(*gpu.model, kv, 1, 64);
+    const int s = engine->add_sequence();
+    BatchEntry e{s, std::span<const int32_t>(a.data(), 21), -1, Logits::none};
+    engine->forward({&e, 1});
+    e.tokens = other;
+    engine->forward({&e, 1});
+    engine->truncate(s, 21);
+    e = {s, std::span<const int32_t>(a.data() + 21, 19), -1, Logits::all};
+    engine->forward({&e, 1});
+    const std::vector<float> got = engine->logits();
+    const std::vector<float> want = testing_util::alone_logits(*gpu.model, kv, a, a.size(), 64);
+    for (int i = 0; i < 19; ++i) EXPECT_LT(relative_error(got.data() + i * V, want.data() + (21 + i) * V, V), 1e-4) << "position " << 21 + i;
+  }
+}
+
+// A decode step replayed from the recorded graph computes what the same step launched kernel by kernel
+// computes: the same kernels, the same plans. The first runs cross tile (16) and page (64) boundaries, so
+// page allocation and plan growth happen between replays, and each batch size's graph is recorded once;
+// the last grows the attention plan from 16 to 18 work items (at 2161 positions), past the recorded grid
+// of 16, so the graph is recorded again.
+TEST(GpuModel, DecodeGraphsReplayTheEagerSteps) {
   TQ_REQUIRE_GPU();
   if (!std::filesystem::exists(hd128_path() + "/config.json")) GTEST_SKIP() << hd128_path() << " is absent";
-  const auto cpu = LlamaModel::open(hd128_path());
-  GpuLlamaModel gpu(*cpu, parse_kv_spec("f16"), 32);
-  const auto tokens = random_tokens(cpu->vocab_size(), 8, 3);
-  std::vector<float> a(static_cast<size_t>(cpu->vocab_size())), b(a.size());
-  gpu.forward(tokens.data(), 8, 0, a.data());
-  EXPECT_THROW(gpu.forward(tokens.data(), 1, 0, b.data()), Error);  // position 0 is taken
-  gpu.reset();
-  EXPECT_EQ(gpu.length(), 0);
-  gpu.forward(tokens.data(), 8, 0, b.data());
-  // The same kernels on the same inputs; allow for a GEMM or split attention whose reduction order
-  // is not fixed from run to run.
-  EXPECT_LT(relative_error(b.data(), a.data(), cpu->vocab_size()), 1e-5);
+  CudaDeviceOptions eager_options;
+  eager_options.graphs = false;
+  GpuModel graphed(hd128_path()), eager(hd128_path(), eager_options);
+  const int64_t V = graphed.model->vocab_size();
+  struct Case {
+    const char* spec;
+    int n_prompt, n_decode, batch, recordings;
+  };
+  for (const Case& c : {Case{"f16", 250, 24, 1, 1}, Case{"k8v3+fused", 250, 24, 1, 1}, Case{"k8v3+fused", 200, 20, 5, 1},
+                        Case{"k8v3+fused", 2150, 16, 1, 2}}) {
+    SCOPED_TRACE(std::string(c.spec) + " from " + std::to_string(c.n_prompt) + ", batch " + std::to_string(c.batch));
+    const KVSettings kv = parse_kv_spec(c.spec);
+    SplitMix64 rng(5);
+    std::vector<std::vector<int32_t>> tokens;
+    for (int b = 0; b < c.batch; ++b) tokens.push_back(testing_util::random_ids(V, c.n_prompt + c.n_decode, rng));
+    const int64_t ctx = c.n_prompt + c.n_decode;
+    auto ge = testing_util::make_engine(*graphed.model, kv, c.batch, ctx), ee = testing_util::make_engine(*eager.model, kv, c.batch, ctx);
+    std::vector<BatchEntry> batch;
+    for (int b = 0; b < c.batch; ++b) batch.push_back({ge->add_sequence(), std::span<const int32_t>(tokens[b].data(), c.n_prompt), -1, Logits::last});
+    for (int b = 0; b < c.batch; ++b) ee->add_sequence();
+    ge->forward(batch);
+    ee->forward(batch);
+    const StepStats g0 = ge->step_stats(), e0 = ee->step_stats();
+    for (int i = c.n_prompt; i < c.n_prompt + c.n_decode; ++i) {
+      for (int b = 0; b < c.batch; ++b) batch[b].tokens = std::span<const int32_t>(&tokens[b][i], 1);
+      ge->forward(batch);
+      ee->forward(batch);
+      const std::vector<float> a = ge->logits(), b = ee->logits();
+      for (int r = 0; r < c.batch; ++r) EXPECT_LT(relative_error(a.data() + r * V, b.data() + r * V, V), 1e-5) << "position " << i << " row " << r;
+    }
+    const StepStats g = ge->step_stats(), e = ee->step_stats();
+    EXPECT_EQ(g.replays - g0.replays, c.n_decode);
+    EXPECT_EQ(g.captures - g0.captures, c.recordings);
+    EXPECT_EQ(g.eager_steps - g0.eager_steps, 0);
+    EXPECT_TRUE(g.eager_reason.empty()) << g.eager_reason;
+    EXPECT_EQ(e.replays - e0.replays, 0);
+    EXPECT_EQ(e.eager_steps - e0.eager_steps, c.n_decode);
+    EXPECT_FALSE(e.eager_reason.empty());
+  }
+  // The standard path over a compressed cache is not replayable: its steps run kernel by kernel and say why.
+  GpuModel gpu(hd128_path());
+  auto engine = testing_util::make_engine(*gpu.model, parse_kv_spec("k8v3"), 1, 16);
+  const int s = engine->add_sequence();
+  const std::vector<int32_t> ids = {1, 2};
+  for (int i = 0; i < 2; ++i) {
+    const BatchEntry e{s, std::span<const int32_t>(&ids[i], 1), -1, Logits::last};
+    engine->forward({&e, 1});
+  }
+  EXPECT_EQ(engine->step_stats().eager_steps, 2);
+  EXPECT_EQ(engine->step_stats().replays, 0);
+  EXPECT_NE(engine->step_stats().eager_reason.find("standard"), std::string::npos);
 }
 
 }  // namespace

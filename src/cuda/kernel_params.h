@@ -49,13 +49,13 @@ TQ_HD const uint8_t* tile_address(const TierParams& t, int slot, int head, int n
 }
 
 struct RequestParams {
-  const float* q = nullptr;  // [n_q][n_heads][D], device
-  float* out = nullptr;      // [n_q][n_heads][D], device
+  const float* q = nullptr;  // [n_q][n_heads][D], device; query i's row at q + i * q_stride
+  float* out = nullptr;      // [n_q][n_heads][D], device, rows side by side
   int32_t n_q = 1, pos0 = 0;
   int32_t slot = 0;          // sequence slot in the cache
   int32_t length = 0;        // positions held
   int32_t n_sink = 0;        // positions in the sink tier: min(length, min_tokens)
-  int32_t pad = 0;
+  int32_t q_stride = 0;      // floats from one query's row to the next (n_heads * D when side by side)
 };
 
 // What a block of the attention kernel reads first, in one round trip: its work item, the item's request
@@ -124,9 +124,10 @@ struct AppendParams {
   uint8_t* main_base = nullptr;
   uint8_t* sink_base = nullptr;
   const AppendToken* tokens = nullptr;
-  const float* k = nullptr;  // [tokens][n_kv][D]
-  const float* v = nullptr;
+  const float* k = nullptr;  // [tokens][n_kv][D], token t's row at k + t * k_stride
+  const float* v = nullptr;  // likewise, v_stride
   int32_t n_tokens = 0, n_kv = 0;
+  int64_t k_stride = 0, v_stride = 0;  // floats between tokens' rows
   EncodeParams main_k, main_v, sink_k, sink_v;
 };
 

@@ -17,6 +17,10 @@ int attention_blocks_per_sm(int dim, int group_size, MainKind kind, int tile_byt
 // Quantize-and-append for n_tokens positions (all KV heads, K and V).
 bool launch_append(int dim, const AppendParams& params, void* stream);
 
+// The codes and scales of params.tokens' positions back to zero (truncated positions), as the append
+// kernel places them (k and v unused).
+bool launch_clear(int dim, const AppendParams& params, void* stream);
+
 // Standard path: TurboQuant tiles -> BF16 tiles in the original domain.
 bool launch_expand(int dim, int group_size, const ExpandParams& params, void* stream);
 

@@ -153,11 +153,13 @@ void CpuDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, cons
   }
 }
 
-void CpuDevice::rope(int table, const Tensor& x, int heads) {
+void CpuDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) {
   const ops::RopeTable& rope = *ropes_.at(static_cast<size_t>(table));
-  TQ_CHECK(x.cols == static_cast<int64_t>(heads) * rope.head_dim() && x.rows == step().rows(), "RoPE over rows of ", x.cols,
-           " values as ", heads, " heads of ", rope.head_dim());
-  for (int64_t r = 0; r < x.rows; ++r) rope.apply(x.row(r), static_cast<size_t>(heads), step().positions[static_cast<size_t>(r)]);
+  for (const auto& [x, heads] : {std::pair{&q, q_heads}, std::pair{&k, k_heads}}) {
+    TQ_CHECK(x->cols == static_cast<int64_t>(heads) * rope.head_dim() && x->rows == step().rows(), "RoPE over rows of ", x->cols,
+             " values as ", heads, " heads of ", rope.head_dim());
+    for (int64_t r = 0; r < x->rows; ++r) rope.apply(x->row(r), static_cast<size_t>(heads), step().positions[static_cast<size_t>(r)]);
+  }
 }
 
 void CpuDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {

@@ -33,7 +33,7 @@ class CpuDevice final : public Device {
   void embed(const Linear& table, const Tensor& out) override;
   void rms_norm(const Tensor& x, const DeviceVector& w, float eps, const Tensor& out) override;
   void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias, bool accumulate) override;
-  void rope(int table, const Tensor& x, int heads) override;
+  void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) override;
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,

@@ -137,8 +137,9 @@ class Device {
   // out = x . W^T (+ bias) (+ out when accumulate: the residual). x in either type.
   virtual void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias = {},
                       bool accumulate = false) = 0;
-  // Rotates each of the `heads` heads of every row at its position (step().positions).
-  virtual void rope(int table, const Tensor& x, int heads) = 0;
+  // Rotates each head of every row of q ([rows][q_heads * head_dim]) and k ([rows][k_heads * head_dim]) at
+  // the row's position (step().positions), in one call.
+  virtual void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) = 0;
   // out = silu(gate) * up.
   virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // Appends each sequence's rows of k and v ([rows][kv_heads * head_dim]) to the layer's cache.

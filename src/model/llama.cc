@@ -133,8 +133,7 @@ void Llama::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cache
       dev.rms_norm(q, L.q_norm, eps_, q);
       dev.rms_norm(k, L.k_norm, eps_, k);
     }
-    dev.rope(rope_, q, n_heads_);
-    dev.rope(rope_, k, n_kv_);
+    dev.rope(rope_, q, n_heads_, k, n_kv_);
     dev.append_kv(cache, k, v);
     dev.attention(cache, q, att, L.attention, attention ? &(*attention)[l] : nullptr);
     dev.matmul(L.wo, att, x, L.bo, /*accumulate=*/true);

@@ -109,7 +109,9 @@ inline double batch_vs_alone(Model& model, const KVSettings& kv, int sequences, 
       fed[i] += static_cast<int>(batch[b].tokens.size());
     }
   }
-  if (sequences >= 3) EXPECT_GT(mixed_steps, 0) << "no batch mixed prompt chunks and decode tokens";
+  if (sequences >= 3) {
+    EXPECT_GT(mixed_steps, 0) << "no batch mixed prompt chunks and decode tokens";
+  }
   double worst = 0;
   for (int i = 0; i < sequences; ++i) {
     std::vector<float> alone(tokens[i].size() * static_cast<size_t>(V));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "codec/group_quantizer.h"
+#include "device_flags.h"
 #include "kv/cache.h"
 
 namespace tq::bench {
@@ -56,9 +57,8 @@ struct ModelBenchArgs {
   int threads = 2;
   std::string format = "md";
   std::vector<int> batches = {1};  // sequences decoding together
-  std::string device = "cpu";  // cpu or cuda (needs a build with the CUDA backend)
-  bool no_cuda_graph = false;  // --device cuda: decode steps launched kernel by kernel
-  std::string simd;            // as AttentionArgs::simd
+  cli::DeviceFlags device;        // --device cpu|cuda and the CUDA options (tools/common/device_flags.h)
+  std::string simd;               // as AttentionArgs::simd
 };
 int run_model(const ModelBenchArgs& args);
 

@@ -94,8 +94,7 @@ int main(int argc, char** argv) {
   mo->add_option("-b,--batch", mb.batches, "sequences decoding together (each at the depth), e.g. 1,4,16,64")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
-  mo->add_option("--device", mb.device, "cpu, or cuda (the whole forward pass on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
-  mo->add_flag("--no-cuda-graph", mb.no_cuda_graph, "--device cuda: launch decode steps kernel by kernel (no CUDA graphs)");
+  tq::cli::add_device_flags(*mo, mb.device);
   mo->add_option("--simd", simd, simd_help)->check(CLI::IsMember({"best", "avx2"}));
 
   PipesArgs pipes;

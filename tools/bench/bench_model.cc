@@ -21,7 +21,6 @@
 #include "bench.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "device_flags.h"
 #include "runtime/engine.h"
 #include "runtime/perplexity.h"
 #include "table.h"
@@ -54,10 +53,7 @@ std::pair<double, double> mean_sd(const std::vector<double>& v) {
 
 int run_model(const ModelBenchArgs& a) {
   using clock = std::chrono::steady_clock;
-  cli::DeviceFlags df;
-  df.device = a.device;
-  df.no_cuda_graph = a.no_cuda_graph;
-  const std::unique_ptr<Device> device = cli::make_device(df, a.threads, "turboquant-bench");
+  const std::unique_ptr<Device> device = cli::make_device(a.device, a.threads, "turboquant-bench");
   const auto model = Model::open(a.model, *device);
   const int max_depth = *std::max_element(a.depths.begin(), a.depths.end());
   const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());

@@ -118,6 +118,7 @@ struct Args {
   int reps = 50;
   double l2_factor = 3.0;  // copies of the cache so that one graph replay reads at least this many L2s
   int min_calls = 1;       // calls per graph replay, at least (cycling through the copies)
+  bool timeline = false;   // diagnostics builds (-DTQ_ATTN_TIMELINE): one more call per row, its phases printed
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -168,11 +169,13 @@ Args parse(int argc, char** argv) {
       a.reps = std::atoi(next().c_str());
     } else if (k == "--min-calls") {
       a.min_calls = std::max(1, std::atoi(next().c_str()));
+    } else if (k == "--timeline") {
+      a.timeline = true;
     } else {
       std::fprintf(stderr,
                    "usage: tq-gpu-bench [--shapes 1x4096,64x2048] [--methods fused_k8v3,fused_k4v4,standard_k8v3,ours_bf16]\n"
                    "                    [--heads 32] [--kv-heads 8] [--dim 128] [--group 64] [--page 256] [--min-tokens 0] [--reps 50]\n"
-                   "                    [--min-calls 1]\n");
+                   "                    [--min-calls 1] [--timeline]\n");
       std::exit(1);
     }
   }
@@ -335,7 +338,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%-14s %3dx%-7d %9.2f us  (%d copies, %d blocks)\n", method.c_str(), batch, context, t.median_us, sets,
                      plans[0]->items());
 #ifdef TQ_ATTN_TIMELINE
-        if (args.dim == 128 && std::getenv("TQ_TIMELINE")) print_timeline(*plans[0], stream);
+        if (args.dim == 128 && args.timeline) print_timeline(*plans[0], stream);
 #endif
         plans.clear();
         caches.clear();

@@ -7,11 +7,15 @@ machine, so the GPU model benchmark runs on a stand-in made in two steps:
   tools/gpu/random_weights.py plan ../shared/models/tq-llama-hd128 .gpu/tq-llama-hd128
       (here, no PyTorch needed) copies config.json, generation_config.json and the tokenizer files, and
       writes shapes.json: every tensor's name, dtype and shape, read from the safetensors headers;
+  tools/gpu/random_weights.py plan --shape llama-3.1-8b ../shared/models/tq-llama-hd128 .gpu/llama-3.1-8b
+      the same for a named real model's shape (SHAPES below), with the tokenizer (and its vocabulary size)
+      of the source folder, so that a GPU benchmark runs a realistic shape;
   tools/gpu/random_weights.py make .gpu/tq-llama-hd128
       (on the GPU machine, with torch and safetensors) writes model.safetensors: norm weights 1, every
-      other tensor N(0, 0.02^2), in BF16, seeded.
+      other tensor N(0, 0.02^2), in BF16, seeded (drawn on the GPU when there is one).
 """
 import json
+import math
 import os
 import shutil
 import struct
@@ -24,6 +28,54 @@ def safetensors_header(path):
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         return json.loads(f.read(n))
+
+
+# Real models' shapes (their config.json fields); the vocabulary comes from the tokenizer's folder.
+SHAPES = {
+    "llama-3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
+                         attention_bias=False, mlp_bias=False, dtype="bfloat16",
+                         rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0, original_max_position_embeddings=8192)),
+}
+
+
+def plan_shape(name, src, dst):
+    if name not in SHAPES:
+        sys.exit(f"unknown shape {name} (known: {', '.join(SHAPES)})")
+    with open(os.path.join(src, "config.json")) as f:
+        source = json.load(f)
+    config = dict(SHAPES[name])
+    for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in source:
+            config[key] = source[key]
+    H, I, L = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    q, kv, V = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"], config["vocab_size"]
+    shapes = {"model.embed_tokens.weight": ["BF16", [V, H]], "model.norm.weight": ["BF16", [H]]}
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = ["BF16", [V, H]]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        shapes[p + "input_layernorm.weight"] = ["BF16", [H]]
+        shapes[p + "post_attention_layernorm.weight"] = ["BF16", [H]]
+        shapes[p + "self_attn.q_proj.weight"] = ["BF16", [q, H]]
+        shapes[p + "self_attn.k_proj.weight"] = ["BF16", [kv, H]]
+        shapes[p + "self_attn.v_proj.weight"] = ["BF16", [kv, H]]
+        shapes[p + "self_attn.o_proj.weight"] = ["BF16", [H, q]]
+        shapes[p + "mlp.gate_proj.weight"] = ["BF16", [I, H]]
+        shapes[p + "mlp.up_proj.weight"] = ["BF16", [I, H]]
+        shapes[p + "mlp.down_proj.weight"] = ["BF16", [H, I]]
+    os.makedirs(dst, exist_ok=True)
+    for f in COPIED:
+        if f != "config.json" and os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    with open(os.path.join(dst, "shapes.json"), "w") as f:
+        json.dump(shapes, f)
+    params = sum(math.prod(s) for _, s in shapes.values())
+    print(f"{dst}: {name} shape, vocab {V} from {src}: {len(shapes)} tensors, {params / 1e9:.2f} B parameters")
 
 
 def plan(src, dst):
@@ -50,17 +102,23 @@ def make(folder):
 
     with open(os.path.join(folder, "shapes.json")) as f:
         shapes = json.load(f)
-    gen = torch.Generator().manual_seed(1)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # an 8B shape draws in seconds on a GPU, minutes on the CPU
+    gen = torch.Generator(device=device).manual_seed(1)
     tensors = {}
     for name, (_, shape) in shapes.items():
-        t = torch.ones(shape) if "norm" in name else torch.randn(shape, generator=gen) * 0.02
-        tensors[name] = t.to(torch.bfloat16).contiguous()
+        if "norm" in name:
+            t = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            t = (torch.randn(shape, generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
+        tensors[name] = t.contiguous()
     save_file(tensors, os.path.join(folder, "model.safetensors"))
     print(f"{folder}/model.safetensors: {len(tensors)} tensors")
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "plan":
+    if len(sys.argv) == 6 and sys.argv[1] == "plan" and sys.argv[2] == "--shape":
+        plan_shape(sys.argv[3], sys.argv[4], sys.argv[5])
+    elif len(sys.argv) == 4 and sys.argv[1] == "plan":
         plan(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])

@@ -1,0 +1,655 @@
+// CudaDevice: the device interface on one GPU (cuda_device.h). Host side: weights upload, scratch
+// memory, the step's inputs, the operations' launches, and the CUDA graphs decode steps replay.
+#include "cuda/cuda_device.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "cuda/check.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/device_cache_impl.h"
+#include "cuda/ops_kernels.h"
+
+namespace tq::cuda {
+namespace {
+
+const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    default: return "cuBLAS error";
+  }
+}
+
+#define TQ_CUBLAS_CHECK(expr)                                                                                      \
+  do {                                                                                                             \
+    const cublasStatus_t tq_cublas_status_ = (expr);                                                               \
+    if (tq_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                                \
+      ::tq::fail("cuBLAS error in ", #expr, " (", __FILE__, ":", __LINE__, "): ", cublas_status_name(tq_cublas_status_)); \
+  } while (0)
+
+// A layer's device cache behind the runtime's interface, with what the device prepares for it per step.
+// Structural changes (fork, truncate, remove) are enqueued on the device's stream, ordered with the
+// kernels that read and write the cache.
+class CudaLayerCache final : public LayerCache {
+ public:
+  CudaLayerCache(int n_kv, int head_dim, const KVCacheOptions& options, bool fused_path, const DeviceCacheCapacity& capacity,
+                 void* stream, std::shared_ptr<int> standard_caches)
+      : cache(n_kv, head_dim, options, capacity), fused_path(fused_path), stream_(stream), standard_caches_(std::move(standard_caches)) {
+    if (!fused_path) ++*standard_caches_;
+  }
+  ~CudaLayerCache() override {
+    if (!fused_path) --*standard_caches_;
+  }
+
+  std::string describe() const override { return cache.describe(); }
+  MemoryUsage memory() const override { return cache.memory(); }
+  int add_sequence() override { return cache.add_sequence(); }
+  void add_sequence_with_id(int seq) override { cache.add_sequence_with_id(seq); }
+  void remove_sequence(int seq) override { cache.remove_sequence(seq, stream_); }
+  bool has_sequence(int seq) const override { return cache.has_sequence(seq); }
+  std::vector<int> sequences() const override { return cache.sequences(); }
+  int length(int seq) const override { return cache.length(seq); }
+  void fork_sequence(int parent, int child, bool copy) override { cache.fork_sequence(parent, child, copy, stream_); }
+  void truncate(int seq, int length) override { cache.truncate(seq, length, stream_); }
+  std::string truncate_problem(int seq, int length) const override { return cache.truncate_problem(seq, length); }
+  BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override { return cache.demand(growth); }
+
+  DeviceKVCache cache;
+  const bool fused_path;           // dense caches and caches marked fused; the others expand, then attend
+  DeviceAttention eager_attention;  // steps launched kernel by kernel
+  DeviceAttention step_attention;   // replayed decode steps (a replayable plan)
+  AppendParams step_append{};       // the planning pass's append, launched by the recording pass
+
+ private:
+  void* stream_;
+  std::shared_ptr<int> standard_caches_;  // the device's count of live caches on the standard path
+};
+
+// A weight matrix [rows][cols] on the device as BF16.
+struct DeviceMatrix {
+  DeviceBuffer data;
+  int64_t rows = 0, cols = 0;
+};
+
+// Bump allocation of scratch memory in chunks that stay put for the step (a recorded graph reads them):
+// rewind() hands out the same addresses again; reset() at a new step merges the chunks of a step that
+// outgrew the first into one (addresses move: the graphs record again).
+class Arena {
+ public:
+  void* take(size_t bytes) {
+    bytes = (bytes + 255) / 256 * 256;
+    this_step_ += bytes;
+    while (chunk_ < chunks_.size() && used_ + bytes > chunks_[chunk_].bytes()) {
+      ++chunk_;
+      used_ = 0;
+    }
+    if (chunk_ == chunks_.size()) {
+      chunks_.emplace_back(std::max(bytes, size_t{64} << 20));
+      used_ = 0;
+    }
+    void* p = static_cast<uint8_t*>(chunks_[chunk_].get()) + used_;
+    used_ += bytes;
+    return p;
+  }
+  void rewind() {
+    chunk_ = used_ = this_step_ = 0;
+  }
+  void reset() {
+    wanted_ = std::max(wanted_, this_step_);
+    if (chunks_.size() > 1) {
+      chunks_.clear();  // cudaFree waits for the kernels that read them
+      chunks_.emplace_back(wanted_);
+    }
+    rewind();
+  }
+
+ private:
+  std::vector<DeviceBuffer> chunks_;
+  size_t chunk_ = 0, used_ = 0, this_step_ = 0, wanted_ = 0;
+};
+
+#ifdef TQ_ATTN_TIMELINE
+}  // namespace
+namespace kernels {
+void read_attention_timeline_d128(unsigned long long* host);
+void clear_attention_timeline_d128();
+void read_append_timeline(unsigned long long* host);
+void clear_append_timeline();
+void read_append_phases(unsigned long long* host);
+}  // namespace kernels
+namespace {
+
+// Diagnostics build: for the decode step at CudaDeviceOptions::timeline_position, when the last layer's
+// append kernel ran and the phases of its attention kernel (us after the append started).
+void print_step_timeline(int grid) {
+  constexpr int kBlocks = 4096, kMarks = 16;
+  std::vector<unsigned long long> t(kBlocks * kMarks);
+  unsigned long long ap[2];
+  kernels::read_attention_timeline_d128(t.data());
+  kernels::read_append_timeline(ap);
+  const unsigned long long t0 = ap[0];
+  std::fprintf(stderr, "  step timeline (last layer), us after its append started: append ends %.2f\n", (ap[1] - t0) * 1e-3);
+  unsigned long long ph[4][8];
+  kernels::read_append_phases(&ph[0][0]);
+  for (int w = 0; w < 4; ++w) {
+    std::fprintf(stderr, "    append warp %d phases:", w);
+    for (int i = 1; i < 6; ++i) std::fprintf(stderr, " %.2f", (static_cast<double>(ph[w][i]) - static_cast<double>(ph[w][0])) * 1e-3);
+    std::fprintf(stderr, " us after its start %.2f\n", (static_cast<double>(ph[w][0]) - static_cast<double>(t0)) * 1e-3);
+  }
+  for (int m = 0; m < kMarks; ++m) {
+    std::vector<double> v;
+    for (int b = 0; b < std::min(grid, kBlocks); ++b)
+      if (t[b * kMarks + m] != 0) v.push_back((static_cast<double>(t[b * kMarks + m]) - static_cast<double>(t0)) * 1e-3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "    mark %2d: %7.2f / %7.2f / %7.2f  (%zu blocks)\n", m, v.front(), v[v.size() / 2], v.back(), v.size());
+  }
+}
+#endif
+
+struct RopeOnDevice {
+  DeviceBuffer inv_freq;  // F32 [rotary_dim / 2]
+  int head_dim = 0, rotary_dim = 0;
+  bool interleaved = false;
+};
+
+struct RecordedStep {
+  cudaGraphExec_t exec = nullptr;
+  std::string signature;  // the launches' parameter bytes it was recorded with
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(const CudaDeviceOptions& options);
+  ~CudaDevice() override;
+
+  std::string name() const override { return "cuda (" + device_properties().name + ")"; }
+  bool is_cuda() const override { return true; }
+  Linear linear(std::span<const ops::WeightView> parts, std::string_view what) override;
+  using Device::linear;
+  DeviceVector vector(std::span<const float> values) override;
+  int rope_table(const ops::RopeConfig& config) override;
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
+                                       const CacheCapacity& capacity) override;
+  // The attention kernels were tuned with 64-position pages (the CPU's default, kDefaultBlockTokens, is its
+  // block kernel's).
+  int default_block_tokens() const override { return 64; }
+  bool preallocates_caches() const override { return true; }
+
+  void run_step(const StepLayout& step, const std::function<void()>& forward) override;
+  ActType matmul_input() const override { return ActType::bf16; }
+  Tensor scratch(int64_t rows, int64_t cols, ActType type) override;
+  void embed(const Linear& table, const Tensor& out) override;
+  void rms_norm(const Tensor& x, const DeviceVector& w, float eps, const Tensor& out) override;
+  void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias, bool accumulate) override;
+  void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) override;
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
+  void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
+                 AttentionStats* stats) override;
+  void gather_output_rows(const Tensor& x, const Tensor& out) override;
+  void set_logits(const Tensor& logits) override { logits_ = logits; }
+  void read_logits(float* host) override;
+  void argmax_logits(int32_t* host) override;
+  StepStats step_stats() const override { return stats_; }
+
+ private:
+  // How a step's forward runs: kernel by kernel; planning a replay (host work only: plans, append
+  // destinations, the launches' parameters); or recording the launches into a graph.
+  enum class Pass { eager, plan, record };
+  bool launching() const { return pass_ != Pass::plan; }
+  // Adds bytes to the signature of the planned step's launches.
+  template <typename T>
+  void note(const T& value) {
+    if (pass_ == Pass::plan) signature_.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  void note_tensor(const Tensor& t) {
+    note(t.data);
+    note(t.stride);
+    note(t.rows);
+  }
+  CudaLayerCache& layer(const LayerCache& cache) const;
+  void take_step_inputs();
+  void wait_and_settle();
+
+  CudaDeviceOptions options_;
+  cudaStream_t stream_ = nullptr;  // everything the device enqueues (graphs cannot be recorded on the legacy stream)
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer cublas_workspace_;  // given to cuBLAS so that a recorded GEMM allocates nothing
+  std::vector<DeviceMatrix> matrices_;
+  std::vector<DeviceBuffer> vectors_;
+  std::vector<RopeOnDevice> ropes_;
+  int64_t weight_bytes_ = 0;
+  std::shared_ptr<int> standard_caches_ = std::make_shared<int>(0);
+
+  Arena arena_;
+  std::map<std::pair<int64_t, int64_t>, Tensor> conversions_;  // this step's BF16 copies of float32 product inputs, by shape
+  UploadBatch upload_;          // a step's inputs, append destinations and attention plans: one copy
+  PinnedStaging inputs_stage_;  // the step's inputs when they do not fit the batch
+  DeviceBuffer inputs_;
+  const int32_t* tokens_dev_ = nullptr;       // [rows]
+  const int32_t* positions_dev_ = nullptr;    // [rows]
+  const int32_t* output_rows_dev_ = nullptr;  // [output rows]
+  Pass pass_ = Pass::eager;
+  std::string signature_;
+  std::map<int, RecordedStep> graphs_;  // by the step's row count (sequences decoding together)
+  StepStats stats_;
+  cudaEvent_t replay_begin_ = nullptr, replay_end_ = nullptr;
+  bool replay_pending_ = false;  // a replay's events not yet read
+  Tensor logits_;
+  DeviceBuffer argmax_out_;
+};
+
+CudaDevice::CudaDevice(const CudaDeviceOptions& options) : options_(options) {
+  std::string reason;
+  TQ_CHECK(device_available(&reason), "--device cuda: no usable CUDA device (", reason, ")");
+  TQ_CHECK(options.attention_min_tiles >= 0, "the fewest tiles per attention work item must not be negative");
+  TQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TQ_CUBLAS_CHECK(cublasCreate(&cublas_));
+  TQ_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // A workspace of its own (cuBLAS suggests 32 MiB on Hopper): a GEMM recorded into a graph must not allocate.
+  cublas_workspace_.reserve(size_t{32} << 20);
+  TQ_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+  // FP32 accumulation of BF16 products; no reduced-precision reductions.
+  TQ_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  TQ_CUDA_CHECK(cudaEventCreate(&replay_begin_));
+  TQ_CUDA_CHECK(cudaEventCreate(&replay_end_));
+  // Room for a decode step's uploads of a few dozen layers: an attention plan (a work item of 80 bytes per
+  // block of a grid that fills the GPU) and the append destinations per layer; it grows when needed.
+  upload_.reserve(size_t{4} << 20);
+  if (!options.graphs) stats_.eager_reason = "CUDA graphs switched off";
+}
+
+CudaDevice::~CudaDevice() {
+  for (auto& [rows, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  if (replay_begin_) cudaEventDestroy(replay_begin_);
+  if (replay_end_) cudaEventDestroy(replay_end_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// ------------------------------------------------------------------ what the model keeps
+
+Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
+  TQ_CHECK(!parts.empty(), "a matrix needs at least one part (", what, ")");
+  DeviceMatrix m;
+  m.cols = parts[0].cols;
+  for (const ops::WeightView& w : parts) {
+    w.validate(std::string(what).c_str());
+    TQ_CHECK(w.cols == m.cols, std::string(what), ": stacked matrices need the same columns, got ", w.cols, " and ", m.cols);
+    m.rows += w.rows;
+  }
+  std::vector<uint16_t> bits(static_cast<size_t>(m.rows * m.cols));  // BF16 [rows][cols]
+  std::vector<float> row(static_cast<size_t>(m.cols));                // [cols]
+  int64_t at = 0;
+  for (const ops::WeightView& w : parts) {
+    if (w.dtype == ops::DType::BF16 && w.row_stride_bytes == static_cast<size_t>(w.cols) * 2) {
+      std::memcpy(bits.data() + at * m.cols, w.data, static_cast<size_t>(w.rows * w.cols) * 2);  // already BF16
+      at += w.rows;
+      continue;
+    }
+    for (int64_t r = 0; r < w.rows; ++r, ++at) {
+      ops::weight_row(w, r, row.data());
+      for (int64_t c = 0; c < m.cols; ++c) bits[static_cast<size_t>(at * m.cols + c)] = f32_to_bf16_bits(row[static_cast<size_t>(c)]);
+    }
+  }
+  m.data.reserve(bits.size() * sizeof(uint16_t));
+  m.data.upload(bits.data(), bits.size() * sizeof(uint16_t));
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());  // `bits` goes out of scope
+  weight_bytes_ += static_cast<int64_t>(m.data.bytes());
+  Linear l;
+  l.id = static_cast<int>(matrices_.size());
+  l.rows = m.rows;
+  l.cols = m.cols;
+  matrices_.push_back(std::move(m));
+  return l;
+}
+
+DeviceVector CudaDevice::vector(std::span<const float> values) {
+  DeviceBuffer b(std::max<size_t>(1, values.size()) * sizeof(float));
+  b.upload(values.data(), values.size() * sizeof(float));
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());
+  weight_bytes_ += static_cast<int64_t>(b.bytes());
+  DeviceVector v;
+  v.id = static_cast<int>(vectors_.size());
+  v.size = static_cast<int64_t>(values.size());
+  vectors_.push_back(std::move(b));
+  return v;
+}
+
+int CudaDevice::rope_table(const ops::RopeConfig& config) {
+  const ops::RopeTable table(config);
+  RopeOnDevice r;
+  r.head_dim = table.head_dim();
+  r.rotary_dim = table.rotary_dim();
+  r.interleaved = table.layout() == ops::RopeLayout::interleaved;
+  r.inv_freq.reserve(table.inv_freq().size() * sizeof(float));
+  r.inv_freq.upload(table.inv_freq().data(), table.inv_freq().size() * sizeof(float));
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());
+  ropes_.push_back(std::move(r));
+  return static_cast<int>(ropes_.size()) - 1;
+}
+
+std::unique_ptr<LayerCache> CudaDevice::kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
+                                                 const CacheCapacity& capacity) {
+  TQ_CHECK(capacity.max_tokens > 0, "the CUDA backend allocates its KV caches up front: give the pool a size (positions)");
+  // The device cache keeps every position (a sliding window is applied by the attention) and is bounded
+  // by its capacity, not by max_blocks.
+  KVCacheOptions o = options;
+  o.window = 0;
+  o.max_blocks = 0;
+  DeviceCacheCapacity cap;
+  cap.max_sequences = capacity.max_sequences;
+  cap.max_tokens = capacity.max_tokens;
+  const bool dense = is_dense(o.k.type) && is_dense(o.v.type);
+  auto cache = std::make_unique<CudaLayerCache>(n_kv_heads, head_dim, o, fused || dense, cap, stream_, standard_caches_);
+  cache->step_attention.set_replayable(true);
+  for (DeviceAttention* a : {&cache->eager_attention, &cache->step_attention}) {
+    // Attention follows its layer's append on the stream and starts while the append still runs (it waits
+    // for it before the newest tiles).
+    a->set_overlap_append(options_.overlap_append);
+    a->set_min_tiles(options_.attention_min_tiles);
+  }
+  return cache;
+}
+
+CudaLayerCache& CudaDevice::layer(const LayerCache& cache) const {
+  auto* c = dynamic_cast<const CudaLayerCache*>(&cache);
+  TQ_CHECK(c != nullptr, "the CUDA backend runs over its own caches, got ", cache.describe());
+  return const_cast<CudaLayerCache&>(*c);
+}
+
+// ------------------------------------------------------------------ a step
+
+void CudaDevice::take_step_inputs() {
+  const StepLayout& s = step();
+  const size_t rows = s.tokens.size(), outs = s.output_rows.size();
+  const size_t bytes = (2 * rows + std::max<size_t>(1, outs)) * sizeof(int32_t);
+  const UploadBatch::Region region = upload_.take(bytes);
+  uint8_t* host = region.host;
+  const uint8_t* dev = region.device;
+  if (host == nullptr) {  // the batch is full this time: a copy of their own
+    inputs_.reserve(std::max<size_t>(bytes, size_t{64} << 10));
+    host = inputs_stage_.begin(bytes);
+    dev = inputs_.as<uint8_t>();
+  }
+  std::memcpy(host, s.tokens.data(), rows * sizeof(int32_t));
+  std::memcpy(host + rows * sizeof(int32_t), s.positions.data(), rows * sizeof(int32_t));
+  std::memcpy(host + 2 * rows * sizeof(int32_t), s.output_rows.data(), outs * sizeof(int32_t));
+  if (region.host == nullptr) inputs_stage_.upload(inputs_, bytes, stream_);
+  tokens_dev_ = reinterpret_cast<const int32_t*>(dev);
+  positions_dev_ = tokens_dev_ + rows;
+  output_rows_dev_ = tokens_dev_ + 2 * rows;
+  note(tokens_dev_);
+}
+
+void CudaDevice::run_step(const StepLayout& step, const std::function<void()>& forward) {
+  const auto host_begin = std::chrono::steady_clock::now();
+  step_ = &step;
+  logits_ = Tensor{};
+  struct Done {
+    const StepLayout*& step;
+    Pass& pass;
+    ~Done() {
+      step = nullptr;
+      pass = Pass::eager;
+    }
+  } done{step_, pass_};
+  if (replay_pending_) wait_and_settle();
+
+  const bool decode = step.decode_only();
+  const bool replay = options_.graphs && decode && *standard_caches_ == 0;
+  arena_.reset();
+  conversions_.clear();
+  upload_.begin();
+  if (!replay) {
+    if (decode) {
+      ++stats_.eager_steps;
+      if (stats_.eager_reason.empty() && *standard_caches_ > 0)
+        stats_.eager_reason = "the standard attention path (its expand launch changes with the context length)";
+    }
+    pass_ = Pass::eager;
+    take_step_inputs();
+    upload_.upload(stream_);
+    forward();
+    return;
+  }
+  // Plan the step (host work; nothing is launched), then replay the graph recorded for this batch size,
+  // recording it first when the launches' parameters are not the ones it holds.
+  pass_ = Pass::plan;
+  signature_.clear();
+  take_step_inputs();
+  forward();
+  upload_.upload(stream_);
+  RecordedStep& g = graphs_[step.rows()];
+  if (!g.exec || g.signature != signature_) {
+    arena_.rewind();  // the same scratch addresses as the planning pass
+    conversions_.clear();
+    pass_ = Pass::record;
+    cudaGraph_t graph = nullptr;
+    TQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      forward();
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    TQ_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    if (g.exec) TQ_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+    g.exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TQ_CUDA_CHECK(made);
+    g.signature = signature_;
+    ++stats_.captures;
+  }
+#ifdef TQ_ATTN_TIMELINE
+  const bool timeline = step.rows() == 1 && step.positions[0] == options_.timeline_position;
+  if (timeline) {
+    TQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    kernels::clear_attention_timeline_d128();
+    kernels::clear_append_timeline();
+  }
+#endif
+  TQ_CUDA_CHECK(cudaEventRecord(replay_begin_, stream_));
+  TQ_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  TQ_CUDA_CHECK(cudaEventRecord(replay_end_, stream_));
+#ifdef TQ_ATTN_TIMELINE
+  if (timeline) {
+    TQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    print_step_timeline(4096);
+  }
+#endif
+  replay_pending_ = true;
+  ++stats_.replays;
+  stats_.host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - host_begin).count();
+}
+
+void CudaDevice::wait_and_settle() {
+  TQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (replay_pending_) {
+    float ms = 0;
+    TQ_CUDA_CHECK(cudaEventElapsedTime(&ms, replay_begin_, replay_end_));
+    stats_.device_seconds += ms * 1e-3;
+    replay_pending_ = false;
+  }
+}
+
+Tensor CudaDevice::scratch(int64_t rows, int64_t cols, ActType type) {
+  TQ_CHECK(rows >= 0 && cols >= 0, "a tensor of ", rows, " x ", cols, " values");
+  Tensor t;
+  t.type = type;
+  t.rows = rows;
+  t.cols = cols;
+  t.stride = cols;
+  t.data = arena_.take(std::max<size_t>(1, static_cast<size_t>(rows * cols)) * t.element_bytes());
+  return t;
+}
+
+void CudaDevice::embed(const Linear& table, const Tensor& out) {
+  const DeviceMatrix& m = matrices_.at(static_cast<size_t>(table.id));
+  TQ_CHECK(out.type == ActType::f32 && out.cols == m.cols && out.rows == step().rows(), "embedding of ", step().rows(), " tokens into ",
+           out.rows, " x ", out.cols);
+  note_tensor(out);
+  if (launching())
+    ops_kernels::embed(m.data.as<uint16_t>(), tokens_dev_, step().rows(), static_cast<int>(m.cols), out.f32(), out.stride, stream_);
+}
+
+void CudaDevice::rms_norm(const Tensor& x, const DeviceVector& w, float eps, const Tensor& out) {
+  TQ_CHECK(x.type == ActType::f32 && w.size > 0 && x.cols % w.size == 0 && out.cols == x.cols && out.rows == x.rows, "RMSNorm of rows of ",
+           x.cols, " values by a weight of ", w.size);
+  note_tensor(x);
+  note_tensor(out);
+  if (launching())
+    ops_kernels::rms_norm(x.f32(), x.stride, vectors_.at(static_cast<size_t>(w.id)).as<float>(), eps, x.rows, static_cast<int>(x.cols / w.size),
+                          static_cast<int>(w.size), out.data, out.stride, out.type == ActType::bf16, stream_);
+}
+
+void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias, bool accumulate) {
+  const DeviceMatrix& m = matrices_.at(static_cast<size_t>(w.id));
+  TQ_CHECK(x.cols == m.cols && out.cols == m.rows && out.rows == x.rows && out.type == ActType::f32, "a product of ", x.rows, " x ", x.cols,
+           " by a ", m.rows, " x ", m.cols, " matrix into ", out.rows, " x ", out.cols);
+  TQ_CHECK(bias.empty() || bias.size == m.rows, "a bias of ", bias.size, " values for a matrix of ", m.rows, " rows");
+  if (x.rows == 0) return;
+  // The GEMM reads BF16: a float32 input is rounded first, into scratch that every product of the step
+  // with an input of this size shares (they run one after another on the stream).
+  Tensor in = x;
+  if (x.type == ActType::f32) {
+    Tensor& shared = conversions_[{x.rows, x.cols}];
+    if (shared.data == nullptr) shared = scratch(x.rows, x.cols, ActType::bf16);
+    in = shared;
+    if (launching()) ops_kernels::to_bf16(x.f32(), x.stride, x.rows, static_cast<int>(x.cols), static_cast<uint16_t*>(in.data), in.stride, stream_);
+  }
+  note_tensor(x);
+  note_tensor(in);
+  note_tensor(out);
+  if (!launching()) return;
+  // out[n][rows] = in[n][cols] . W^T (+ out): cuBLAS in column-major terms computes out^T (rows x n) =
+  // W (stored as the column-major cols x rows matrix, transposed) . in^T; beta = 1 adds the product to out.
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  TQ_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m.rows), static_cast<int>(x.rows), static_cast<int>(m.cols),
+                               &alpha, m.data.get(), CUDA_R_16BF, static_cast<int>(m.cols), in.data, CUDA_R_16BF, static_cast<int>(in.stride),
+                               &beta, out.data, CUDA_R_32F, static_cast<int>(out.stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (!bias.empty())
+    ops_kernels::add_bias(out.f32(), out.stride, vectors_.at(static_cast<size_t>(bias.id)).as<float>(), out.rows, static_cast<int>(out.cols),
+                          stream_);
+}
+
+void CudaDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) {
+  const RopeOnDevice& r = ropes_.at(static_cast<size_t>(table));
+  TQ_CHECK(q.cols == static_cast<int64_t>(q_heads) * r.head_dim && k.cols == static_cast<int64_t>(k_heads) * r.head_dim &&
+               q.rows == step().rows() && k.rows == q.rows,
+           "RoPE over rows of ", q.cols, " and ", k.cols, " values as heads of ", r.head_dim);
+  note_tensor(q);
+  note_tensor(k);
+  if (launching())
+    ops_kernels::rope(q.f32(), q.stride, q_heads, k.f32(), k.stride, k_heads, static_cast<int>(q.rows), r.head_dim, r.rotary_dim, r.interleaved,
+                      r.inv_freq.as<float>(), positions_dev_, stream_);
+}
+
+void CudaDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  TQ_CHECK(gate.cols == up.cols && gate.cols == out.cols && gate.rows == up.rows && gate.rows == out.rows, "SwiGLU of ", gate.rows, " x ",
+           gate.cols, " and ", up.rows, " x ", up.cols);
+  note_tensor(gate);
+  note_tensor(up);
+  note_tensor(out);
+  if (launching())
+    ops_kernels::swiglu(gate.f32(), gate.stride, up.f32(), up.stride, gate.rows, static_cast<int>(gate.cols), out.data, out.stride,
+                        out.type == ActType::bf16, stream_);
+}
+
+void CudaDevice::append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) {
+  CudaLayerCache& c = layer(cache);
+  if (pass_ == Pass::record) {  // planned: the destinations went up with the step's copy
+    c.cache.launch_append(c.step_append, stream_);
+    return;
+  }
+  std::vector<DeviceKVCache::Span> spans;
+  for (const StepSequence& s : step().sequences) spans.push_back({s.seq, s.n});
+  // Sequence s's rows are rows [row0, row0 + n) of k and v, and the spans list them in that order.
+  const AppendParams p = c.cache.prepare_append(spans, k.f32(), v.f32(), stream_, pass_ == Pass::plan ? &upload_ : nullptr, k.stride, v.stride);
+  if (pass_ == Pass::plan) {
+    c.step_append = p;
+    note(p);
+  } else {
+    c.cache.launch_append(p, stream_);
+  }
+}
+
+void CudaDevice::attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
+                           AttentionStats* stats) {
+  CudaLayerCache& c = layer(cache);
+  if (pass_ == Pass::record) {
+    c.step_attention.run(stream_);
+    return;
+  }
+  TQ_CHECK(out.stride == out.cols && out.type == ActType::f32, "the CUDA attention writes rows side by side");
+  std::vector<DeviceAttentionRequest> requests;
+  for (const StepSequence& s : step().sequences) {
+    DeviceAttentionRequest r;
+    r.seq = s.seq;
+    r.q = q.row(s.row0);
+    r.n_q = s.n;
+    r.pos0 = s.pos0;
+    r.out = out.row(s.row0);
+    r.q_stride = q.stride;
+    requests.push_back(r);
+  }
+  const AttentionPath path = c.fused_path ? AttentionPath::fused : AttentionPath::standard;
+  if (stats) ++(path == AttentionPath::fused ? stats->fused : stats->standard);
+  if (pass_ == Pass::plan) {
+    c.step_attention.plan(c.cache, requests, params, path, stream_, &upload_);
+    signature_ += c.step_attention.launch_signature();
+  } else {
+    c.eager_attention.plan(c.cache, requests, params, path, stream_);
+    c.eager_attention.run(stream_);
+  }
+}
+
+void CudaDevice::gather_output_rows(const Tensor& x, const Tensor& out) {
+  const int n = static_cast<int>(step().output_rows.size());
+  TQ_CHECK(out.rows == n && out.cols == x.cols && x.type == ActType::f32 && out.type == ActType::f32, "gathering ", n, " rows into ", out.rows);
+  note_tensor(x);
+  note_tensor(out);
+  if (launching()) ops_kernels::gather_rows(x.f32(), x.stride, output_rows_dev_, n, static_cast<int>(x.cols), out.f32(), out.stride, stream_);
+}
+
+void CudaDevice::read_logits(float* host) {
+  TQ_CHECK(logits_.data != nullptr, "no logits: the last step asked for none");
+  TQ_CUDA_CHECK(cudaMemcpy2DAsync(host, static_cast<size_t>(logits_.cols) * sizeof(float), logits_.data,
+                                  static_cast<size_t>(logits_.stride) * sizeof(float), static_cast<size_t>(logits_.cols) * sizeof(float),
+                                  static_cast<size_t>(logits_.rows), cudaMemcpyDeviceToHost, stream_));
+  wait_and_settle();
+}
+
+void CudaDevice::argmax_logits(int32_t* host) {
+  TQ_CHECK(logits_.data != nullptr, "no logits: the last step asked for none");
+  argmax_out_.reserve(std::max<size_t>(1, static_cast<size_t>(logits_.rows)) * sizeof(int32_t));
+  ops_kernels::argmax_rows(logits_.f32(), logits_.stride, static_cast<int>(logits_.rows), logits_.cols, argmax_out_.as<int32_t>(), stream_);
+  TQ_CUDA_CHECK(cudaMemcpyAsync(host, argmax_out_.get(), static_cast<size_t>(logits_.rows) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  wait_and_settle();
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) { return std::make_unique<CudaDevice>(options); }
+
+}  // namespace tq::cuda
