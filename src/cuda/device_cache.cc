@@ -631,13 +631,16 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   // Check everything before changing anything: sequences exist, counts are sane, pages suffice.
   int total = 0;
   std::vector<SequenceGrowth> growth;
+  growth.reserve(spans.size());
   for (const Span& sp : spans) {
     TQ_CHECK(sp.count >= 0, "cannot append a negative number of positions");
-    c.seq(sp.seq);
-    for (const SequenceGrowth& g : growth) TQ_CHECK(g.seq != sp.seq, "sequence ", sp.seq, " appears twice in one append");
     growth.push_back({sp.seq, sp.count});
     total += sp.count;
   }
+  std::vector<int> ids(spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) ids[i] = spans[i].seq;
+  std::sort(ids.begin(), ids.end());
+  TQ_CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end(), "a sequence appears twice in one append");
   const BlockDemand need = demand(growth);
   TQ_CHECK(need.needed <= need.available, "the device cache is full: appending needs ", need.needed, " more pages of ", c.page_tokens,
            " positions, ", need.available, " are free");

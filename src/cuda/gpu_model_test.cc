@@ -15,7 +15,11 @@
 
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
+#include "core/half.h"
+#include "cuda/check.h"
 #include "cuda/cuda_device.h"
+#include "cuda/device_cache_impl.h"
+#include "cuda/ops_kernels.h"
 #include "device/cpu_device.h"
 #include "ops/ops.h"
 #include "runtime/batch_check.h"
@@ -56,6 +60,63 @@ struct GpuModel {
   std::unique_ptr<Device> device;
   std::unique_ptr<Model> model;
 };
+
+// The decode step's small-batch product against a double-precision reference of the same BF16 weights
+// (and BF16 or float inputs): every row count it takes, a partial last warp of rows, columns that end in
+// mid-unroll, with and without bias and accumulation.
+TEST(GpuOps, SmallBatchProductMatchesADoubleReference) {
+  TQ_REQUIRE_GPU();
+  const int rows = 101, cols = 4096 + 24;
+  SplitMix64 rng(17);
+  std::vector<uint16_t> w(static_cast<size_t>(rows) * cols);
+  for (auto& v : w) v = f32_to_bf16_bits(static_cast<float>(rng.normal()));
+  std::vector<float> bias(rows), base(static_cast<size_t>(ops_kernels::kMaxProductRows) * rows);
+  for (auto& v : bias) v = static_cast<float>(rng.normal());
+  for (auto& v : base) v = static_cast<float>(rng.normal());
+  DeviceBuffer dw(w.size() * 2), db(bias.size() * 4), dx(static_cast<size_t>(ops_kernels::kMaxProductRows) * cols * 4), dy(base.size() * 4);
+  dw.upload(w.data(), w.size() * 2);
+  db.upload(bias.data(), bias.size() * 4);
+  for (const bool x_bf16 : {false, true}) {
+    std::vector<float> x(static_cast<size_t>(ops_kernels::kMaxProductRows) * cols);
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      xb[i] = f32_to_bf16_bits(static_cast<float>(rng.normal()));
+      x[i] = x_bf16 ? bf16_bits_to_f32(xb[i]) : static_cast<float>(rng.normal());
+    }
+    if (x_bf16) {
+      dx.upload(xb.data(), xb.size() * 2);
+    } else {
+      dx.upload(x.data(), x.size() * 4);
+    }
+    for (int n = 1; n <= ops_kernels::kMaxProductRows; ++n) {
+      for (const bool with_bias : {false, true}) {
+        for (const bool accumulate : {false, true}) {
+          ASSERT_TRUE(ops_kernels::small_batch_product_fits(dw.as<uint16_t>(), rows, cols, dx.get(), x_bf16, cols, n));
+          dy.upload(base.data(), base.size() * 4);
+          ops_kernels::small_batch_product(dw.as<uint16_t>(), rows, cols, dx.get(), x_bf16, cols, n, dy.as<float>(), rows,
+                                           with_bias ? db.as<float>() : nullptr, accumulate, nullptr);
+          std::vector<float> y(base.size());
+          TQ_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
+          double max_ref = 0, max_diff = 0;
+          for (int t = 0; t < n; ++t)
+            for (int r = 0; r < rows; ++r) {
+              double ref = (accumulate ? base[static_cast<size_t>(t) * rows + r] : 0.0) + (with_bias ? bias[r] : 0.0);
+              for (int k = 0; k < cols; ++k)
+                ref += static_cast<double>(bf16_bits_to_f32(w[static_cast<size_t>(r) * cols + k])) * x[static_cast<size_t>(t) * cols + k];
+              max_ref = std::max(max_ref, std::fabs(ref));
+              max_diff = std::max(max_diff, std::fabs(ref - y[static_cast<size_t>(t) * rows + r]));
+            }
+          EXPECT_LT(max_diff / max_ref, 1e-5) << "n " << n << (x_bf16 ? " bf16" : " f32") << " bias " << with_bias << " acc " << accumulate;
+          // Rows past n are untouched.
+          for (size_t i = static_cast<size_t>(n) * rows; i < y.size(); ++i) ASSERT_EQ(y[i], base[i]) << "row " << i / rows << " written";
+        }
+      }
+    }
+  }
+  // Misaligned inputs are not taken (the general GEMM runs instead).
+  EXPECT_FALSE(ops_kernels::small_batch_product_fits(dw.as<uint16_t>(), rows, cols, dx.as<uint8_t>() + 4, false, cols, 1));
+  EXPECT_FALSE(ops_kernels::small_batch_product_fits(dw.as<uint16_t>(), rows, cols, dx.get(), false, cols, ops_kernels::kMaxProductRows + 1));
+}
 
 // Golden logits of transformers for the tiny models of every architecture with GPU head dimensions:
 // every prompt in one pass, then token by token, and all prompts in one batch.

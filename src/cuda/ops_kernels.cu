@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/ops_kernels.h"
 
@@ -130,7 +131,141 @@ __global__ void argmax_kernel(const float* x, int64_t x_stride, int64_t count, i
   if (threadIdx.x == 0) out[blockIdx.x] = best_index[0] < 0 ? 0 : static_cast<int32_t>(best_index[0]);
 }
 
+// ---- small-batch product
+
+constexpr int kProductWarps = 8;  // 256 threads per block
+constexpr int kProductRowsPerWarp = 2;
+constexpr int kProductUnroll = 4;  // 16-byte chunks of W per row in flight per lane
+
+// 8 consecutive x values of row t at column k (k a multiple of 8), as floats.
+__device__ __forceinline__ void load_x8(const float* x, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x)), b = __ldg(reinterpret_cast<const float4*>(x) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load_x8(const __nv_bfloat16* x, float (&v)[8]) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(x));
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// Each warp: rows r0, r0 + 1 over all columns; lane l takes the 8-column chunks l, l + 32, ...; the partial
+// sums of each (row, t) are reduced across the warp at the end.
+template <int N, typename XT>
+__global__ void __launch_bounds__(32 * kProductWarps) small_batch_product_kernel(const uint16_t* __restrict__ w, int rows, int cols,
+                                                                                 const XT* __restrict__ x, int64_t x_stride,
+                                                                                 float* __restrict__ y, int64_t y_stride,
+                                                                                 const float* __restrict__ bias, bool accumulate) {
+  constexpr int R = kProductRowsPerWarp;
+  const int lane = threadIdx.x & 31;
+  const int r0 = (blockIdx.x * kProductWarps + (threadIdx.x >> 5)) * R;
+  if (r0 >= rows) return;
+  const int chunks = cols / 8;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(min(r0 + r, rows - 1)) * cols);
+  float acc[R][N];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kProductUnroll) {
+    uint4 wv[kProductUnroll][R];
+    // The weights first, all of them: each lane keeps kProductUnroll x R 16-byte loads in flight.
+#pragma unroll
+    for (int u = 0; u < kProductUnroll; ++u) {
+      const int c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kProductUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= chunks) break;
+      float wf[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t q[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          wf[r][2 * i] = __uint_as_float(q[i] << 16);
+          wf[r][2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        float xv[8];
+        load_x8(x + t * x_stride + static_cast<int64_t>(c) * 8, xv);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xv[i], acc[r][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r0 + r >= rows) break;
+    const float b = bias ? bias[r0 + r] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float* out = y + t * y_stride + r0 + r;
+      *out = (accumulate ? *out : 0.0f) + acc[r][t] + b;
+    }
+  }
+}
+
+template <typename XT>
+void launch_small_batch_product(const uint16_t* w, int rows, int cols, const XT* x, int64_t x_stride, int n, float* y,
+                                int64_t y_stride, const float* bias, bool accumulate, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((rows + kProductWarps * kProductRowsPerWarp - 1) / (kProductWarps * kProductRowsPerWarp));
+  const dim3 threads(32 * kProductWarps);
+  switch (n) {
+#define TQ_SMALL_PRODUCT(N) \
+  case N: small_batch_product_kernel<N, XT><<<blocks, threads, 0, stream>>>(w, rows, cols, x, x_stride, y, y_stride, bias, accumulate); break;
+    TQ_SMALL_PRODUCT(1)
+    TQ_SMALL_PRODUCT(2)
+    TQ_SMALL_PRODUCT(3)
+    TQ_SMALL_PRODUCT(4)
+    TQ_SMALL_PRODUCT(5)
+    TQ_SMALL_PRODUCT(6)
+    TQ_SMALL_PRODUCT(7)
+    TQ_SMALL_PRODUCT(8)
+#undef TQ_SMALL_PRODUCT
+  }
+}
+
 }  // namespace
+
+bool small_batch_product_fits(const uint16_t* w, int64_t rows, int64_t cols, const void* x, bool x_bf16, int64_t x_stride, int n) {
+  const int64_t x_bytes = x_bf16 ? 2 : 4;
+  const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * x_bytes) % 16 == 0;
+  return n >= 1 && n <= kMaxProductRows && cols % 8 == 0 && aligned && rows <= (int64_t{1} << 30) && cols <= (int64_t{1} << 30);
+}
+
+void small_batch_product(const uint16_t* w, int64_t rows, int64_t cols, const void* x, bool x_bf16, int64_t x_stride, int n, float* y,
+                         int64_t y_stride, const float* bias, bool accumulate, void* stream) {
+  TQ_CHECK(small_batch_product_fits(w, rows, cols, x, x_bf16, x_stride, n), "internal error: the small-batch product does not take ", n,
+           " rows of ", cols, " columns here");
+  if (x_bf16) {
+    launch_small_batch_product(w, static_cast<int>(rows), static_cast<int>(cols), static_cast<const __nv_bfloat16*>(x), x_stride, n, y,
+                               y_stride, bias, accumulate, as_stream(stream));
+  } else {
+    launch_small_batch_product(w, static_cast<int>(rows), static_cast<int>(cols), static_cast<const float*>(x), x_stride, n, y, y_stride,
+                               bias, accumulate, as_stream(stream));
+  }
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
 
 void embed(const uint16_t* table_bf16, const int32_t* tokens, int n, int hidden, float* x, int64_t x_stride, void* stream) {
   if (n == 0) return;

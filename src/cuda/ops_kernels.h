@@ -26,6 +26,16 @@ void to_bf16(const float* x, int64_t x_stride, int64_t rows, int cols, uint16_t*
 // its cosine and sine are evaluated in double and rounded to float (as the CPU).
 void rope(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim, int rotary_dim,
           bool interleaved, const float* inv_freq, const int32_t* positions, void* stream);
+// Small-batch matrix product, the decode step's: y[t][r] = sum_k W[r][k] x[t][k] (+ bias[r]) (+ y[t][r] when
+// accumulate), for t < n <= kMaxProductRows, W BF16 [rows][cols] (row-major, cols a multiple of 8, rows 16-byte
+// aligned), x float (x_bf16 false) or BF16 rows x_stride elements apart (16-byte aligned), y float. Reads W once
+// with 16-byte loads, every warp two rows; FP32 products and sums. small_batch_product_fits says whether it takes
+// the shapes (else a general GEMM runs).
+inline constexpr int kMaxProductRows = 8;
+bool small_batch_product_fits(const uint16_t* w, int64_t rows, int64_t cols, const void* x, bool x_bf16, int64_t x_stride, int n);
+void small_batch_product(const uint16_t* w, int64_t rows, int64_t cols, const void* x, bool x_bf16, int64_t x_stride, int n, float* y,
+                         int64_t y_stride, const float* bias, bool accumulate, void* stream);
+
 // out[i] = x[rows[i]], i < n (rows: device [n]).
 void gather_rows(const float* x, int64_t x_stride, const int32_t* rows, int n, int cols, float* out, int64_t out_stride, void* stream);
 // out[r] = index of the largest of row r of x (count values), the lowest on ties, NaN never chosen; 0 when
