@@ -61,6 +61,7 @@ struct DeviceAttention::Impl {
   int items_cap = 0, groups_cap = 0;
   bool overlap_append = false;  // launch as a programmatic dependent of the stream's previous kernel
   int min_tiles = 0;            // the planner's fewest tiles per item (0: its default)
+  PlanMemo* memo = nullptr;     // plans shared with other layers' attention (none: planned here)
 };
 
 DeviceAttention::DeviceAttention() : impl_(std::make_unique<Impl>()) {}
@@ -68,6 +69,7 @@ DeviceAttention::~DeviceAttention() = default;
 
 void DeviceAttention::set_replayable(bool on) { impl_->replayable = on; }
 void DeviceAttention::set_overlap_append(bool on) { impl_->overlap_append = on; }
+void DeviceAttention::set_plan_memo(PlanMemo* memo) { impl_->memo = memo; }
 void DeviceAttention::set_min_tiles(int tiles) {
   TQ_CHECK(tiles >= 0, "the fewest tiles per attention work item must not be negative, got ", tiles);
   impl_->min_tiles = tiles;
@@ -109,6 +111,8 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   std::vector<RequestParams> rq;
   std::vector<PlanRequest> pr;
   std::set<int> seqs;
+  rq.reserve(requests.size());
+  pr.reserve(requests.size());
   for (const auto& r : requests) {
     const auto& s = c.seq(r.seq);
     TQ_CHECK(r.q && r.out, "device attention request needs device pointers for queries and output");
@@ -125,7 +129,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     p.q_stride = static_cast<int32_t>(r.q_stride > 0 ? r.q_stride : row);
     rq.push_back(p);
     pr.push_back({s.length, r.n_q, r.pos0});
-    seqs.insert(r.seq);
+    if (expand) seqs.insert(r.seq);  // the standard path expands each sequence's tiles once
   }
 
   // Main tier as the kernel reads it: the cache's tiles, or the BF16 tiles the expand kernel writes.
@@ -189,7 +193,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   // Measured on the H200 (tq-llama-hd128 decode at 32K, device time per step, K8/V3): 16 tiles 383.5 us,
   // 8 tiles 387.5 us, 4 tiles 392.8 us. set_min_tiles overrides it (experiments: --attn-min-tiles).
   if (a.min_tiles > 0) shape.min_tiles_per_item = a.min_tiles;
-  a.plan = plan_attention(shape, pr);
+  a.plan = a.memo ? a.memo->plan(shape, pr) : plan_attention(shape, pr);
 
   // The plan's arrays go up in one copy through page-locked memory (no wait for the stream: the decode
   // step plans every layer while the previous layers' kernels run). A replayable plan places them for

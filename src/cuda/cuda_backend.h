@@ -49,6 +49,7 @@ struct DeviceProperties {
 DeviceProperties device_properties();
 
 class UploadBatch;  // device_cache_impl.h: many small uploads in one copy
+class PlanMemo;     // plan.h: recent attention plans
 
 struct DeviceCacheCapacity {
   int max_sequences = 16;   // sequences alive at once
@@ -173,6 +174,8 @@ class DeviceAttention {
   void set_overlap_append(bool on);
   // The planner's fewest 16-token tiles per work item (0: its default, tuned on the H200).
   void set_min_tiles(int tiles);
+  // Plans shared with the other layers' attention of a step (plan.h, PlanMemo), which outlives this.
+  void set_plan_memo(PlanMemo* memo);
 
   // What plan() decided, for reports and tests.
   int items() const;

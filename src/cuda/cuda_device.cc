@@ -17,6 +17,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/ops_kernels.h"
+#include "cuda/plan.h"
 
 namespace tq::cuda {
 namespace {
@@ -237,6 +238,7 @@ class CudaDevice final : public Device {
   std::vector<RopeOnDevice> ropes_;
   int64_t weight_bytes_ = 0;
   std::shared_ptr<int> standard_caches_ = std::make_shared<int>(0);
+  PlanMemo plan_memo_;  // every layer's attention plans a step the same way: planned once
 
   Arena arena_;
   std::map<std::pair<int64_t, int64_t>, Tensor> conversions_;  // this step's BF16 copies of float32 product inputs, by shape
@@ -366,6 +368,7 @@ std::unique_ptr<LayerCache> CudaDevice::kv_cache(int n_kv_heads, int head_dim, c
     // for it before the newest tiles).
     a->set_overlap_append(options_.overlap_append);
     a->set_min_tiles(options_.attention_min_tiles);
+    a->set_plan_memo(&plan_memo_);
   }
   return cache;
 }

@@ -4,6 +4,8 @@
 // planner. None of these need a GPU.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -581,6 +583,33 @@ TEST(CudaPlan, LongContextsAreSplitToFillTheDevice) {
   const WorkPlan many = plan_attention(s, batch);
   EXPECT_GE(static_cast<int>(many.items.size()), 512);
   EXPECT_LE(static_cast<int>(many.items.size()), 1100);
+}
+
+// The memo gives the plan plan_attention gives, for the same shape and requests only.
+TEST(CudaPlan, TheMemoGivesThePlanOfTheSameCallOnly) {
+  PlanShape s;
+  s.n_heads = 32;
+  s.n_kv = 8;
+  s.target_blocks = 396;
+  const std::vector<PlanRequest> a(17, PlanRequest{5000, 1, 4999}), b(17, PlanRequest{5001, 1, 5000});
+  auto same = [](const WorkPlan& x, const WorkPlan& y) {
+    return x.items.size() == y.items.size() && x.groups.size() == y.groups.size() && x.n_parts == y.n_parts &&
+           std::memcmp(x.items.data(), y.items.data(), x.items.size() * sizeof(WorkItem)) == 0 &&
+           std::memcmp(x.groups.data(), y.groups.data(), x.groups.size() * sizeof(OutputGroup)) == 0;
+  };
+  PlanMemo memo;
+  EXPECT_TRUE(same(memo.plan(s, a), plan_attention(s, a)));
+  EXPECT_TRUE(same(memo.plan(s, a), plan_attention(s, a)));  // from the memo
+  EXPECT_TRUE(same(memo.plan(s, b), plan_attention(s, b)));
+  PlanShape windowed = s;
+  windowed.window = 128;
+  EXPECT_TRUE(same(memo.plan(windowed, a), plan_attention(windowed, a)));
+  EXPECT_FALSE(same(plan_attention(windowed, a), plan_attention(s, a)));
+  for (int len = 6000; len < 6010; ++len) {  // more calls than it keeps
+    const std::vector<PlanRequest> r(3, PlanRequest{len, 2, len - 2});
+    EXPECT_TRUE(same(memo.plan(s, r), plan_attention(s, r)));
+  }
+  EXPECT_TRUE(same(memo.plan(s, a), plan_attention(s, a)));
 }
 
 TEST(CudaPlan, BadRequestsSayWhatIsWrong) {

@@ -32,6 +32,9 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
     int sink_begin, sink_end, main_begin, main_end;
   };
   std::vector<Pending> pending;
+  size_t groups = 0;
+  for (const PlanRequest& r : requests) groups += static_cast<size_t>(s.n_kv) * ((std::max(1, r.n_q) * group + kRowsPerItem - 1) / kRowsPerItem);
+  pending.reserve(groups);
   int64_t total_tiles = 0;
   for (size_t ri = 0; ri < requests.size(); ++ri) {
     const PlanRequest& r = requests[ri];
@@ -60,6 +63,8 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
   // Split size: enough items to fill the GPU once, none shorter than min_tiles_per_item.
   WorkPlan plan;
   plan.tiles = total_tiles;
+  plan.groups.reserve(pending.size());
+  plan.items.reserve(pending.size());
   const int64_t target = std::max(1, s.target_blocks);
   plan.tiles_per_item = static_cast<int>(std::max<int64_t>(std::max(1, s.min_tiles_per_item), (total_tiles + target - 1) / target));
   auto parts_for = [&](int tiles) {
@@ -101,6 +106,19 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
     plan.groups.push_back(p.g);
   }
   return plan;
+}
+
+const WorkPlan& PlanMemo::plan(const PlanShape& shape, const std::vector<PlanRequest>& requests) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->shape == shape && it->requests == requests) {
+      std::rotate(it, it + 1, entries_.end());  // now the most recent
+      return entries_.back().plan;
+    }
+  }
+  Entry e{shape, requests, plan_attention(shape, requests)};
+  if (entries_.size() == kEntries) entries_.erase(entries_.begin());
+  entries_.push_back(std::move(e));
+  return entries_.back().plan;
 }
 
 }  // namespace tq::cuda

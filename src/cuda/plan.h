@@ -8,6 +8,7 @@
 // and the last one to finish merges them (a counter per group), so one launch does everything.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct PlanRequest {
   int length = 0;  // positions held by the sequence
   int n_q = 1;     // queries at positions pos0 .. pos0 + n_q - 1
   int pos0 = 0;
+  bool operator==(const PlanRequest&) const = default;
 };
 
 struct PlanShape {
@@ -52,6 +54,7 @@ struct PlanShape {
   int window = 0;             // sliding window (0 = none)
   int target_blocks = 1;      // thread blocks that fill the GPU once (SMs x blocks per SM)
   int min_tiles_per_item = 16;
+  bool operator==(const PlanShape&) const = default;
 };
 
 struct WorkPlan {
@@ -64,6 +67,23 @@ struct WorkPlan {
 
 // Plans one attention call. Throws tq::Error on requests the cache cannot serve.
 WorkPlan plan_attention(const PlanShape& shape, const std::vector<PlanRequest>& requests);
+
+// The plans of the last few calls by shape and requests. The layers of a model attend with the same
+// requests in one step, and planning a batch costs the host ~0.5 us a sequence (64 sequences, 8 KV heads:
+// 512 output groups): only the first layer plans, the others take its plan.
+class PlanMemo {
+ public:
+  const WorkPlan& plan(const PlanShape& shape, const std::vector<PlanRequest>& requests);
+
+ private:
+  struct Entry {
+    PlanShape shape;
+    std::vector<PlanRequest> requests;
+    WorkPlan plan;
+  };
+  static constexpr size_t kEntries = 4;
+  std::vector<Entry> entries_;  // the most recent last
+};
 
 // Tiles of a tier that rows with queries at positions [q_first, q_last] can see, as [begin, end);
 // the tier holds positions [first_pos, first_pos + count). Empty when begin == end.
