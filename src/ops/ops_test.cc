@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "hwy/tests/hwy_gtest.h"
 #include "ops/dtype.h"
+#include "ops/kernels.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
 
@@ -315,6 +316,44 @@ TEST_P(OpsTargets, ThreadCountDoesNotChangeResults) {
     ref::matvec(w.view, x.data() + 69 * cols, expected.data(), nullptr);
     const auto bound = abs_dot_bounds(w.view, x.data() + 69 * cols, 1, nullptr);
     for (int64_t r = 0; r < rows; ++r) ASSERT_NEAR(v3[r], expected[r], 1e-5 * bound[r]);
+  }
+}
+
+// The decode kernel visits the rows of its range in an order of its own (one row from each of
+// several parts at a time); every row must still come out as it does computed alone, whatever range
+// it falls in: row by row is the slow reference of that order.
+TEST_P(OpsTargets, MatVecRowOrderDoesNotChangeBits) {
+  SplitMix64 rng(2024);
+  for (DType t : kAllTypes) {
+    for (const int64_t cols : {96, 100, 1536}) {
+      if (cols % static_cast<int64_t>(block_values(t)) != 0) continue;
+      for (const int64_t rows : {1, 5, 17, 64, 301}) {
+        const RandomWeights w(t, rows, cols, static_cast<uint64_t>(rows * 13 + cols), rows == 17 ? 6 : 0);
+        const auto x = gaussian(static_cast<size_t>(cols), static_cast<uint64_t>(cols));
+        const auto bias = gaussian(static_cast<size_t>(rows), static_cast<uint64_t>(rows));
+        std::vector<float> alone(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          kernels::matvec_rows(w.view, x.data(), alone.data(), static_cast<size_t>(r), static_cast<size_t>(r) + 1,
+                               bias.data());
+        }
+        for (int rep = 0; rep < 6; ++rep) {
+          // The whole range first, then random sub-ranges.
+          const size_t begin = rep == 0 ? 0 : static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows));
+          const size_t end = rep == 0 ? static_cast<size_t>(rows)
+                                      : begin + 1 + static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows - begin));
+          std::vector<float> y(rows, -1.0f);
+          kernels::matvec_rows(w.view, x.data(), y.data(), begin, end, bias.data());
+          for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+            if (r < begin || r >= end) {
+              ASSERT_EQ(y[r], -1.0f) << "row " << r << " outside [" << begin << ", " << end << ") was written";
+            } else {
+              ASSERT_TRUE(same_bits(y[r], alone[r]))
+                  << dtype_name(t) << " [" << rows << "][" << cols << "] rows [" << begin << ", " << end << ") row " << r;
+            }
+          }
+        }
+      }
+    }
   }
 }
 
