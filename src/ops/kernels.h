@@ -17,7 +17,8 @@ inline constexpr size_t kPanelColumns = 512;
 // Output rows [row_begin, row_end) of y[rows] = W x (+ bias).
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias);
-// Output rows [row_begin, row_end) of y[n][rows] = x[n][cols] . W^T (+ bias).
+// Output rows [row_begin, row_end) of y[n][rows] = x[n][cols] . W^T (+ bias), any n (the kernel
+// takes the tokens in blocks that fit its caches).
 void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
                  size_t row_end, const float* bias);
 

@@ -16,9 +16,6 @@ namespace {
 constexpr size_t kRowGroup = 4;
 // Below this many weight bytes a product runs on the calling thread: waking the pool costs more.
 constexpr size_t kMinBytesToThread = 64 * 1024;
-// Tokens per pass of the batched product: their activation panel (64 x 512 floats) stays in L2.
-// Longer prompts take several passes, re-reading the weights once per pass.
-constexpr size_t kTokenBlock = 64;
 
 size_t weight_bytes(const WeightView& w) {
   return static_cast<size_t>(w.rows) * storage_bytes(w.dtype, static_cast<size_t>(w.cols));
@@ -73,12 +70,8 @@ void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool&
   w.validate("matmul");
   if (n == 0) return;
   if (n == 1) return matvec(w, x, y, pool, bias);  // the same bits, streamed row by row
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
   for_row_ranges(w, pool, weight_bytes(w) * n, [&](size_t begin, size_t end) {
-    for (size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-      const size_t count = std::min(kTokenBlock, n - t0);
-      kernels::matmul_rows(w, x + t0 * cols, count, y + t0 * out, begin, end, bias);
-    }
+    kernels::matmul_rows(w, x, n, y, begin, end, bias);
   });
 }
 

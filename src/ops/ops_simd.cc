@@ -4,12 +4,14 @@
 #define HWY_TARGET_INCLUDE "ops/ops_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/half.h"
 #include "ops/kernels.h"
@@ -25,17 +27,21 @@ using V = hn::Vec<D>;
 constexpr size_t kMaxLanes = HWY_LANES(float);
 
 // Register tile of the batched product: kTileTokens x kTileRows accumulators, plus one
-// activation vector per token and one weight vector. AVX-512 has 32 vector registers and takes
-// 4 x 4 (16 accumulators); the 16-register targets take 4 x 2 so nothing spills.
+// activation vector per token and one weight vector (float: the tile's weights are widened once,
+// see MatMulRowsT). AVX-512 has 32 vector registers and takes 4 x 4 (16 accumulators); the
+// 16-register targets take 3 x 4: 12 accumulators, 3 activations and 1 weight fill all 16 without
+// a spill, and each activation vector (read from L2) serves 4 rows, so 3 loads from L2 feed 12
+// multiply-adds (4 x 2 needed 4 for 8, and L2 could not keep up).
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
 constexpr size_t kTileTokens = 4, kTileRows = 4;
 #else
-constexpr size_t kTileTokens = 4, kTileRows = 2;
+constexpr size_t kTileTokens = 3, kTileRows = 4;
 #endif
 // Rows streamed together by the decode product: four independent accumulators keep the FMA
 // pipes busy, and four streams of ascending addresses keep the hardware prefetchers busy (see
 // MatVecRowsT). Eight did no better on the test model; software prefetching did not help either.
 constexpr size_t kMatVecRows = 4;
+constexpr size_t kCacheLineBytes = 64;
 
 // ---------------------------------------------------------------- tails
 
@@ -82,6 +88,18 @@ HWY_INLINE float WeightToFloat(const hwy::bfloat16_t* p) {
 
 HWY_INLINE float ReduceSum(D d, V v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
 
+// Makes the compiler materialise v in a register here. A float weight vector that several
+// multiply-adds share would otherwise be folded into each of them as a memory operand (GCC does
+// that), and a 3 x 4 tile then issues 15 loads per step instead of 7: more than the two loads per
+// cycle the core can take, so the tile ran at 60% of its multiply-add rate instead of 90%.
+HWY_INLINE void KeepInRegister(V& v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 // ---------------------------------------------------------------- matrix product tiles
 //
 // A tile adds to sums[t * sum_stride + r] (t < TT tokens, r < RR rows) the dot product of weight
@@ -94,6 +112,8 @@ template <typename WT>
 struct DenseRows {
   using Row = const WT*;
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
+  // Bytes that the first `cols` columns of a row take.
+  static size_t bytes(size_t cols) { return cols * sizeof(WT); }
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
@@ -113,7 +133,8 @@ struct DenseRows {
       V xv[TT];
       for (size_t t = 0; t < TT; ++t) xv[t] = hn::LoadU(d, x[t] + k);
       for (size_t r = 0; r < RR; ++r) {
-        const V wv = LoadWeights(d, w[r] + k);
+        V wv = LoadWeights(d, w[r] + k);
+        if constexpr (TT > 1) KeepInRegister(wv);
         for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
       }
     }
@@ -131,6 +152,15 @@ struct DenseRows {
     for (size_t t = 0; t < TT; ++t)
       for (size_t r = 0; r < RR; ++r) sums[t * sum_stride + r] += ReduceSum(d, acc[t][r]);
   }
+
+  // out[k - k0] = row[k] as float for k in [k0, k1): exactly the values Tile multiplies.
+  static HWY_INLINE void Widen(Row row, size_t k0, size_t k1, float* HWY_RESTRICT out) {
+    const D d;
+    const size_t N = hn::Lanes(d);
+    size_t k = k0;
+    for (; k + N <= k1; k += N) hn::Store(LoadWeights(d, row + k), d, out + (k - k0));
+    for (; k < k1; ++k) out[k - k0] = WeightToFloat(row + k);
+  }
 };
 
 // One binary16 scale widened with the target's conversion instruction (F16C where it exists):
@@ -147,6 +177,7 @@ HWY_INLINE float ScaleToFloat(const uint8_t* bits) {
 struct Q8Rows {
   using Row = const uint8_t*;  // blocks of kQ8BlockBytes: f16 scale, then 32 int8 quants
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
+  static size_t bytes(size_t cols) { return cols / kQ8BlockValues * kQ8BlockBytes; }
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
@@ -181,6 +212,23 @@ struct Q8Rows {
     }
     for (size_t t = 0; t < TT; ++t)
       for (size_t r = 0; r < RR; ++r) sums[t * sum_stride + r] += ReduceSum(d, acc[t][r]);
+  }
+
+  // out[k - k0] = the value of column k for k in [k0, k1) (multiples of 32): q * d exactly as
+  // Tile computes it.
+  static HWY_INLINE void Widen(Row row, size_t k0, size_t k1, float* HWY_RESTRICT out) {
+    const D d;
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<int8_t, D> di8;
+    const size_t N = hn::Lanes(d);
+    for (size_t b = k0 / kQ8BlockValues; b < k1 / kQ8BlockValues; ++b) {
+      const V scale = hn::Set(d, ScaleToFloat(row + b * kQ8BlockBytes));
+      const int8_t* quants = reinterpret_cast<const int8_t*>(row + b * kQ8BlockBytes + 2);
+      for (size_t j = 0; j < kQ8BlockValues; j += N) {
+        const auto q = hn::PromoteTo(di, hn::LoadU(di8, quants + j));
+        hn::Store(hn::Mul(hn::ConvertTo(d, q), scale), d, out + (b * kQ8BlockValues + j - k0));
+      }
+    }
   }
 };
 
@@ -223,37 +271,116 @@ void MatVecRowsT(const WeightView& w, const float* HWY_RESTRICT x, float* HWY_RE
 }
 
 // Prompt processing. For each panel of columns, every RR-row weight tile is read from memory
-// once and reused from L1 by all token tiles; the panel of activations (n x 512 floats) stays in
-// L2 for all row tiles. Partial sums accumulate in y, one float add per panel, the same
-// sequence as the decode path's `sums`.
-template <class Rows, size_t RR>
-HWY_INLINE void TokenTiles(const WeightView& w, const float* HWY_RESTRICT x, size_t n,
-                           float* HWY_RESTRICT y, size_t r0, size_t k0, size_t k1) {
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
-  typename Rows::Row rows[RR];
-  for (size_t i = 0; i < RR; ++i) rows[i] = Rows::row(w, r0 + i);
+// once, widened to float into an L1 buffer, and reused from there by all token tiles; the panel of
+// activations (n x 512 floats) stays in L2 for all row tiles. Widening once per tile instead of in
+// every token tile takes the conversions (for BF16 two vector instructions per weight vector, for
+// Q8_0 four) out of the inner loop, which then issues nothing but loads and multiply-adds; the
+// products are the same, since widening is exact. Partial sums accumulate in y, one float add per
+// panel, the same sequence as the decode path's `sums`.
+using FloatRows = DenseRows<float>;
+
+// The last count (< kTileTokens) tokens as one tile of exactly count tokens.
+template <size_t RR, size_t TT>
+HWY_INLINE void LeftoverTokens(const float* const* wrows, const float* HWY_RESTRICT x, size_t cols,
+                               size_t count, float* HWY_RESTRICT y, size_t out, size_t panel) {
+  if constexpr (TT > 0) {
+    if (count == TT) {
+      const float* xs[TT];
+      for (size_t i = 0; i < TT; ++i) xs[i] = x + i * cols;
+      FloatRows::Tile<TT, RR>(wrows, xs, 0, panel, y, out);
+    } else {
+      LeftoverTokens<RR, TT - 1>(wrows, x, cols, count, y, out, panel);
+    }
+  }
+}
+
+// Prefetches the panel of the next row tile while the token tiles of this one run. Each row tile
+// of a token block comes from DRAM (the weights do not stay in the caches between token blocks),
+// and it is one short burst (a 4-row BF16 tile of 512 columns is one 4 KiB page), which the
+// hardware prefetchers do not see coming: without this, widening it stalls on DRAM latency.
+struct PanelPrefetch {
+  const uint8_t* rows[kTileRows] = {};
+  size_t count = 0;       // rows to prefetch
+  size_t offset = 0;      // bytes from each row start to the panel
+  size_t lines = 0;       // cache lines per row's panel
+  size_t next = 0;        // next line to prefetch, counted over all rows
+  size_t per_call = 0;    // lines per call of Next
+
+  // A few more lines: called once per token tile.
+  HWY_INLINE void Next() {
+    for (size_t end = std::min(next + per_call, count * lines); next < end; ++next) {
+      hwy::Prefetch(rows[next / lines] + offset + (next % lines) * kCacheLineBytes);
+    }
+  }
+};
+
+// All n tokens against the float rows wrows[0..RR) of columns [k0, k0 + panel): x points at
+// column k0 of token 0, wrows[i] at column k0 of row r0 + i.
+template <size_t RR>
+HWY_INLINE void TokenTiles(const float* const* wrows, const float* HWY_RESTRICT x, size_t cols, size_t n,
+                           float* HWY_RESTRICT y, size_t out, size_t r0, size_t panel, PanelPrefetch& prefetch) {
   size_t t = 0;
   for (; t + kTileTokens <= n; t += kTileTokens) {
     const float* xs[kTileTokens];
     for (size_t i = 0; i < kTileTokens; ++i) xs[i] = x + (t + i) * cols;
-    Rows::template Tile<kTileTokens, RR>(rows, xs, k0, k1, y + t * out + r0, out);
+    FloatRows::Tile<kTileTokens, RR>(wrows, xs, 0, panel, y + t * out + r0, out);
+    prefetch.Next();
   }
-  for (; t < n; ++t) {
-    const float* xs[1] = {x + t * cols};
-    Rows::template Tile<1, RR>(rows, xs, k0, k1, y + t * out + r0, out);
-  }
+  if (t < n) LeftoverTokens<RR, kTileTokens - 1>(wrows, x + t * cols, cols, n - t, y + t * out + r0, out, panel);
+  prefetch.per_call = ~size_t{0} >> 1;  // whatever is left
+  prefetch.Next();
 }
+
+// Rows [r0, r0 + RR), columns [k0, k1) of W against all n tokens.
+template <class Rows, size_t RR>
+HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
+                        size_t r0, size_t row_end, size_t k0, size_t k1, float* HWY_RESTRICT buffer) {
+  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
+  // The next row tile's part of this panel, spread over the token tiles.
+  PanelPrefetch prefetch;
+  prefetch.count = std::min(row_end, r0 + 2 * RR) - std::min(row_end, r0 + RR);
+  for (size_t i = 0; i < prefetch.count; ++i) prefetch.rows[i] = w.row_bytes(r0 + RR + i);
+  prefetch.offset = Rows::bytes(k0);
+  prefetch.lines = (Rows::bytes(k1) - Rows::bytes(k0) + kCacheLineBytes - 1) / kCacheLineBytes;
+  const size_t token_tiles = std::max<size_t>(1, n / kTileTokens);
+  prefetch.per_call = (prefetch.count * prefetch.lines + token_tiles - 1) / token_tiles;
+  const float* wrows[RR];
+  for (size_t i = 0; i < RR; ++i) {
+    if constexpr (std::is_same_v<Rows, FloatRows>) {
+      wrows[i] = Rows::row(w, r0 + i) + k0;  // float already: no copy
+    } else {
+      float* row = buffer + i * kernels::kPanelColumns;
+      Rows::Widen(Rows::row(w, r0 + i), k0, k1, row);
+      wrows[i] = row;
+    }
+  }
+  TokenTiles<RR>(wrows, x + k0, cols, n, y, out, r0, k1 - k0, prefetch);
+}
+
+// Tokens per pass over the weights: their activation panel (about 64 x 512 floats, 128 KiB)
+// stays in L2 while the weight tiles stream past. A whole number of token tiles, so that no pass
+// but the last ends on a narrower, slower tile. Longer prompts take several passes, re-reading the
+// weights once per pass.
+constexpr size_t kTokenBlock = 64 / kTileTokens * kTileTokens;
 
 template <class Rows>
 void MatMulRowsT(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
                  size_t row_begin, size_t row_end, const float* HWY_RESTRICT bias) {
   const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
+  HWY_ALIGN float buffer[kTileRows * kernels::kPanelColumns];  // the widened row tile
   for (size_t t = 0; t < n; ++t) std::fill(y + t * out + row_begin, y + t * out + row_end, 0.0f);
-  for (size_t k0 = 0; k0 < cols; k0 += kernels::kPanelColumns) {
-    const size_t k1 = std::min(cols, k0 + kernels::kPanelColumns);
-    size_t r = row_begin;
-    for (; r + kTileRows <= row_end; r += kTileRows) TokenTiles<Rows, kTileRows>(w, x, n, y, r, k0, k1);
-    for (; r < row_end; ++r) TokenTiles<Rows, 1>(w, x, n, y, r, k0, k1);
+  for (size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+    const size_t count = std::min(kTokenBlock, n - t0);
+    const float* xb = x + t0 * cols;
+    float* yb = y + t0 * out;
+    for (size_t k0 = 0; k0 < cols; k0 += kernels::kPanelColumns) {
+      const size_t k1 = std::min(cols, k0 + kernels::kPanelColumns);
+      size_t r = row_begin;
+      for (; r + kTileRows <= row_end; r += kTileRows) {
+        RowTile<Rows, kTileRows>(w, xb, count, yb, r, row_end, k0, k1, buffer);
+      }
+      for (; r < row_end; ++r) RowTile<Rows, 1>(w, xb, count, yb, r, row_end, k0, k1, buffer);
+    }
   }
   if (bias) {
     for (size_t t = 0; t < n; ++t)

@@ -357,6 +357,41 @@ TEST_P(OpsTargets, MatVecRowOrderDoesNotChangeBits) {
   }
 }
 
+// The batched kernel tiles tokens and rows, widens weight tiles to float, and takes the tokens in
+// blocks; none of that may change a bit: every output must equal the decode kernel's for that
+// token and row computed alone (the slow reference), for any token count and any row range.
+TEST_P(OpsTargets, MatMulTilingDoesNotChangeBits) {
+  SplitMix64 rng(77);
+  for (DType t : kAllTypes) {
+    for (const int64_t cols : {32, 100, 544, 1056}) {
+      if (cols % static_cast<int64_t>(block_values(t)) != 0) continue;
+      const int64_t rows = 1 + static_cast<int64_t>(rng.next() % 23);
+      const RandomWeights w(t, rows, cols, rng.next(), rows % 2 ? 5 : 0);
+      const auto bias = gaussian(static_cast<size_t>(rows), rng.next());
+      for (const size_t n : {1, 2, 3, 4, 5, 7, 63, 64, 65, 130}) {
+        const auto x = gaussian(n * static_cast<size_t>(cols), rng.next());
+        const size_t begin = static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows));
+        const size_t end = begin + 1 + static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows - static_cast<int64_t>(begin)));
+        const float* b = rng.next() % 2 ? bias.data() : nullptr;
+        std::vector<float> y(n * rows, -1.0f), alone(rows);
+        kernels::matmul_rows(w.view, x.data(), n, y.data(), begin, end, b);
+        for (size_t tok = 0; tok < n; ++tok) {
+          for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+            const float got = y[tok * rows + r];
+            if (r < begin || r >= end) {
+              ASSERT_EQ(got, -1.0f) << "row " << r << " outside [" << begin << ", " << end << ") was written";
+              continue;
+            }
+            kernels::matvec_rows(w.view, x.data() + tok * cols, alone.data(), r, r + 1, b);
+            ASSERT_TRUE(same_bits(got, alone[r])) << dtype_name(t) << " [" << rows << "][" << cols << "] n " << n
+                                                  << " rows [" << begin << ", " << end << ") token " << tok << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(OpsTargets, RmsNormMatchesReference) {
   for (const size_t n : {1, 7, 64, 100, 4096}) {
     const auto x = gaussian(3 * n, n, 3.0);
