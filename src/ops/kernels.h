@@ -18,8 +18,8 @@ inline constexpr size_t kPanelColumns = 512;
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias);
 // Output rows [row_begin, row_end) of y[n][rows] = x[n][cols] . W^T (+ bias), any n (the kernel
-// takes the tokens in blocks that fit its caches).
-void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
+// takes the tokens in blocks that fit its caches). Token t's outputs start at y + t * y_stride.
+void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias);
 
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y);

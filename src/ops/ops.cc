@@ -66,13 +66,58 @@ void matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool, con
   });
 }
 
-void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool& pool, const float* bias) {
+void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool& pool, const float* bias,
+            size_t y_stride) {
   w.validate("matmul");
+  const size_t stride = y_stride == 0 ? static_cast<size_t>(w.rows) : y_stride;
+  TQ_CHECK(stride >= static_cast<size_t>(w.rows), "matmul: output stride ", y_stride, " is less than the ", w.rows,
+           " rows of the weight");
   if (n == 0) return;
   if (n == 1) return matvec(w, x, y, pool, bias);  // the same bits, streamed row by row
   for_row_ranges(w, pool, weight_bytes(w) * n, [&](size_t begin, size_t end) {
-    kernels::matmul_rows(w, x, n, y, begin, end, bias);
+    kernels::matmul_rows(w, x, n, y, stride, begin, end, bias);
   });
+}
+
+void matmul_parts(std::span<const LinearPart> parts, const float* x, size_t n, ThreadPool& pool) {
+  if (parts.empty() || n == 0) return;
+  // Every part's rows in groups of kRowGroup (a part's last group may be short), numbered across the
+  // parts in order; threads split the groups, so each gets a contiguous run of rows over the parts.
+  std::vector<size_t> first_group(parts.size() + 1, 0);
+  size_t bytes = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const LinearPart& p = parts[i];
+    p.w.validate("matmul_parts");
+    TQ_CHECK(p.w.cols == parts[0].w.cols, "matmul_parts: part ", i, " has ", p.w.cols, " columns, part 0 has ",
+             parts[0].w.cols, " (all parts read the same input)");
+    TQ_CHECK(p.y != nullptr, "matmul_parts: part ", i, " has no output");
+    TQ_CHECK(p.y_stride == 0 || p.y_stride >= static_cast<size_t>(p.w.rows), "matmul_parts: part ", i,
+             " output stride ", p.y_stride, " is less than its ", p.w.rows, " rows");
+    const size_t rows = static_cast<size_t>(p.w.rows);
+    first_group[i + 1] = first_group[i] + (rows + kRowGroup - 1) / kRowGroup;
+    bytes += weight_bytes(p.w);
+  }
+  // Groups [g_begin, g_end) of all parts: the matching row range of each part it touches.
+  auto run = [&](size_t g_begin, size_t g_end) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const size_t b = std::max(g_begin, first_group[i]), e = std::min(g_end, first_group[i + 1]);
+      if (b >= e) continue;
+      const LinearPart& p = parts[i];
+      const size_t rows = static_cast<size_t>(p.w.rows);
+      const size_t begin = (b - first_group[i]) * kRowGroup, end = std::min(rows, (e - first_group[i]) * kRowGroup);
+      if (n == 1) {
+        kernels::matvec_rows(p.w, x, p.y, begin, end, p.bias);
+      } else {
+        kernels::matmul_rows(p.w, x, n, p.y, p.y_stride == 0 ? rows : p.y_stride, begin, end, p.bias);
+      }
+    }
+  };
+  const size_t groups = first_group.back();
+  if (pool.size() == 1 || bytes * n < kMinBytesToThread) {
+    run(0, groups);
+    return;
+  }
+  pool.parallel_for(groups, [&](size_t g_begin, size_t g_end, int) { run(g_begin, g_end); });
 }
 
 void weight_row(const WeightView& w, int64_t row, float* out) {

@@ -108,6 +108,29 @@ HWY_INLINE void KeepInRegister(V& v) {
 // zero-padded into one more vector; the accumulator is reduced across lanes once at the end.
 // That arithmetic does not depend on TT or RR, so every tile shape gives the same bits.
 
+// How a tile's panel sums reach the output: an output element is 0.0f + s_0 + s_1 + ... over
+// its panels (float adds in panel order), then + bias. The decode path keeps that running sum in
+// registers; the batched path keeps it in y, so its first panel writes 0.0f + s_0 without reading
+// y (no zeroing pass over y: 0.0f + s is the same add, it turns -0 into +0 as the running sum
+// does), and its last panel adds the bias row as it stores.
+struct PanelEnd {
+  bool first = false;            // the sums start here (their old contents are ignored)
+  const float* bias = nullptr;   // the tile's RR bias values, added after this (last) panel
+};
+
+template <size_t TT, size_t RR>
+HWY_INLINE void FinishTile(D d, const V (&acc)[TT][RR], float* HWY_RESTRICT sums, size_t sum_stride,
+                           PanelEnd end) {
+  for (size_t t = 0; t < TT; ++t) {
+    for (size_t r = 0; r < RR; ++r) {
+      float& sum = sums[t * sum_stride + r];
+      float v = (end.first ? 0.0f : sum) + ReduceSum(d, acc[t][r]);
+      if (end.bias) v += end.bias[r];
+      sum = v;
+    }
+  }
+}
+
 template <typename WT>
 struct DenseRows {
   using Row = const WT*;
@@ -117,7 +140,8 @@ struct DenseRows {
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
-                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride) {
+                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride,
+                              PanelEnd end = PanelEnd()) {
     const D d;
     const size_t N = hn::Lanes(d);
     Row w[RR];
@@ -149,8 +173,7 @@ struct DenseRows {
         for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
       }
     }
-    for (size_t t = 0; t < TT; ++t)
-      for (size_t r = 0; r < RR; ++r) sums[t * sum_stride + r] += ReduceSum(d, acc[t][r]);
+    FinishTile<TT, RR>(d, acc, sums, sum_stride, end);
   }
 
   // out[k - k0] = row[k] as float for k in [k0, k1): exactly the values Tile multiplies.
@@ -181,7 +204,8 @@ struct Q8Rows {
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
-                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride) {
+                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride,
+                              PanelEnd end = PanelEnd()) {
     const D d;
     const hn::RebindToSigned<D> di;
     const hn::Rebind<int8_t, D> di8;
@@ -210,8 +234,7 @@ struct Q8Rows {
         }
       }
     }
-    for (size_t t = 0; t < TT; ++t)
-      for (size_t r = 0; r < RR; ++r) sums[t * sum_stride + r] += ReduceSum(d, acc[t][r]);
+    FinishTile<TT, RR>(d, acc, sums, sum_stride, end);
   }
 
   // out[k - k0] = the value of column k for k in [k0, k1) (multiples of 32): q * d exactly as
@@ -282,14 +305,14 @@ using FloatRows = DenseRows<float>;
 // The last count (< kTileTokens) tokens as one tile of exactly count tokens.
 template <size_t RR, size_t TT>
 HWY_INLINE void LeftoverTokens(const float* const* wrows, const float* HWY_RESTRICT x, size_t cols,
-                               size_t count, float* HWY_RESTRICT y, size_t out, size_t panel) {
+                               size_t count, float* HWY_RESTRICT y, size_t y_stride, size_t panel, PanelEnd end) {
   if constexpr (TT > 0) {
     if (count == TT) {
       const float* xs[TT];
       for (size_t i = 0; i < TT; ++i) xs[i] = x + i * cols;
-      FloatRows::Tile<TT, RR>(wrows, xs, 0, panel, y, out);
+      FloatRows::Tile<TT, RR>(wrows, xs, 0, panel, y, y_stride, end);
     } else {
-      LeftoverTokens<RR, TT - 1>(wrows, x, cols, count, y, out, panel);
+      LeftoverTokens<RR, TT - 1>(wrows, x, cols, count, y, y_stride, panel, end);
     }
   }
 }
@@ -315,18 +338,19 @@ struct PanelPrefetch {
 };
 
 // All n tokens against the float rows wrows[0..RR) of columns [k0, k0 + panel): x points at
-// column k0 of token 0, wrows[i] at column k0 of row r0 + i.
+// column k0 of token 0, wrows[i] at column k0 of row r0 + i, y at row r0 of token 0.
 template <size_t RR>
 HWY_INLINE void TokenTiles(const float* const* wrows, const float* HWY_RESTRICT x, size_t cols, size_t n,
-                           float* HWY_RESTRICT y, size_t out, size_t r0, size_t panel, PanelPrefetch& prefetch) {
+                           float* HWY_RESTRICT y, size_t y_stride, size_t panel, PanelEnd end,
+                           PanelPrefetch& prefetch) {
   size_t t = 0;
   for (; t + kTileTokens <= n; t += kTileTokens) {
     const float* xs[kTileTokens];
     for (size_t i = 0; i < kTileTokens; ++i) xs[i] = x + (t + i) * cols;
-    FloatRows::Tile<kTileTokens, RR>(wrows, xs, 0, panel, y + t * out + r0, out);
+    FloatRows::Tile<kTileTokens, RR>(wrows, xs, 0, panel, y + t * y_stride, y_stride, end);
     prefetch.Next();
   }
-  if (t < n) LeftoverTokens<RR, kTileTokens - 1>(wrows, x + t * cols, cols, n - t, y + t * out + r0, out, panel);
+  if (t < n) LeftoverTokens<RR, kTileTokens - 1>(wrows, x + t * cols, cols, n - t, y + t * y_stride, y_stride, panel, end);
   prefetch.per_call = ~size_t{0} >> 1;  // whatever is left
   prefetch.Next();
 }
@@ -334,8 +358,9 @@ HWY_INLINE void TokenTiles(const float* const* wrows, const float* HWY_RESTRICT 
 // Rows [r0, r0 + RR), columns [k0, k1) of W against all n tokens.
 template <class Rows, size_t RR>
 HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
-                        size_t r0, size_t row_end, size_t k0, size_t k1, float* HWY_RESTRICT buffer) {
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
+                        size_t y_stride, size_t r0, size_t row_end, size_t k0, size_t k1,
+                        const float* HWY_RESTRICT bias, float* HWY_RESTRICT buffer) {
+  const size_t cols = static_cast<size_t>(w.cols);
   // The next row tile's part of this panel, spread over the token tiles.
   PanelPrefetch prefetch;
   prefetch.count = std::min(row_end, r0 + 2 * RR) - std::min(row_end, r0 + RR);
@@ -354,7 +379,10 @@ HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t
       wrows[i] = row;
     }
   }
-  TokenTiles<RR>(wrows, x + k0, cols, n, y, out, r0, k1 - k0, prefetch);
+  PanelEnd end;
+  end.first = k0 == 0;
+  end.bias = bias && k1 == cols ? bias + r0 : nullptr;
+  TokenTiles<RR>(wrows, x + k0, cols, n, y + r0, y_stride, k1 - k0, end, prefetch);
 }
 
 // Tokens per pass over the weights: their activation panel (about 64 x 512 floats, 128 KiB)
@@ -365,26 +393,21 @@ constexpr size_t kTokenBlock = 64 / kTileTokens * kTileTokens;
 
 template <class Rows>
 void MatMulRowsT(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
-                 size_t row_begin, size_t row_end, const float* HWY_RESTRICT bias) {
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
+                 size_t y_stride, size_t row_begin, size_t row_end, const float* HWY_RESTRICT bias) {
+  const size_t cols = static_cast<size_t>(w.cols);
   HWY_ALIGN float buffer[kTileRows * kernels::kPanelColumns];  // the widened row tile
-  for (size_t t = 0; t < n; ++t) std::fill(y + t * out + row_begin, y + t * out + row_end, 0.0f);
   for (size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
     const size_t count = std::min(kTokenBlock, n - t0);
     const float* xb = x + t0 * cols;
-    float* yb = y + t0 * out;
+    float* yb = y + t0 * y_stride;
     for (size_t k0 = 0; k0 < cols; k0 += kernels::kPanelColumns) {
       const size_t k1 = std::min(cols, k0 + kernels::kPanelColumns);
       size_t r = row_begin;
       for (; r + kTileRows <= row_end; r += kTileRows) {
-        RowTile<Rows, kTileRows>(w, xb, count, yb, r, row_end, k0, k1, buffer);
+        RowTile<Rows, kTileRows>(w, xb, count, yb, y_stride, r, row_end, k0, k1, bias, buffer);
       }
-      for (; r < row_end; ++r) RowTile<Rows, 1>(w, xb, count, yb, r, row_end, k0, k1, buffer);
+      for (; r < row_end; ++r) RowTile<Rows, 1>(w, xb, count, yb, y_stride, r, row_end, k0, k1, bias, buffer);
     }
-  }
-  if (bias) {
-    for (size_t t = 0; t < n; ++t)
-      for (size_t r = row_begin; r < row_end; ++r) y[t * out + r] += bias[r];
   }
 }
 
@@ -398,15 +421,15 @@ void MatVecRows(const WeightView& w, const float* x, float* y, size_t row_begin,
   }
 }
 
-void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
+void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                 size_t row_end, const float* bias) {
   switch (w.dtype) {
-    case DType::F32: return MatMulRowsT<DenseRows<float>>(w, x, n, y, row_begin, row_end, bias);
+    case DType::F32: return MatMulRowsT<DenseRows<float>>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::F16:
-      return MatMulRowsT<DenseRows<hwy::float16_t>>(w, x, n, y, row_begin, row_end, bias);
+      return MatMulRowsT<DenseRows<hwy::float16_t>>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::BF16:
-      return MatMulRowsT<DenseRows<hwy::bfloat16_t>>(w, x, n, y, row_begin, row_end, bias);
-    case DType::Q8_0: return MatMulRowsT<Q8Rows>(w, x, n, y, row_begin, row_end, bias);
+      return MatMulRowsT<DenseRows<hwy::bfloat16_t>>(w, x, n, y, y_stride, row_begin, row_end, bias);
+    case DType::Q8_0: return MatMulRowsT<Q8Rows>(w, x, n, y, y_stride, row_begin, row_end, bias);
   }
 }
 
@@ -606,9 +629,9 @@ void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin
                  const float* bias) {
   HWY_DYNAMIC_DISPATCH(MatVecRows)(w, x, y, row_begin, row_end, bias);
 }
-void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
+void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias) {
-  HWY_DYNAMIC_DISPATCH(MatMulRows)(w, x, n, y, row_begin, row_end, bias);
+  HWY_DYNAMIC_DISPATCH(MatMulRows)(w, x, n, y, y_stride, row_begin, row_end, bias);
 }
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y) {
   HWY_DYNAMIC_DISPATCH(RmsNorm)(x, weight, eps, n, y);
