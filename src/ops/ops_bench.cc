@@ -1,8 +1,8 @@
 // ops-bench: timing of the matrix products (not part of ctest).
 //
 //   build/bin/ops-bench [--threads N] [--rows R] [--cols C] [--tokens T] [--reps K]
-//   build/bin/ops-bench --model 1 [--threads N] [--tokens T] [--reps K] [--layers L] [--hidden H]
-//                       [--ffn I] [--q-dim Q] [--kv-dim KV] [--vocab V]
+//   build/bin/ops-bench --model 1 [--grouped 1] [--threads N] [--tokens T] [--reps K] [--layers L]
+//                       [--hidden H] [--ffn I] [--q-dim Q] [--kv-dim KV] [--vocab V]
 //
 // For each weight type: decode (matvec, y = W x) and batched (matmul over T tokens) on a
 // [rows][cols] weight, best of K runs. GB/s counts the weight bytes read once per call
@@ -15,6 +15,7 @@
 // weight of that size stays in L2/L3 between repetitions, the whole set does not, so this is the
 // decode case the kernels actually meet (each small matrix streamed from DRAM once per token).
 // It prints decode tokens/s (one matvec chain per token) and prefill tokens/s (matmul over T).
+// --grouped 1 runs q/k/v and gate/up as one matmul_parts call each, as a fused runtime would.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -105,7 +106,7 @@ double median(std::vector<double>& v) {
   return v[v.size() / 2];
 }
 
-int run_model(const ModelShapes& m, tq::ThreadPool& pool, size_t tokens, int reps) {
+int run_model(const ModelShapes& m, tq::ThreadPool& pool, size_t tokens, int reps, bool grouped) {
   using tq::ops::DType;
   using tq::ops::WeightView;
   struct Shape {
@@ -138,12 +139,26 @@ int run_model(const ModelShapes& m, tq::ThreadPool& pool, size_t tokens, int rep
               "%.1f MB of weights\n",
               m.layers, m.hidden, m.ffn, m.q_dim, m.kv_dim, m.vocab, views.size(), static_cast<double>(total) / 1e6);
   using Clock = std::chrono::steady_clock;
-  auto decode = [&] {
-    for (const WeightView& w : views) tq::ops::matvec(w, x.data(), y.data(), pool);
+  // Grouped: q/k/v and gate/up of a layer as one matmul_parts call each (outputs side by side).
+  tq::AlignedVector<float> y2(tokens * widest), y3(tokens * widest);
+  auto run = [&](size_t n) {
+    if (!grouped) {
+      for (const WeightView& w : views) tq::ops::matmul(w, x.data(), n, y.data(), pool);
+      return;
+    }
+    for (size_t l = 0; l < m.layers; ++l) {
+      const WeightView* v = &views[l * 7];
+      const tq::ops::LinearPart qkv[] = {{v[0], y.data()}, {v[1], y2.data()}, {v[2], y3.data()}};
+      tq::ops::matmul_parts(qkv, x.data(), n, pool);
+      tq::ops::matmul(v[3], x.data(), n, y.data(), pool);
+      const tq::ops::LinearPart gate_up[] = {{v[4], y.data()}, {v[5], y2.data()}};
+      tq::ops::matmul_parts(gate_up, x.data(), n, pool);
+      tq::ops::matmul(v[6], x.data(), n, y.data(), pool);
+    }
+    tq::ops::matmul(views.back(), x.data(), n, y.data(), pool);
   };
-  auto prefill = [&] {
-    for (const WeightView& w : views) tq::ops::matmul(w, x.data(), tokens, y.data(), pool);
-  };
+  auto decode = [&] { run(1); };
+  auto prefill = [&] { run(tokens); };
   // Decode: 16 tokens per sample, so that a sample is a few milliseconds.
   decode();
   std::vector<double> tg;
@@ -173,7 +188,7 @@ int run_model(const ModelShapes& m, tq::ThreadPool& pool, size_t tokens, int rep
 int main(int argc, char** argv) {
   int threads = 2, reps = 10;
   size_t rows = 4096, cols = 4096, tokens = 64;
-  bool model = false;
+  bool model = false, grouped = false;
   ModelShapes shapes;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -184,6 +199,7 @@ int main(int argc, char** argv) {
     else if (flag == "--tokens") tokens = static_cast<size_t>(value);
     else if (flag == "--reps") reps = static_cast<int>(value);
     else if (flag == "--model") model = value != 0;
+    else if (flag == "--grouped") grouped = value != 0;
     else if (flag == "--layers") shapes.layers = static_cast<size_t>(value);
     else if (flag == "--hidden") shapes.hidden = static_cast<size_t>(value);
     else if (flag == "--ffn") shapes.ffn = static_cast<size_t>(value);
@@ -199,7 +215,7 @@ int main(int argc, char** argv) {
   if (model) {
     std::printf("ops-bench: SIMD target %s, %d thread(s), best and median of %d\n", tq::ops::simd_target_name(), threads,
                 reps);
-    return run_model(shapes, pool, tokens, reps);
+    return run_model(shapes, pool, tokens, reps, grouped);
   }
   std::printf("ops-bench: SIMD target %s, %d thread(s), weight [%zu][%zu], batch %zu tokens, best of %d\n",
               tq::ops::simd_target_name(), threads, rows, cols, tokens, reps);
