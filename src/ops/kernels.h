@@ -22,6 +22,10 @@ void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin
 void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias);
 
+// Tokens per pass of matmul_rows over the weights (its activation panel stays in L2): a caller
+// that splits a batch splits it at multiples of this.
+size_t matmul_token_block();
+
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y);
 void apply_rope(RopeLayout layout, float* x, size_t heads, size_t head_dim, size_t rotary_dim,
                 const float* cos, const float* sin);

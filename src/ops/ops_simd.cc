@@ -605,6 +605,8 @@ void Scale(const float* x, float s, float* y, size_t n) {
   for (; i < n; ++i) y[i] = x[i] * s;
 }
 
+size_t MatMulTokenBlock() { return kTokenBlock; }
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -623,6 +625,7 @@ HWY_EXPORT(Softmax);
 HWY_EXPORT(Argmax);
 HWY_EXPORT(Add);
 HWY_EXPORT(Scale);
+HWY_EXPORT(MatMulTokenBlock);
 HWY_EXPORT(TargetName);
 
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
@@ -647,6 +650,7 @@ void softmax(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(Softmax)
 size_t argmax(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(Argmax)(x, n); }
 void add(const float* a, const float* b, float* out, size_t n) { HWY_DYNAMIC_DISPATCH(Add)(a, b, out, n); }
 void scale(const float* x, float s, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(Scale)(x, s, y, n); }
+size_t matmul_token_block() { return HWY_DYNAMIC_DISPATCH(MatMulTokenBlock)(); }
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace tq::ops::kernels
