@@ -4,6 +4,7 @@
 #include <thread>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -206,6 +207,60 @@ TEST(ThreadPool, ACallWhileAnotherRunsIsRefused) {
   covered = 0;
   pool.parallel_for(100, [&](size_t b, size_t e, int) { covered.fetch_add(static_cast<int>(e - b)); });
   EXPECT_EQ(covered.load(), 100);
+}
+
+// Idle workers spin, then yield, then sleep on the condition variable; a call then has to wake them
+// (the caller sees them counted as sleeping and notifies). Every call covers its range exactly once
+// whichever state the workers are in, including calls right after they fell asleep.
+TEST(ThreadPool, SleepingWorkersWakeForTheNextCall) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    const auto idle = ThreadPool::kSpinPause + ThreadPool::kSpinYield;
+    for (int round = 0; round < 3; ++round) {
+      // Wait until every worker sleeps (a few idle periods; a loaded machine may run them late).
+      const auto give_up = std::chrono::steady_clock::now() + 200 * idle;
+      while (pool.sleeping_workers() < threads - 1 && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(idle);
+      }
+      EXPECT_EQ(pool.sleeping_workers(), threads - 1) << "round " << round;
+      for (int call = 0; call < 20; ++call) {
+        std::vector<std::atomic<int>> hits(50);
+        pool.parallel_for(hits.size(), [&](size_t b, size_t e, int) {
+          for (size_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << "call " << call << " element " << i;
+      }
+    }
+  }
+}
+
+// A worker's chunk that runs longer than the caller's pause phase: the caller goes on to yield
+// between checks and still returns only once the chunk is done.
+TEST(ThreadPool, TheCallerWaitsForLongChunks) {
+  ThreadPool pool(2);
+  for (int rep = 0; rep < 5; ++rep) {
+    std::atomic<int> finished{0};
+    pool.parallel_for(2, [&](size_t b, size_t, int) {
+      if (b == 1) std::this_thread::sleep_for(2 * ThreadPool::kWaitPause);
+      finished.fetch_add(1);
+    });
+    EXPECT_EQ(finished.load(), 2);
+  }
+}
+
+// Destroying a pool whose workers spin, yield or sleep returns promptly (stop wakes every state).
+TEST(ThreadPool, DestructionInAnyIdleState) {
+  for (const auto wait : {std::chrono::microseconds(0), ThreadPool::kSpinPause / 2,
+                          ThreadPool::kSpinPause + ThreadPool::kSpinYield / 2,
+                          4 * (ThreadPool::kSpinPause + ThreadPool::kSpinYield)}) {
+    for (int rep = 0; rep < 3; ++rep) {
+      ThreadPool pool(3);
+      std::atomic<int> covered{0};
+      pool.parallel_for(30, [&](size_t b, size_t e, int) { covered.fetch_add(static_cast<int>(e - b)); });
+      EXPECT_EQ(covered.load(), 30);
+      std::this_thread::sleep_for(wait);
+    }
+  }
 }
 
 TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(ThreadPool(0), Error); }

@@ -3,8 +3,28 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "hwy/cache_control.h"  // hwy::Pause
 
 namespace tq {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Spins calling `idle` between checks of `ready` until it holds or `limit` has passed since `start`
+// (the clock is read once every 64 checks: a pause is tens of cycles, a clock read about as much).
+// Returns whether `ready` held.
+template <typename Ready, typename Idle>
+bool spin_until(Ready&& ready, Idle&& idle, Clock::time_point start, Clock::duration limit) {
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      idle();
+    }
+    if (Clock::now() - start >= limit) return ready();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
   TQ_CHECK(n_threads >= 1, "thread count must be at least 1, got ", n_threads);
@@ -16,22 +36,32 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_seq_cst);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
+void ThreadPool::wait_for_call(uint64_t seen) {
+  auto ready = [&] {
+    return call_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_relaxed);
+  };
+  const Clock::time_point start = Clock::now();
+  if (spin_until(ready, [] { hwy::Pause(); }, start, kSpinPause)) return;
+  if (spin_until(ready, [] { std::this_thread::yield(); }, start, kSpinPause + kSpinYield)) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  wake_.wait(lock, [&] {
+    return call_.load(std::memory_order_seq_cst) != seen || stop_.load(std::memory_order_relaxed);
+  });
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;  // the last call this worker looked at
   for (;;) {
-    // Spin a little: the next call usually comes within microseconds during decode.
-    for (int spin = 0; spin < 20000 && call_.load(std::memory_order_acquire) == seen; ++spin) std::this_thread::yield();
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || call_.load(std::memory_order_relaxed) != seen; });
-      if (stop_) return;
-    }
+    wait_for_call(seen);
+    if (stop_.load(std::memory_order_relaxed)) return;
     seen = call_.load(std::memory_order_acquire);
     run_chunks(index, seen);
   }
@@ -95,13 +125,18 @@ void ThreadPool::parallel_for(size_t n, const Body& body) {
   chunks_.store(chunks, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   version_.store(2 * call, std::memory_order_release);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);  // so that a worker about to sleep sees the new call
-    call_.store(call, std::memory_order_release);
+  call_.store(call, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    // A worker that counted itself as sleeping is either asleep or about to check call_ under the
+    // mutex: taking the mutex before the notification makes sure it has done one or the other.
+    { std::lock_guard<std::mutex> lock(mutex_); }
+    wake_.notify_all();
   }
-  wake_.notify_all();
   run_chunks(0, call);
-  while (done_.load(std::memory_order_acquire) != chunks) std::this_thread::yield();
+  auto all_done = [&] { return done_.load(std::memory_order_acquire) == chunks; };
+  if (!spin_until(all_done, [] { hwy::Pause(); }, Clock::now(), kWaitPause)) {
+    while (!all_done()) std::this_thread::yield();  // a worker was descheduled mid-chunk, or chunks are long
+  }
   if (!failed_.load(std::memory_order_relaxed)) return;
   std::exception_ptr error;
   {

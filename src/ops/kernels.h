@@ -17,9 +17,14 @@ inline constexpr size_t kPanelColumns = 512;
 // Output rows [row_begin, row_end) of y[rows] = W x (+ bias).
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias);
-// Output rows [row_begin, row_end) of y[n][rows] = x[n][cols] . W^T (+ bias).
-void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
+// Output rows [row_begin, row_end) of y[n][rows] = x[n][cols] . W^T (+ bias), any n (the kernel
+// takes the tokens in blocks that fit its caches). Token t's outputs start at y + t * y_stride.
+void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias);
+
+// Tokens per pass of matmul_rows over the weights (its activation panel stays in L2): a caller
+// that splits a batch splits it at multiples of this.
+size_t matmul_token_block();
 
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y);
 void apply_rope(RopeLayout layout, float* x, size_t heads, size_t head_dim, size_t rotary_dim,

@@ -2,6 +2,7 @@
 #include "ops/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
@@ -16,9 +17,6 @@ namespace {
 constexpr size_t kRowGroup = 4;
 // Below this many weight bytes a product runs on the calling thread: waking the pool costs more.
 constexpr size_t kMinBytesToThread = 64 * 1024;
-// Tokens per pass of the batched product: their activation panel (64 x 512 floats) stays in L2.
-// Longer prompts take several passes, re-reading the weights once per pass.
-constexpr size_t kTokenBlock = 64;
 
 size_t weight_bytes(const WeightView& w) {
   return static_cast<size_t>(w.rows) * storage_bytes(w.dtype, static_cast<size_t>(w.cols));
@@ -69,17 +67,103 @@ void matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool, con
   });
 }
 
-void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool& pool, const float* bias) {
+namespace {
+
+// The products of one input with the weights of `parts` (one or several), scheduled over the pool.
+// Every part's rows are numbered in groups of kRowGroup (a part's last group may be short) across
+// the parts in order, so a range of groups is a contiguous run of rows over the parts.
+class Products {
+ public:
+  Products(std::span<const LinearPart> parts, const float* x, size_t n) : parts_(parts), x_(x), n_(n) {
+    first_group_.assign(parts.size() + 1, 0);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const size_t rows = static_cast<size_t>(parts[i].w.rows);
+      first_group_[i + 1] = first_group_[i] + (rows + kRowGroup - 1) / kRowGroup;
+      bytes_ += weight_bytes(parts[i].w);
+    }
+  }
+
+  void run(ThreadPool& pool) const {
+    const size_t groups = first_group_.back();
+    if (pool.size() == 1 || bytes_ * n_ < kMinBytesToThread) return run_groups(0, n_, 0, groups);
+    if (n_ == 1) {
+      // Decode: one contiguous run of rows per thread, each streamed once (see MatVecRowsT).
+      pool.parallel_for(groups, [&](size_t g_begin, size_t g_end, int) { run_groups(0, 1, g_begin, g_end); });
+      return;
+    }
+    // Batches: pieces of one token block (the kernel's) by a share of the rows, handed out in order to
+    // whichever thread asks next, so that a thread that runs slower (another process on its core, a
+    // slower clock) takes fewer pieces instead of holding up the call. A whole token block per piece
+    // keeps the activation panel in the piece's own L2; when there are few blocks, the rows are split
+    // too, enough for about four pieces per thread. Neighbouring pieces read the same weights at about
+    // the same time, so each weight tile comes from DRAM about once per two pieces.
+    const size_t block = kernels::matmul_token_block();
+    const size_t blocks = (n_ + block - 1) / block;
+    const size_t wanted = 4 * static_cast<size_t>(pool.size());
+    const size_t row_parts = std::min(groups, (wanted + blocks - 1) / blocks);
+    const size_t pieces = blocks * row_parts;
+    std::atomic<size_t> next{0};
+    pool.parallel_for(static_cast<size_t>(pool.size()), [&](size_t, size_t, int) {
+      for (size_t p = next.fetch_add(1, std::memory_order_relaxed); p < pieces;
+           p = next.fetch_add(1, std::memory_order_relaxed)) {
+        const size_t b = p / row_parts, q = p % row_parts;
+        run_groups(b * block, std::min(n_, (b + 1) * block), groups * q / row_parts, groups * (q + 1) / row_parts);
+      }
+    });
+  }
+
+ private:
+  // Tokens [t_begin, t_end) times the rows in groups [g_begin, g_end) of every part they touch.
+  void run_groups(size_t t_begin, size_t t_end, size_t g_begin, size_t g_end) const {
+    const size_t cols = static_cast<size_t>(parts_[0].w.cols);
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const size_t b = std::max(g_begin, first_group_[i]), e = std::min(g_end, first_group_[i + 1]);
+      if (b >= e) continue;
+      const LinearPart& p = parts_[i];
+      const size_t rows = static_cast<size_t>(p.w.rows);
+      const size_t begin = (b - first_group_[i]) * kRowGroup, end = std::min(rows, (e - first_group_[i]) * kRowGroup);
+      if (n_ == 1) {
+        kernels::matvec_rows(p.w, x_, p.y, begin, end, p.bias);
+      } else {
+        const size_t stride = p.y_stride == 0 ? rows : p.y_stride;
+        kernels::matmul_rows(p.w, x_ + t_begin * cols, t_end - t_begin, p.y + t_begin * stride, stride, begin, end,
+                             p.bias);
+      }
+    }
+  }
+
+  std::span<const LinearPart> parts_;
+  const float* x_;
+  size_t n_;
+  std::vector<size_t> first_group_;  // [parts + 1]: the first row group of each part, then the total
+  size_t bytes_ = 0;                 // of all the parts' weights
+};
+
+}  // namespace
+
+void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool& pool, const float* bias,
+            size_t y_stride) {
   w.validate("matmul");
+  TQ_CHECK(y_stride == 0 || y_stride >= static_cast<size_t>(w.rows), "matmul: output stride ", y_stride,
+           " is less than the ", w.rows, " rows of the weight");
   if (n == 0) return;
   if (n == 1) return matvec(w, x, y, pool, bias);  // the same bits, streamed row by row
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
-  for_row_ranges(w, pool, weight_bytes(w) * n, [&](size_t begin, size_t end) {
-    for (size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
-      const size_t count = std::min(kTokenBlock, n - t0);
-      kernels::matmul_rows(w, x + t0 * cols, count, y + t0 * out, begin, end, bias);
-    }
-  });
+  const LinearPart part{w, y, y_stride, bias};
+  Products({&part, 1}, x, n).run(pool);
+}
+
+void matmul_parts(std::span<const LinearPart> parts, const float* x, size_t n, ThreadPool& pool) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const LinearPart& p = parts[i];
+    p.w.validate("matmul_parts");
+    TQ_CHECK(p.w.cols == parts[0].w.cols, "matmul_parts: part ", i, " has ", p.w.cols, " columns, part 0 has ",
+             parts[0].w.cols, " (all parts read the same input)");
+    TQ_CHECK(p.y != nullptr, "matmul_parts: part ", i, " has no output");
+    TQ_CHECK(p.y_stride == 0 || p.y_stride >= static_cast<size_t>(p.w.rows), "matmul_parts: part ", i,
+             " output stride ", p.y_stride, " is less than its ", p.w.rows, " rows");
+  }
+  if (parts.empty() || n == 0) return;
+  Products(parts, x, n).run(pool);
 }
 
 void weight_row(const WeightView& w, int64_t row, float* out) {

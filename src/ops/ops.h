@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -44,9 +45,21 @@ struct WeightView {
 void matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool, const float* bias = nullptr);
 
 // Prompt processing: y[n][rows] = x[n][cols] . W^T (+ bias[rows] on every token).
-// Each weight tile is reused across several tokens from registers and cache.
+// Each weight tile is reused across several tokens from registers and cache. Token t's outputs
+// start at y + t * y_stride (0 means rows: packed), so y may be a column slice of a wider array.
 void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool& pool,
-            const float* bias = nullptr);
+            const float* bias = nullptr, size_t y_stride = 0);
+
+// One input, several weights (q/k/v, gate/up): y_i[n][w_i.rows] = x[n][cols] . W_i^T (+ bias_i), all in one
+// parallel region over the rows of every part. Each part's rows are bit-identical to matmul(w_i, ...).
+struct LinearPart {
+  WeightView w;
+  float* y = nullptr;
+  size_t y_stride = 0;  // floats between tokens' rows in y; 0 = w.rows
+  const float* bias = nullptr;
+};
+// All parts have the same cols; n == 1 uses the matvec kernels.
+void matmul_parts(std::span<const LinearPart> parts, const float* x, size_t n, ThreadPool& pool);
 
 // Row `row` of W widened to float: out[cols] (embedding lookup).
 void weight_row(const WeightView& w, int64_t row, float* out);

@@ -1,11 +1,21 @@
 // ops-bench: timing of the matrix products (not part of ctest).
 //
 //   build/bin/ops-bench [--threads N] [--rows R] [--cols C] [--tokens T] [--reps K]
+//   build/bin/ops-bench --model 1 [--grouped 1] [--threads N] [--tokens T] [--reps K] [--layers L]
+//                       [--hidden H] [--ffn I] [--q-dim Q] [--kv-dim KV] [--vocab V]
 //
 // For each weight type: decode (matvec, y = W x) and batched (matmul over T tokens) on a
 // [rows][cols] weight, best of K runs. GB/s counts the weight bytes read once per call
 // (activations are small next to them); GFLOP/s counts 2 * rows * cols * tokens. The machine's
 // read bandwidth, measured here with the same thread count, is printed for comparison.
+//
+// --model 1 runs the matrix products of a whole Llama forward pass instead, on BF16 weights laid
+// out one after another in one buffer like a mapped model file (default shapes: the test model
+// tq-llama-hd128, 58.7 MB): per layer q, k, v, o, gate, up, down, then the LM head. A single
+// weight of that size stays in L2/L3 between repetitions, the whole set does not, so this is the
+// decode case the kernels actually meet (each small matrix streamed from DRAM once per token).
+// It prints decode tokens/s (one matvec chain per token) and prefill tokens/s (matmul over T).
+// --grouped 1 runs q/k/v and gate/up as one matmul_parts call each, as a fused runtime would.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -86,11 +96,100 @@ std::vector<uint8_t> random_weights(tq::ops::DType t, size_t rows, size_t cols) 
   return bytes;
 }
 
+struct ModelShapes {
+  size_t layers = 8, hidden = 512, ffn = 1536, q_dim = 512, kv_dim = 256, vocab = 8192;
+};
+
+// Median of the samples (sorted in place).
+double median(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run_model(const ModelShapes& m, tq::ThreadPool& pool, size_t tokens, int reps, bool grouped) {
+  using tq::ops::DType;
+  using tq::ops::WeightView;
+  struct Shape {
+    size_t rows, cols;
+  };
+  // One layer's products in the order of the forward pass.
+  const Shape layer[] = {{m.q_dim, m.hidden}, {m.kv_dim, m.hidden}, {m.kv_dim, m.hidden}, {m.hidden, m.q_dim},
+                         {m.ffn, m.hidden},   {m.ffn, m.hidden},    {m.hidden, m.ffn}};
+  std::vector<Shape> shapes;
+  for (size_t l = 0; l < m.layers; ++l) shapes.insert(shapes.end(), std::begin(layer), std::end(layer));
+  shapes.push_back({m.vocab, m.hidden});
+  size_t total = 0;
+  for (const Shape& s : shapes) total += s.rows * s.cols * 2;
+  // One buffer, weights back to back (4 KiB pages, as a file mapping gets).
+  const auto bytes = random_weights(DType::BF16, total / 2 / m.hidden, m.hidden);
+  std::vector<WeightView> views;
+  size_t offset = 0;
+  for (const Shape& s : shapes) {
+    views.push_back(WeightView::dense(DType::BF16, bytes.data() + offset, static_cast<int64_t>(s.rows),
+                                      static_cast<int64_t>(s.cols)));
+    offset += s.rows * s.cols * 2;
+  }
+  size_t widest = m.vocab;
+  for (const Shape& s : shapes) widest = std::max({widest, s.rows, s.cols});
+  tq::AlignedVector<float> x(tokens * widest), y(tokens * widest);
+  tq::SplitMix64 rng(5);
+  for (auto& v : x) v = static_cast<float>(rng.normal());
+
+  std::printf("model products: %zu layers, hidden %zu, ffn %zu, q %zu, kv %zu, vocab %zu: %zu BF16 products, "
+              "%.1f MB of weights\n",
+              m.layers, m.hidden, m.ffn, m.q_dim, m.kv_dim, m.vocab, views.size(), static_cast<double>(total) / 1e6);
+  using Clock = std::chrono::steady_clock;
+  // Grouped: q/k/v and gate/up of a layer as one matmul_parts call each (outputs side by side).
+  tq::AlignedVector<float> y2(tokens * widest), y3(tokens * widest);
+  auto run = [&](size_t n) {
+    if (!grouped) {
+      for (const WeightView& w : views) tq::ops::matmul(w, x.data(), n, y.data(), pool);
+      return;
+    }
+    for (size_t l = 0; l < m.layers; ++l) {
+      const WeightView* v = &views[l * 7];
+      const tq::ops::LinearPart qkv[] = {{v[0], y.data()}, {v[1], y2.data()}, {v[2], y3.data()}};
+      tq::ops::matmul_parts(qkv, x.data(), n, pool);
+      tq::ops::matmul(v[3], x.data(), n, y.data(), pool);
+      const tq::ops::LinearPart gate_up[] = {{v[4], y.data()}, {v[5], y2.data()}};
+      tq::ops::matmul_parts(gate_up, x.data(), n, pool);
+      tq::ops::matmul(v[6], x.data(), n, y.data(), pool);
+    }
+    tq::ops::matmul(views.back(), x.data(), n, y.data(), pool);
+  };
+  auto decode = [&] { run(1); };
+  auto prefill = [&] { run(tokens); };
+  // Decode: 16 tokens per sample, so that a sample is a few milliseconds.
+  decode();
+  std::vector<double> tg;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 16; ++i) decode();
+    tg.push_back(16.0 / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double tg_best = *std::max_element(tg.begin(), tg.end()), tg_median = median(tg);
+  std::printf("decode:  median %.1f t/s, best %.1f t/s (%.1f GB/s of weights at the median)\n", tg_median, tg_best,
+              tg_median * static_cast<double>(total) / 1e9);
+  prefill();
+  std::vector<double> pp;
+  for (int r = 0; r < std::max(2, reps / 4); ++r) {
+    const auto t0 = Clock::now();
+    prefill();
+    pp.push_back(static_cast<double>(tokens) / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double pp_best = *std::max_element(pp.begin(), pp.end()), pp_median = median(pp);
+  std::printf("prefill: %zu tokens, median %.1f t/s, best %.1f t/s (%.1f GFLOP/s at the median)\n", tokens, pp_median,
+              pp_best, pp_median * static_cast<double>(total) / 1e9);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 10;
   size_t rows = 4096, cols = 4096, tokens = 64;
+  bool model = false, grouped = false;
+  ModelShapes shapes;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long value = std::atol(argv[i + 1]);
@@ -99,12 +198,25 @@ int main(int argc, char** argv) {
     else if (flag == "--cols") cols = static_cast<size_t>(value);
     else if (flag == "--tokens") tokens = static_cast<size_t>(value);
     else if (flag == "--reps") reps = static_cast<int>(value);
+    else if (flag == "--model") model = value != 0;
+    else if (flag == "--grouped") grouped = value != 0;
+    else if (flag == "--layers") shapes.layers = static_cast<size_t>(value);
+    else if (flag == "--hidden") shapes.hidden = static_cast<size_t>(value);
+    else if (flag == "--ffn") shapes.ffn = static_cast<size_t>(value);
+    else if (flag == "--q-dim") shapes.q_dim = static_cast<size_t>(value);
+    else if (flag == "--kv-dim") shapes.kv_dim = static_cast<size_t>(value);
+    else if (flag == "--vocab") shapes.vocab = static_cast<size_t>(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   tq::ThreadPool pool(threads);
+  if (model) {
+    std::printf("ops-bench: SIMD target %s, %d thread(s), best and median of %d\n", tq::ops::simd_target_name(), threads,
+                reps);
+    return run_model(shapes, pool, tokens, reps, grouped);
+  }
   std::printf("ops-bench: SIMD target %s, %d thread(s), weight [%zu][%zu], batch %zu tokens, best of %d\n",
               tq::ops::simd_target_name(), threads, rows, cols, tokens, reps);
   std::printf("measured read bandwidth (512 MiB sum): %.1f GB/s\n\n",

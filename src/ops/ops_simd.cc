@@ -4,12 +4,14 @@
 #define HWY_TARGET_INCLUDE "ops/ops_simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/half.h"
 #include "ops/kernels.h"
@@ -25,16 +27,21 @@ using V = hn::Vec<D>;
 constexpr size_t kMaxLanes = HWY_LANES(float);
 
 // Register tile of the batched product: kTileTokens x kTileRows accumulators, plus one
-// activation vector per token and one weight vector. AVX-512 has 32 vector registers and takes
-// 4 x 4 (16 accumulators); the 16-register targets take 4 x 2 so nothing spills.
+// activation vector per token and one weight vector (float: the tile's weights are widened once,
+// see MatMulRowsT). AVX-512 has 32 vector registers and takes 4 x 4 (16 accumulators); the
+// 16-register targets take 3 x 4: 12 accumulators, 3 activations and 1 weight fill all 16 without
+// a spill, and each activation vector (read from L2) serves 4 rows, so 3 loads from L2 feed 12
+// multiply-adds (4 x 2 needed 4 for 8, and L2 could not keep up).
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
 constexpr size_t kTileTokens = 4, kTileRows = 4;
 #else
-constexpr size_t kTileTokens = 4, kTileRows = 2;
+constexpr size_t kTileTokens = 3, kTileRows = 4;
 #endif
 // Rows streamed together by the decode product: four independent accumulators keep the FMA
-// pipes busy while four weight rows are in flight from memory.
+// pipes busy, and four streams of ascending addresses keep the hardware prefetchers busy (see
+// MatVecRowsT). Eight did no better on the test model; software prefetching did not help either.
 constexpr size_t kMatVecRows = 4;
+constexpr size_t kCacheLineBytes = 64;
 
 // ---------------------------------------------------------------- tails
 
@@ -81,6 +88,18 @@ HWY_INLINE float WeightToFloat(const hwy::bfloat16_t* p) {
 
 HWY_INLINE float ReduceSum(D d, V v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
 
+// Makes the compiler materialise v in a register here. A float weight vector that several
+// multiply-adds share would otherwise be folded into each of them as a memory operand (GCC does
+// that), and a 3 x 4 tile then issues 15 loads per step instead of 7: more than the two loads per
+// cycle the core can take, so the tile ran at 60% of its multiply-add rate instead of 90%.
+HWY_INLINE void KeepInRegister(V& v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+  asm("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 // ---------------------------------------------------------------- matrix product tiles
 //
 // A tile adds to sums[t * sum_stride + r] (t < TT tokens, r < RR rows) the dot product of weight
@@ -89,14 +108,40 @@ HWY_INLINE float ReduceSum(D d, V v) { return hn::GetLane(hn::SumOfLanes(d, v));
 // zero-padded into one more vector; the accumulator is reduced across lanes once at the end.
 // That arithmetic does not depend on TT or RR, so every tile shape gives the same bits.
 
+// How a tile's panel sums reach the output: an output element is 0.0f + s_0 + s_1 + ... over
+// its panels (float adds in panel order), then + bias. The decode path keeps that running sum in
+// registers; the batched path keeps it in y, so its first panel writes 0.0f + s_0 without reading
+// y (no zeroing pass over y: 0.0f + s is the same add, it turns -0 into +0 as the running sum
+// does), and its last panel adds the bias row as it stores.
+struct PanelEnd {
+  bool first = false;            // the sums start here (their old contents are ignored)
+  const float* bias = nullptr;   // the tile's RR bias values, added after this (last) panel
+};
+
+template <size_t TT, size_t RR>
+HWY_INLINE void FinishTile(D d, const V (&acc)[TT][RR], float* HWY_RESTRICT sums, size_t sum_stride,
+                           PanelEnd end) {
+  for (size_t t = 0; t < TT; ++t) {
+    for (size_t r = 0; r < RR; ++r) {
+      float& sum = sums[t * sum_stride + r];
+      float v = (end.first ? 0.0f : sum) + ReduceSum(d, acc[t][r]);
+      if (end.bias) v += end.bias[r];
+      sum = v;
+    }
+  }
+}
+
 template <typename WT>
 struct DenseRows {
   using Row = const WT*;
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
+  // Bytes that the first `cols` columns of a row take.
+  static size_t bytes(size_t cols) { return cols * sizeof(WT); }
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
-                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride) {
+                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride,
+                              PanelEnd end = PanelEnd()) {
     const D d;
     const size_t N = hn::Lanes(d);
     Row w[RR];
@@ -112,7 +157,8 @@ struct DenseRows {
       V xv[TT];
       for (size_t t = 0; t < TT; ++t) xv[t] = hn::LoadU(d, x[t] + k);
       for (size_t r = 0; r < RR; ++r) {
-        const V wv = LoadWeights(d, w[r] + k);
+        V wv = LoadWeights(d, w[r] + k);
+        if constexpr (TT > 1) KeepInRegister(wv);
         for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
       }
     }
@@ -127,8 +173,16 @@ struct DenseRows {
         for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
       }
     }
-    for (size_t t = 0; t < TT; ++t)
-      for (size_t r = 0; r < RR; ++r) sums[t * sum_stride + r] += ReduceSum(d, acc[t][r]);
+    FinishTile<TT, RR>(d, acc, sums, sum_stride, end);
+  }
+
+  // out[k - k0] = row[k] as float for k in [k0, k1): exactly the values Tile multiplies.
+  static HWY_INLINE void Widen(Row row, size_t k0, size_t k1, float* HWY_RESTRICT out) {
+    const D d;
+    const size_t N = hn::Lanes(d);
+    size_t k = k0;
+    for (; k + N <= k1; k += N) hn::Store(LoadWeights(d, row + k), d, out + (k - k0));
+    for (; k < k1; ++k) out[k - k0] = WeightToFloat(row + k);
   }
 };
 
@@ -146,10 +200,12 @@ HWY_INLINE float ScaleToFloat(const uint8_t* bits) {
 struct Q8Rows {
   using Row = const uint8_t*;  // blocks of kQ8BlockBytes: f16 scale, then 32 int8 quants
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
+  static size_t bytes(size_t cols) { return cols / kQ8BlockValues * kQ8BlockBytes; }
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
-                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride) {
+                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride,
+                              PanelEnd end = PanelEnd()) {
     const D d;
     const hn::RebindToSigned<D> di;
     const hn::Rebind<int8_t, D> di8;
@@ -178,73 +234,180 @@ struct Q8Rows {
         }
       }
     }
-    for (size_t t = 0; t < TT; ++t)
-      for (size_t r = 0; r < RR; ++r) sums[t * sum_stride + r] += ReduceSum(d, acc[t][r]);
+    FinishTile<TT, RR>(d, acc, sums, sum_stride, end);
+  }
+
+  // out[k - k0] = the value of column k for k in [k0, k1) (multiples of 32): q * d exactly as
+  // Tile computes it.
+  static HWY_INLINE void Widen(Row row, size_t k0, size_t k1, float* HWY_RESTRICT out) {
+    const D d;
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<int8_t, D> di8;
+    const size_t N = hn::Lanes(d);
+    for (size_t b = k0 / kQ8BlockValues; b < k1 / kQ8BlockValues; ++b) {
+      const V scale = hn::Set(d, ScaleToFloat(row + b * kQ8BlockBytes));
+      const int8_t* quants = reinterpret_cast<const int8_t*>(row + b * kQ8BlockBytes + 2);
+      for (size_t j = 0; j < kQ8BlockValues; j += N) {
+        const auto q = hn::PromoteTo(di, hn::LoadU(di8, quants + j));
+        hn::Store(hn::Mul(hn::ConvertTo(d, q), scale), d, out + (b * kQ8BlockValues + j - k0));
+      }
+    }
   }
 };
 
 // ---------------------------------------------------------------- matrix product drivers
 
-// Decode: rows [r0, r0 + RR) of y = W x, each row streamed once from start to end.
+// Decode: rows r[0..RR) of y = W x, each row streamed once from start to end.
 template <class Rows, size_t RR>
 HWY_INLINE void MatVecTile(const WeightView& w, const float* HWY_RESTRICT x, float* HWY_RESTRICT y,
-                           size_t r0, const float* HWY_RESTRICT bias) {
+                           const size_t* HWY_RESTRICT r, const float* HWY_RESTRICT bias) {
   const size_t cols = static_cast<size_t>(w.cols);
   const float* xs[1] = {x};
   typename Rows::Row rows[RR];
-  for (size_t i = 0; i < RR; ++i) rows[i] = Rows::row(w, r0 + i);
+  for (size_t i = 0; i < RR; ++i) rows[i] = Rows::row(w, r[i]);
   float sums[RR] = {};
   for (size_t k0 = 0; k0 < cols; k0 += kernels::kPanelColumns) {
     const size_t k1 = std::min(cols, k0 + kernels::kPanelColumns);
     Rows::template Tile<1, RR>(rows, xs, k0, k1, sums, 0);
   }
-  for (size_t i = 0; i < RR; ++i) y[r0 + i] = bias ? sums[i] + bias[r0 + i] : sums[i];
+  for (size_t i = 0; i < RR; ++i) y[r[i]] = bias ? sums[i] + bias[r[i]] : sums[i];
 }
 
+// The weights stream from DRAM (a decode step reads every matrix once), and the hardware
+// prefetchers keep up only with long runs of ascending addresses. Four neighbouring rows would be
+// four short streams that end at every 4 KiB page (a 512-column BF16 row is 16 cache lines), and
+// read that way a thread got about half of its share of the bandwidth. So the rows are split into
+// kMatVecRows contiguous parts and tile i takes row i of every part: each accumulator walks its
+// part row after row in address order (1.6x on the test model's decode products). The rows left
+// over (fewer than kMatVecRows) run one at a time.
 template <class Rows>
 void MatVecRowsT(const WeightView& w, const float* HWY_RESTRICT x, float* HWY_RESTRICT y,
                  size_t row_begin, size_t row_end, const float* HWY_RESTRICT bias) {
-  size_t r = row_begin;
-  for (; r + kMatVecRows <= row_end; r += kMatVecRows) MatVecTile<Rows, kMatVecRows>(w, x, y, r, bias);
-  for (; r < row_end; ++r) MatVecTile<Rows, 1>(w, x, y, r, bias);
+  constexpr size_t RR = kMatVecRows;
+  const size_t part = (row_end - row_begin) / RR;
+  for (size_t i = 0; i < part; ++i) {
+    size_t r[RR];
+    for (size_t j = 0; j < RR; ++j) r[j] = row_begin + j * part + i;
+    MatVecTile<Rows, RR>(w, x, y, r, bias);
+  }
+  for (size_t r = row_begin + RR * part; r < row_end; ++r) MatVecTile<Rows, 1>(w, x, y, &r, bias);
 }
 
 // Prompt processing. For each panel of columns, every RR-row weight tile is read from memory
-// once and reused from L1 by all token tiles; the panel of activations (n x 512 floats) stays in
-// L2 for all row tiles. Partial sums accumulate in y, one float add per panel, the same
-// sequence as the decode path's `sums`.
-template <class Rows, size_t RR>
-HWY_INLINE void TokenTiles(const WeightView& w, const float* HWY_RESTRICT x, size_t n,
-                           float* HWY_RESTRICT y, size_t r0, size_t k0, size_t k1) {
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
-  typename Rows::Row rows[RR];
-  for (size_t i = 0; i < RR; ++i) rows[i] = Rows::row(w, r0 + i);
+// once, widened to float into an L1 buffer, and reused from there by all token tiles; the panel of
+// activations (n x 512 floats) stays in L2 for all row tiles. Widening once per tile instead of in
+// every token tile takes the conversions (for BF16 two vector instructions per weight vector, for
+// Q8_0 four) out of the inner loop, which then issues nothing but loads and multiply-adds; the
+// products are the same, since widening is exact. Partial sums accumulate in y, one float add per
+// panel, the same sequence as the decode path's `sums`.
+using FloatRows = DenseRows<float>;
+
+// The last count (< kTileTokens) tokens as one tile of exactly count tokens.
+template <size_t RR, size_t TT>
+HWY_INLINE void LeftoverTokens(const float* const* wrows, const float* HWY_RESTRICT x, size_t cols,
+                               size_t count, float* HWY_RESTRICT y, size_t y_stride, size_t panel, PanelEnd end) {
+  if constexpr (TT > 0) {
+    if (count == TT) {
+      const float* xs[TT];
+      for (size_t i = 0; i < TT; ++i) xs[i] = x + i * cols;
+      FloatRows::Tile<TT, RR>(wrows, xs, 0, panel, y, y_stride, end);
+    } else {
+      LeftoverTokens<RR, TT - 1>(wrows, x, cols, count, y, y_stride, panel, end);
+    }
+  }
+}
+
+// Prefetches the panel of the next row tile while the token tiles of this one run. Each row tile
+// of a token block comes from DRAM (the weights do not stay in the caches between token blocks),
+// and it is one short burst (a 4-row BF16 tile of 512 columns is one 4 KiB page), which the
+// hardware prefetchers do not see coming: without this, widening it stalls on DRAM latency.
+struct PanelPrefetch {
+  const uint8_t* rows[kTileRows] = {};
+  size_t count = 0;       // rows to prefetch
+  size_t offset = 0;      // bytes from each row start to the panel
+  size_t lines = 0;       // cache lines per row's panel
+  size_t next = 0;        // next line to prefetch, counted over all rows
+  size_t per_call = 0;    // lines per call of Next
+
+  // A few more lines: called once per token tile.
+  HWY_INLINE void Next() {
+    for (size_t end = std::min(next + per_call, count * lines); next < end; ++next) {
+      hwy::Prefetch(rows[next / lines] + offset + (next % lines) * kCacheLineBytes);
+    }
+  }
+};
+
+// All n tokens against the float rows wrows[0..RR) of columns [k0, k0 + panel): x points at
+// column k0 of token 0, wrows[i] at column k0 of row r0 + i, y at row r0 of token 0.
+template <size_t RR>
+HWY_INLINE void TokenTiles(const float* const* wrows, const float* HWY_RESTRICT x, size_t cols, size_t n,
+                           float* HWY_RESTRICT y, size_t y_stride, size_t panel, PanelEnd end,
+                           PanelPrefetch& prefetch) {
   size_t t = 0;
   for (; t + kTileTokens <= n; t += kTileTokens) {
     const float* xs[kTileTokens];
     for (size_t i = 0; i < kTileTokens; ++i) xs[i] = x + (t + i) * cols;
-    Rows::template Tile<kTileTokens, RR>(rows, xs, k0, k1, y + t * out + r0, out);
+    FloatRows::Tile<kTileTokens, RR>(wrows, xs, 0, panel, y + t * y_stride, y_stride, end);
+    prefetch.Next();
   }
-  for (; t < n; ++t) {
-    const float* xs[1] = {x + t * cols};
-    Rows::template Tile<1, RR>(rows, xs, k0, k1, y + t * out + r0, out);
-  }
+  if (t < n) LeftoverTokens<RR, kTileTokens - 1>(wrows, x + t * cols, cols, n - t, y + t * y_stride, y_stride, panel, end);
+  prefetch.per_call = ~size_t{0} >> 1;  // whatever is left
+  prefetch.Next();
 }
+
+// Rows [r0, r0 + RR), columns [k0, k1) of W against all n tokens.
+template <class Rows, size_t RR>
+HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
+                        size_t y_stride, size_t r0, size_t row_end, size_t k0, size_t k1,
+                        const float* HWY_RESTRICT bias, float* HWY_RESTRICT buffer) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  // The next row tile's part of this panel, spread over the token tiles.
+  PanelPrefetch prefetch;
+  prefetch.count = std::min(row_end, r0 + 2 * RR) - std::min(row_end, r0 + RR);
+  for (size_t i = 0; i < prefetch.count; ++i) prefetch.rows[i] = w.row_bytes(r0 + RR + i);
+  prefetch.offset = Rows::bytes(k0);
+  prefetch.lines = (Rows::bytes(k1) - Rows::bytes(k0) + kCacheLineBytes - 1) / kCacheLineBytes;
+  const size_t token_tiles = std::max<size_t>(1, n / kTileTokens);
+  prefetch.per_call = (prefetch.count * prefetch.lines + token_tiles - 1) / token_tiles;
+  const float* wrows[RR];
+  for (size_t i = 0; i < RR; ++i) {
+    if constexpr (std::is_same_v<Rows, FloatRows>) {
+      wrows[i] = Rows::row(w, r0 + i) + k0;  // float already: no copy
+    } else {
+      float* row = buffer + i * kernels::kPanelColumns;
+      Rows::Widen(Rows::row(w, r0 + i), k0, k1, row);
+      wrows[i] = row;
+    }
+  }
+  PanelEnd end;
+  end.first = k0 == 0;
+  end.bias = bias && k1 == cols ? bias + r0 : nullptr;
+  TokenTiles<RR>(wrows, x + k0, cols, n, y + r0, y_stride, k1 - k0, end, prefetch);
+}
+
+// Tokens per pass over the weights: their activation panel (about 64 x 512 floats, 128 KiB)
+// stays in L2 while the weight tiles stream past. A whole number of token tiles, so that no pass
+// but the last ends on a narrower, slower tile. Longer prompts take several passes, re-reading the
+// weights once per pass.
+constexpr size_t kTokenBlock = 64 / kTileTokens * kTileTokens;
 
 template <class Rows>
 void MatMulRowsT(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
-                 size_t row_begin, size_t row_end, const float* HWY_RESTRICT bias) {
-  const size_t cols = static_cast<size_t>(w.cols), out = static_cast<size_t>(w.rows);
-  for (size_t t = 0; t < n; ++t) std::fill(y + t * out + row_begin, y + t * out + row_end, 0.0f);
-  for (size_t k0 = 0; k0 < cols; k0 += kernels::kPanelColumns) {
-    const size_t k1 = std::min(cols, k0 + kernels::kPanelColumns);
-    size_t r = row_begin;
-    for (; r + kTileRows <= row_end; r += kTileRows) TokenTiles<Rows, kTileRows>(w, x, n, y, r, k0, k1);
-    for (; r < row_end; ++r) TokenTiles<Rows, 1>(w, x, n, y, r, k0, k1);
-  }
-  if (bias) {
-    for (size_t t = 0; t < n; ++t)
-      for (size_t r = row_begin; r < row_end; ++r) y[t * out + r] += bias[r];
+                 size_t y_stride, size_t row_begin, size_t row_end, const float* HWY_RESTRICT bias) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  HWY_ALIGN float buffer[kTileRows * kernels::kPanelColumns];  // the widened row tile
+  for (size_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+    const size_t count = std::min(kTokenBlock, n - t0);
+    const float* xb = x + t0 * cols;
+    float* yb = y + t0 * y_stride;
+    for (size_t k0 = 0; k0 < cols; k0 += kernels::kPanelColumns) {
+      const size_t k1 = std::min(cols, k0 + kernels::kPanelColumns);
+      size_t r = row_begin;
+      for (; r + kTileRows <= row_end; r += kTileRows) {
+        RowTile<Rows, kTileRows>(w, xb, count, yb, y_stride, r, row_end, k0, k1, bias, buffer);
+      }
+      for (; r < row_end; ++r) RowTile<Rows, 1>(w, xb, count, yb, y_stride, r, row_end, k0, k1, bias, buffer);
+    }
   }
 }
 
@@ -258,15 +421,15 @@ void MatVecRows(const WeightView& w, const float* x, float* y, size_t row_begin,
   }
 }
 
-void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
+void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                 size_t row_end, const float* bias) {
   switch (w.dtype) {
-    case DType::F32: return MatMulRowsT<DenseRows<float>>(w, x, n, y, row_begin, row_end, bias);
+    case DType::F32: return MatMulRowsT<DenseRows<float>>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::F16:
-      return MatMulRowsT<DenseRows<hwy::float16_t>>(w, x, n, y, row_begin, row_end, bias);
+      return MatMulRowsT<DenseRows<hwy::float16_t>>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::BF16:
-      return MatMulRowsT<DenseRows<hwy::bfloat16_t>>(w, x, n, y, row_begin, row_end, bias);
-    case DType::Q8_0: return MatMulRowsT<Q8Rows>(w, x, n, y, row_begin, row_end, bias);
+      return MatMulRowsT<DenseRows<hwy::bfloat16_t>>(w, x, n, y, y_stride, row_begin, row_end, bias);
+    case DType::Q8_0: return MatMulRowsT<Q8Rows>(w, x, n, y, y_stride, row_begin, row_end, bias);
   }
 }
 
@@ -442,6 +605,8 @@ void Scale(const float* x, float s, float* y, size_t n) {
   for (; i < n; ++i) y[i] = x[i] * s;
 }
 
+size_t MatMulTokenBlock() { return kTokenBlock; }
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -460,15 +625,16 @@ HWY_EXPORT(Softmax);
 HWY_EXPORT(Argmax);
 HWY_EXPORT(Add);
 HWY_EXPORT(Scale);
+HWY_EXPORT(MatMulTokenBlock);
 HWY_EXPORT(TargetName);
 
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias) {
   HWY_DYNAMIC_DISPATCH(MatVecRows)(w, x, y, row_begin, row_end, bias);
 }
-void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t row_begin,
+void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias) {
-  HWY_DYNAMIC_DISPATCH(MatMulRows)(w, x, n, y, row_begin, row_end, bias);
+  HWY_DYNAMIC_DISPATCH(MatMulRows)(w, x, n, y, y_stride, row_begin, row_end, bias);
 }
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y) {
   HWY_DYNAMIC_DISPATCH(RmsNorm)(x, weight, eps, n, y);
@@ -484,6 +650,7 @@ void softmax(const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(Softmax)
 size_t argmax(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(Argmax)(x, n); }
 void add(const float* a, const float* b, float* out, size_t n) { HWY_DYNAMIC_DISPATCH(Add)(a, b, out, n); }
 void scale(const float* x, float s, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(Scale)(x, s, y, n); }
+size_t matmul_token_block() { return HWY_DYNAMIC_DISPATCH(MatMulTokenBlock)(); }
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace tq::ops::kernels

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "hwy/tests/hwy_gtest.h"
 #include "ops/dtype.h"
+#include "ops/kernels.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
 
@@ -315,6 +316,165 @@ TEST_P(OpsTargets, ThreadCountDoesNotChangeResults) {
     ref::matvec(w.view, x.data() + 69 * cols, expected.data(), nullptr);
     const auto bound = abs_dot_bounds(w.view, x.data() + 69 * cols, 1, nullptr);
     for (int64_t r = 0; r < rows; ++r) ASSERT_NEAR(v3[r], expected[r], 1e-5 * bound[r]);
+  }
+}
+
+// The decode kernel visits the rows of its range in an order of its own (one row from each of
+// several parts at a time); every row must still come out as it does computed alone, whatever range
+// it falls in: row by row is the slow reference of that order.
+TEST_P(OpsTargets, MatVecRowOrderDoesNotChangeBits) {
+  SplitMix64 rng(2024);
+  for (DType t : kAllTypes) {
+    for (const int64_t cols : {96, 100, 1536}) {
+      if (cols % static_cast<int64_t>(block_values(t)) != 0) continue;
+      for (const int64_t rows : {1, 5, 17, 64, 301}) {
+        const RandomWeights w(t, rows, cols, static_cast<uint64_t>(rows * 13 + cols), rows == 17 ? 6 : 0);
+        const auto x = gaussian(static_cast<size_t>(cols), static_cast<uint64_t>(cols));
+        const auto bias = gaussian(static_cast<size_t>(rows), static_cast<uint64_t>(rows));
+        std::vector<float> alone(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          kernels::matvec_rows(w.view, x.data(), alone.data(), static_cast<size_t>(r), static_cast<size_t>(r) + 1,
+                               bias.data());
+        }
+        for (int rep = 0; rep < 6; ++rep) {
+          // The whole range first, then random sub-ranges.
+          const size_t begin = rep == 0 ? 0 : static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows));
+          const size_t end = rep == 0 ? static_cast<size_t>(rows)
+                                      : begin + 1 + static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows - begin));
+          std::vector<float> y(rows, -1.0f);
+          kernels::matvec_rows(w.view, x.data(), y.data(), begin, end, bias.data());
+          for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+            if (r < begin || r >= end) {
+              ASSERT_EQ(y[r], -1.0f) << "row " << r << " outside [" << begin << ", " << end << ") was written";
+            } else {
+              ASSERT_TRUE(same_bits(y[r], alone[r]))
+                  << dtype_name(t) << " [" << rows << "][" << cols << "] rows [" << begin << ", " << end << ") row " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The batched kernel tiles tokens and rows, widens weight tiles to float, and takes the tokens in
+// blocks; none of that may change a bit: every output must equal the decode kernel's for that
+// token and row computed alone (the slow reference), for any token count and any row range.
+TEST_P(OpsTargets, MatMulTilingDoesNotChangeBits) {
+  SplitMix64 rng(77);
+  for (DType t : kAllTypes) {
+    for (const int64_t cols : {32, 100, 544, 1056}) {
+      if (cols % static_cast<int64_t>(block_values(t)) != 0) continue;
+      const int64_t rows = 1 + static_cast<int64_t>(rng.next() % 23);
+      const RandomWeights w(t, rows, cols, rng.next(), rows % 2 ? 5 : 0);
+      const auto bias = gaussian(static_cast<size_t>(rows), rng.next());
+      for (const size_t n : {1, 2, 3, 4, 5, 7, 63, 64, 65, 130}) {
+        const auto x = gaussian(n * static_cast<size_t>(cols), rng.next());
+        const size_t begin = static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows));
+        const size_t end = begin + 1 + static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows - static_cast<int64_t>(begin)));
+        const float* b = rng.next() % 2 ? bias.data() : nullptr;
+        std::vector<float> y(n * rows, -1.0f), alone(rows);
+        kernels::matmul_rows(w.view, x.data(), n, y.data(), static_cast<size_t>(rows), begin, end, b);
+        for (size_t tok = 0; tok < n; ++tok) {
+          for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+            const float got = y[tok * rows + r];
+            if (r < begin || r >= end) {
+              ASSERT_EQ(got, -1.0f) << "row " << r << " outside [" << begin << ", " << end << ") was written";
+              continue;
+            }
+            kernels::matvec_rows(w.view, x.data() + tok * cols, alone.data(), r, r + 1, b);
+            ASSERT_TRUE(same_bits(got, alone[r])) << dtype_name(t) << " [" << rows << "][" << cols << "] n " << n
+                                                  << " rows [" << begin << ", " << end << ") token " << tok << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// matmul's output stride: token t's rows land at y + t * y_stride and nothing else is written.
+TEST_P(OpsTargets, MatMulOutputStrideWritesColumnSlices) {
+  ThreadPool pool(2);
+  for (DType t : kAllTypes) {
+    const int64_t rows = 37, cols = 160;
+    const RandomWeights w(t, rows, cols, 5);
+    const auto bias = gaussian(rows, 6);
+    for (const size_t n : {2, 9, 70}) {
+      const auto x = gaussian(n * cols, n);
+      std::vector<float> packed(n * rows);
+      matmul(w.view, x.data(), n, packed.data(), pool, bias.data());
+      const size_t stride = rows + 11, offset = 3;
+      std::vector<float> wide(n * stride + offset, 7.0f);
+      matmul(w.view, x.data(), n, wide.data() + offset, pool, bias.data(), stride);
+      for (size_t tok = 0; tok < n; ++tok) {
+        for (size_t c = 0; c < stride; ++c) {
+          const size_t i = offset + tok * stride + c;
+          if (c < static_cast<size_t>(rows)) {
+            ASSERT_TRUE(same_bits(wide[i], packed[tok * rows + c])) << dtype_name(t) << " n " << n << " token " << tok;
+          } else if (i < wide.size()) {
+            ASSERT_EQ(wide[i], 7.0f) << "column " << c << " outside the slice was written";
+          }
+        }
+      }
+    }
+  }
+  const RandomWeights w(DType::F32, 8, 32, 1);
+  std::vector<float> x(64), y(64);
+  expect_error_mentions([&] { matmul(w.view, x.data(), 2, y.data(), pool, nullptr, 7); }, "output stride 7");
+}
+
+// The grouped product against separate matmul calls, bit for bit: parts of several types and
+// shapes (rows not multiples of the row group), with and without bias, packed outputs and column
+// slices of one wide output, for decode and batch sizes, on one and two threads.
+TEST_P(OpsTargets, MatMulPartsMatchSeparateProducts) {
+  const int64_t cols = 96;
+  const RandomWeights q(DType::BF16, 70, cols, 11), k(DType::Q8_0, 33, cols, 12), v(DType::F16, 33, cols, 13),
+      g(DType::F32, 130, cols, 14);
+  const auto bq = gaussian(70, 15), bv = gaussian(33, 16);
+  for (const int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (const size_t n : {1, 3, 70}) {
+      const auto x = gaussian(n * cols, n + 17);
+      // Separately.
+      std::vector<float> yq(n * 70), yk(n * 33), yv(n * 33), yg(n * 130);
+      matmul(q.view, x.data(), n, yq.data(), pool, bq.data());
+      matmul(k.view, x.data(), n, yk.data(), pool);
+      matmul(v.view, x.data(), n, yv.data(), pool, bv.data());
+      matmul(g.view, x.data(), n, yg.data(), pool);
+      // Packed outputs of their own.
+      std::vector<float> pq(n * 70, -1.0f), pk(n * 33, -1.0f), pv(n * 33, -1.0f), pg(n * 130, -1.0f);
+      const LinearPart packed[] = {{q.view, pq.data(), 0, bq.data()},
+                                   {k.view, pk.data()},
+                                   {v.view, pv.data(), 0, bv.data()},
+                                   {g.view, pg.data()}};
+      matmul_parts(packed, x.data(), n, pool);
+      EXPECT_EQ(std::memcmp(pq.data(), yq.data(), yq.size() * 4), 0) << threads << " threads, n " << n;
+      EXPECT_EQ(std::memcmp(pk.data(), yk.data(), yk.size() * 4), 0) << threads << " threads, n " << n;
+      EXPECT_EQ(std::memcmp(pv.data(), yv.data(), yv.size() * 4), 0) << threads << " threads, n " << n;
+      EXPECT_EQ(std::memcmp(pg.data(), yg.data(), yg.size() * 4), 0) << threads << " threads, n " << n;
+      // q, k and v as column slices of one [n][136] output (the fused qkv layout).
+      const size_t wide = 70 + 33 + 33;
+      std::vector<float> qkv(n * wide, -1.0f);
+      const LinearPart sliced[] = {{q.view, qkv.data(), wide, bq.data()},
+                                   {k.view, qkv.data() + 70, wide},
+                                   {v.view, qkv.data() + 103, wide, bv.data()}};
+      matmul_parts(sliced, x.data(), n, pool);
+      for (size_t tok = 0; tok < n; ++tok) {
+        const float* row = qkv.data() + tok * wide;
+        EXPECT_EQ(std::memcmp(row, yq.data() + tok * 70, 70 * 4), 0) << "n " << n << " token " << tok;
+        EXPECT_EQ(std::memcmp(row + 70, yk.data() + tok * 33, 33 * 4), 0) << "n " << n << " token " << tok;
+        EXPECT_EQ(std::memcmp(row + 103, yv.data() + tok * 33, 33 * 4), 0) << "n " << n << " token " << tok;
+      }
+    }
+    // Shapes that do not fit.
+    std::vector<float> y(1000), x(1000);
+    const RandomWeights narrow(DType::F32, 4, 64, 3);
+    const LinearPart mismatched[] = {{q.view, y.data()}, {narrow.view, y.data()}};
+    expect_error_mentions([&] { matmul_parts(mismatched, x.data(), 2, pool); }, "part 1 has 64 columns");
+    const LinearPart no_output[] = {{q.view, nullptr}};
+    expect_error_mentions([&] { matmul_parts(no_output, x.data(), 2, pool); }, "no output");
+    const LinearPart short_stride[] = {{q.view, y.data(), 69}};
+    expect_error_mentions([&] { matmul_parts(short_stride, x.data(), 2, pool); }, "output stride 69");
   }
 }
 
