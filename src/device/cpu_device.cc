@@ -129,28 +129,32 @@ void CpuDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, cons
   TQ_CHECK(x.stride == x.cols, "the CPU matrix product reads rows side by side");
   const size_t n = static_cast<size_t>(x.rows);
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).data();
+  // Every part in one parallel region (q/k/v, gate/up), each into its columns of `out`; a residual goes
+  // through a buffer of its own first, then onto `out`.
+  product_.resize(accumulate ? n * static_cast<size_t>(w.rows) : 0);
+  std::vector<ops::LinearPart> parts;
+  parts.reserve(m.parts.size());
   int64_t row0 = 0;
   for (const ops::WeightView& part : m.parts) {
-    const float* part_bias = b ? b + row0 : nullptr;
-    const Tensor target = out.columns(row0, part.rows);
-    if (!accumulate && target.stride == target.cols) {
-      ops::matmul(part, x.f32(), n, target.f32(), pool_, part_bias);
+    ops::LinearPart p;
+    p.w = part;
+    p.bias = b ? b + row0 : nullptr;
+    if (accumulate) {
+      p.y = product_.data() + row0;
+      p.y_stride = static_cast<size_t>(w.rows);
     } else {
-      // Into a buffer of its own, then into the view (or onto it).
-      product_.resize(n * static_cast<size_t>(part.rows));
-      ops::matmul(part, x.f32(), n, product_.data(), pool_, part_bias);
-      for (size_t r = 0; r < n; ++r) {
-        const float* p = product_.data() + r * static_cast<size_t>(part.rows);
-        float* o = target.row(static_cast<int64_t>(r));
-        if (accumulate) {
-          ops::add(o, p, o, static_cast<size_t>(part.rows));
-        } else {
-          std::memcpy(o, p, static_cast<size_t>(part.rows) * sizeof(float));
-        }
-      }
+      p.y = out.columns(row0, part.rows).f32();
+      p.y_stride = static_cast<size_t>(out.stride);
     }
+    parts.push_back(p);
     row0 += part.rows;
   }
+  ops::matmul_parts(parts, x.f32(), n, pool_);
+  if (accumulate)
+    for (size_t r = 0; r < n; ++r) {
+      float* o = out.row(static_cast<int64_t>(r));
+      ops::add(o, product_.data() + r * static_cast<size_t>(w.rows), o, static_cast<size_t>(w.rows));
+    }
 }
 
 void CpuDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) {
