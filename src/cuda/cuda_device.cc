@@ -290,14 +290,9 @@ CudaDevice::~CudaDevice() {
 // ------------------------------------------------------------------ what the model keeps
 
 Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
-  TQ_CHECK(!parts.empty(), "a matrix needs at least one part (", what, ")");
   DeviceMatrix m;
+  m.rows = stacked_rows(parts, what);
   m.cols = parts[0].cols;
-  for (const ops::WeightView& w : parts) {
-    w.validate(std::string(what).c_str());
-    TQ_CHECK(w.cols == m.cols, std::string(what), ": stacked matrices need the same columns, got ", w.cols, " and ", m.cols);
-    m.rows += w.rows;
-  }
   std::vector<uint16_t> bits(static_cast<size_t>(m.rows * m.cols));  // BF16 [rows][cols]
   std::vector<float> row(static_cast<size_t>(m.cols));                // [cols]
   int64_t at = 0;

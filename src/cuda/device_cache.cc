@@ -113,13 +113,7 @@ void PinnedStaging::upload(DeviceBuffer& dst, size_t bytes, void* stream, size_t
   if (bytes == 0) return;
   TQ_CHECK(bytes <= bytes_, "internal error: staged upload of ", bytes, " bytes from ", bytes_, " staged");
   dst.upload(host_, bytes, stream, dst_offset);
-  if (!done_) {
-    cudaEvent_t e;
-    TQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    done_ = e;
-  }
-  TQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), static_cast<cudaStream_t>(stream)));
-  pending_ = true;
+  mark_pending(stream);
 }
 
 void PinnedStaging::upload_pieces(DeviceBuffer& dst, const std::vector<Piece>& pieces, void* stream) {
@@ -128,6 +122,10 @@ void PinnedStaging::upload_pieces(DeviceBuffer& dst, const std::vector<Piece>& p
     TQ_CHECK(p.src_offset + p.bytes <= bytes_, "internal error: staged piece past the ", bytes_, " staged bytes");
     dst.upload(host_ + p.src_offset, p.bytes, stream, p.dst_offset);
   }
+  mark_pending(stream);
+}
+
+void PinnedStaging::mark_pending(void* stream) {
   if (!done_) {
     cudaEvent_t e;
     TQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -61,6 +61,7 @@ class PinnedStaging {
   void upload_pieces(DeviceBuffer& dst, const std::vector<Piece>& pieces, void* stream);
 
  private:
+  void mark_pending(void* stream);  // the staged bytes are in use until the stream passes this point
   uint8_t* host_ = nullptr;
   size_t bytes_ = 0;
   void* done_ = nullptr;  // cudaEvent_t of the last upload

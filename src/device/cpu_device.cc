@@ -38,15 +38,11 @@ CpuDevice::CpuDevice(int threads) : pool_(threads) {}
 std::string CpuDevice::name() const { return std::string("cpu (") + ops::simd_target_name() + ", " + std::to_string(pool_.size()) + " threads)"; }
 
 Linear CpuDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
-  TQ_CHECK(!parts.empty(), "a matrix needs at least one part (", what, ")");
   Linear l;
+  l.rows = stacked_rows(parts, what);
   l.cols = parts[0].cols;
-  for (const ops::WeightView& w : parts) {
-    w.validate(std::string(what).c_str());
-    TQ_CHECK(w.cols == l.cols, std::string(what), ": stacked matrices need the same columns, got ", w.cols, " and ", l.cols);
-    l.rows += w.rows;
+  for (const ops::WeightView& w : parts)
     weight_bytes_ += static_cast<int64_t>(w.rows) * static_cast<int64_t>(ops::storage_bytes(w.dtype, static_cast<size_t>(w.cols)));
-  }
   l.id = static_cast<int>(matrices_.size());
   matrices_.push_back({std::vector<ops::WeightView>(parts.begin(), parts.end())});
   return l;

@@ -27,6 +27,17 @@ float* Tensor::f32() const {
 
 float* Tensor::row(int64_t r) const { return f32() + r * stride; }
 
+int64_t stacked_rows(std::span<const ops::WeightView> parts, std::string_view what) {
+  TQ_CHECK(!parts.empty(), "a matrix needs at least one part (", what, ")");
+  int64_t rows = 0;
+  for (const ops::WeightView& w : parts) {
+    w.validate(std::string(what).c_str());
+    TQ_CHECK(w.cols == parts[0].cols, what, ": stacked matrices need the same columns, got ", w.cols, " and ", parts[0].cols);
+    rows += w.rows;
+  }
+  return rows;
+}
+
 bool StepLayout::decode_only() const {
   for (const StepSequence& s : sequences)
     if (s.n != 1) return false;

@@ -62,6 +62,10 @@ struct DeviceVector {  // float32 values: a norm weight, a bias, learned sinks
   bool empty() const { return id < 0; }
 };
 
+// The rows of parts stacked into one matrix, each part validated (ops::WeightView::validate) and of the
+// same columns; `what` names the matrix in messages. For Device::linear's implementations.
+int64_t stacked_rows(std::span<const ops::WeightView> parts, std::string_view what);
+
 // One sequence's share of a step: rows [row0, row0 + n) of the batch are its tokens at positions
 // pos0 .. pos0 + n - 1.
 struct StepSequence {

@@ -48,14 +48,16 @@ inline std::unique_ptr<Engine> make_engine(Model& model, const KVSettings& kv, i
   return std::make_unique<Engine>(model, o);
 }
 
-// The logits of every position of `tokens` fed to a new sequence of a fresh engine, in chunks of `chunk`.
-inline std::vector<float> alone_logits(Model& model, const KVSettings& kv, const std::vector<int32_t>& tokens, size_t chunk, int64_t ctx) {
+// The logits of every position of `tokens` fed to a new sequence of a fresh engine, in chunks of `chunk`
+// (the first chunk of `first_chunk` when that is given: a prompt, then tokens one by one).
+inline std::vector<float> alone_logits(Model& model, const KVSettings& kv, const std::vector<int32_t>& tokens, size_t chunk, int64_t ctx,
+                                       size_t first_chunk = 0) {
   auto engine = make_engine(model, kv, 1, ctx);
   const int seq = engine->add_sequence();
   const size_t V = static_cast<size_t>(model.vocab_size());
   std::vector<float> logits(tokens.size() * V);
   for (size_t done = 0; done < tokens.size();) {
-    const size_t n = std::min(chunk, tokens.size() - done);
+    const size_t n = std::min(done == 0 && first_chunk > 0 ? first_chunk : chunk, tokens.size() - done);
     const BatchEntry e{seq, std::span<const int32_t>(tokens.data() + done, n), -1, Logits::all};
     engine->forward({&e, 1});
     engine->read_logits(logits.data() + done * V);
@@ -114,18 +116,7 @@ inline double batch_vs_alone(Model& model, const KVSettings& kv, int sequences, 
   }
   double worst = 0;
   for (int i = 0; i < sequences; ++i) {
-    std::vector<float> alone(tokens[i].size() * static_cast<size_t>(V));
-    {
-      auto single = make_engine(model, kv, 1, ctx);
-      const int s = single->add_sequence();
-      for (size_t done = 0; done < tokens[i].size();) {
-        const size_t n = done == 0 ? static_cast<size_t>(prompt[i]) : 1;
-        const BatchEntry e{s, std::span<const int32_t>(tokens[i].data() + done, n), -1, Logits::all};
-        single->forward({&e, 1});
-        single->read_logits(alone.data() + done * V);
-        done += n;
-      }
-    }
+    const std::vector<float> alone = alone_logits(model, kv, tokens[i], 1, ctx, static_cast<size_t>(prompt[i]));
     for (size_t p = 0; p < tokens[i].size(); ++p)
       worst = std::max(worst, relative_error(batched[i].data() + p * V, alone.data() + p * V, V));
   }
