@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -117,12 +118,19 @@ class RopeTable {
   // double and rounded to float.
   void cos_sin(int64_t pos, float* cos, float* sin) const;
 
-  // Rotates x[heads][head_dim] in place for position pos (layout and dims from the config).
+  // Rotates x[heads][head_dim] in place for position pos (layout and dims from the config), with
+  // the angles of cos_sin. Those are computed once per position and kept (see rope.cc), for
+  // positions below kCachedPositions; safe to call from several threads at once.
   void apply(float* x, size_t heads, int64_t pos) const;
+  static constexpr int64_t kCachedPositions = 1 << 17;
 
  private:
+  struct CosSinCache;  // rope.cc
+  const float* cached_cos_sin(int64_t pos) const;
+
   RopeConfig config_;
   std::vector<float> inv_freq_;  // [rotary_dim / 2]
+  std::shared_ptr<CosSinCache> cache_;  // shared by copies of the table (same angles)
 };
 
 // Rotates the first rotary_dim dims of each head of x[heads][head_dim] in place with the given

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -213,6 +215,46 @@ TEST(Rope, Llama3ScalingMatchesHandComputedValues) {
   EXPECT_EQ(table.inv_freq()[63], plain.inv_freq()[63] / 8.0f);
   // The scaled frequencies still decrease monotonically.
   for (size_t j = 1; j < table.inv_freq().size(); ++j) EXPECT_LT(table.inv_freq()[j], table.inv_freq()[j - 1]);
+}
+
+// apply keeps the angles of the positions it has seen; the rotation must be the same as with
+// angles computed afresh, for cached positions (in any order, from several threads at once, and
+// through a copy of the table) and for positions past the cache.
+TEST(Rope, CachedAnglesGiveTheSameRotation) {
+  const RopeTable table(rope_config(128, 0, 500000.0));
+  const size_t heads = 2, dim = 128;
+  auto fresh = [&](const std::vector<float>& x, int64_t pos) {
+    std::vector<float> c(64), s(64), out = x;
+    table.cos_sin(pos, c.data(), s.data());
+    apply_rope(RopeLayout::rotate_half, out.data(), heads, dim, dim, c.data(), s.data());
+    return out;
+  };
+  const int64_t positions[] = {0, 1, 63, 64, 65, 1000, 999, RopeTable::kCachedPositions - 1,
+                               RopeTable::kCachedPositions, RopeTable::kCachedPositions + 12345};
+  const auto x = gaussian(heads * dim, 5);
+  for (int pass = 0; pass < 2; ++pass) {  // first computing the blocks, then reading them
+    for (const int64_t pos : positions) {
+      auto got = x;
+      table.apply(got.data(), heads, pos);
+      ASSERT_EQ(std::memcmp(got.data(), fresh(x, pos).data(), got.size() * 4), 0) << "pos " << pos << " pass " << pass;
+    }
+  }
+  const RopeTable copy = table;
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t pos = 3000 + t; pos < 6000; pos += 7) {
+        auto got = x;
+        (t % 2 ? copy : table).apply(got.data(), heads, pos);
+        if (std::memcmp(got.data(), fresh(x, pos).data(), got.size() * 4) != 0) mismatches.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  std::vector<float> y(heads * dim);
+  expect_error_mentions([&] { table.apply(y.data(), heads, -1); }, "position");
 }
 
 TEST(Rope, AnglesAreFloatProductsThenDoubleCosSin) {
