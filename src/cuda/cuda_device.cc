@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -163,6 +164,93 @@ void print_step_timeline(int grid) {
 }
 #endif
 
+// CudaDeviceOptions::op_profile: the GPU time of every operation of the decode steps, summed by operation
+// and shape. Each operation sits between two events; the step starts with a kernel that holds the stream
+// until the host has enqueued all of it, so that the operations run back to back as in a replay (without
+// it each would start when its own launch arrives, and the times would be the host's).
+class OpProfile {
+ public:
+  ~OpProfile() {
+    settle();
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  // Whether a decode step of `rows` rows is timed: not the first of its size, whose kernels are loaded
+  // (lazily) and whose cuBLAS choices are made as it runs.
+  bool times(int rows) { return !first_steps_.insert(rows).second; }
+  void begin_step(cudaStream_t stream) {
+    settle();
+    ++steps_;
+    ops_kernels::hold_stream(int64_t{20} * 1000 * 1000, stream);  // 20 ms: far more than enqueuing a step takes
+  }
+  // An operation's launches follow begin and precede end; bytes: what it must read (0: not counted).
+  int begin(std::string what, double bytes, cudaStream_t stream) {
+    Pending p{std::move(what), bytes, take(), take()};
+    TQ_CUDA_CHECK(cudaEventRecord(p.start, stream));
+    pending_.push_back(std::move(p));
+    return static_cast<int>(pending_.size()) - 1;
+  }
+  void end(int op, cudaStream_t stream) { TQ_CUDA_CHECK(cudaEventRecord(pending_.at(static_cast<size_t>(op)).stop, stream)); }
+  // Reads the finished step's events (the stream has been synchronized or is about to be).
+  void settle() {
+    for (Pending& p : pending_) {
+      TQ_CUDA_CHECK(cudaEventSynchronize(p.stop));
+      float ms = 0;
+      TQ_CUDA_CHECK(cudaEventElapsedTime(&ms, p.start, p.stop));
+      Total& t = totals_[p.what];
+      t.seconds += ms * 1e-3;
+      t.bytes += p.bytes;
+      ++t.calls;
+      free_.push_back(p.start);
+      free_.push_back(p.stop);
+    }
+    pending_.clear();
+  }
+  void print() {
+    settle();
+    if (steps_ == 0) return;
+    std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    double all = 0;
+    for (const auto& r : rows) all += r.second.seconds;
+    std::fprintf(stderr, "\nGPU time per decode step by operation (%lld steps, kernel by kernel, back to back): %.3f ms\n",
+                 static_cast<long long>(steps_), all / static_cast<double>(steps_) * 1e3);
+    std::fprintf(stderr, "  %-44s %10s %8s %10s %7s %10s\n", "operation", "ms/step", "share", "calls/step", "us/call", "GB/s");
+    for (const auto& [what, t] : rows) {
+      const double per_step = t.seconds / static_cast<double>(steps_);
+      std::fprintf(stderr, "  %-44s %10.4f %7.1f%% %10.1f %7.2f", what.c_str(), per_step * 1e3, 100.0 * t.seconds / all,
+                   static_cast<double>(t.calls) / static_cast<double>(steps_), t.seconds / static_cast<double>(t.calls) * 1e6);
+      if (t.bytes > 0) std::fprintf(stderr, " %10.1f", t.bytes / t.seconds * 1e-9);
+      std::fprintf(stderr, "\n");
+    }
+  }
+
+ private:
+  struct Pending {
+    std::string what;
+    double bytes = 0;
+    cudaEvent_t start = nullptr, stop = nullptr;
+  };
+  struct Total {
+    double seconds = 0, bytes = 0;
+    int64_t calls = 0;
+  };
+  cudaEvent_t take() {
+    if (free_.empty()) {
+      cudaEvent_t e = nullptr;
+      TQ_CUDA_CHECK(cudaEventCreate(&e));
+      return e;
+    }
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  std::vector<cudaEvent_t> free_;
+  std::vector<Pending> pending_;
+  std::map<std::string, Total> totals_;
+  int64_t steps_ = 0;
+  std::set<int> first_steps_;  // batch sizes whose first step has run
+};
+
 struct RopeOnDevice {
   DeviceBuffer inv_freq;  // F32 [rotary_dim / 2]
   int head_dim = 0, rotary_dim = 0;
@@ -256,6 +344,25 @@ class CudaDevice final : public Device {
   bool replay_pending_ = false;  // a replay's events not yet read
   Tensor logits_;
   DeviceBuffer argmax_out_;
+  std::unique_ptr<OpProfile> profile_;  // with CudaDeviceOptions::op_profile
+  bool profiling_step_ = false;         // this step's operations are timed
+
+  // Times one operation of a profiled step (a no-op otherwise).
+  class Timed {
+   public:
+    Timed(CudaDevice& d, const char* what, const std::string& shape = {}, double bytes = 0) : d_(d) {
+      if (d.profiling_step_ && d.launching()) op_ = d.profile_->begin(shape.empty() ? std::string(what) : std::string(what) + " " + shape, bytes, d.stream_);
+    }
+    ~Timed() {
+      if (op_ >= 0) d_.profile_->end(op_, d_.stream_);
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    CudaDevice& d_;
+    int op_ = -1;
+  };
 };
 
 CudaDevice::CudaDevice(const CudaDeviceOptions& options) : options_(options) {
@@ -276,9 +383,20 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& options) : options_(options) {
   // block of a grid that fills the GPU) and the append destinations per layer; it grows when needed.
   upload_.reserve(size_t{4} << 20);
   if (!options.graphs) stats_.eager_reason = "CUDA graphs switched off";
+  if (options.op_profile) {
+    profile_ = std::make_unique<OpProfile>();
+    stats_.eager_reason = "--cuda-op-profile: every operation timed";
+  }
 }
 
 CudaDevice::~CudaDevice() {
+  if (profile_) {
+    try {
+      profile_->print();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "the operation profile could not be read: %s\n", e.what());
+    }
+  }
   for (auto& [rows, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
   if (replay_begin_) cudaEventDestroy(replay_begin_);
@@ -413,7 +531,8 @@ void CudaDevice::run_step(const StepLayout& step, const std::function<void()>& f
   if (replay_pending_) wait_and_settle();
 
   const bool decode = step.decode_only();
-  const bool replay = options_.graphs && decode && *standard_caches_ == 0;
+  const bool replay = options_.graphs && !profile_ && decode && *standard_caches_ == 0;
+  profiling_step_ = profile_ && decode && profile_->times(step.rows());
   arena_.reset();
   conversions_.clear();
   upload_.begin();
@@ -426,7 +545,9 @@ void CudaDevice::run_step(const StepLayout& step, const std::function<void()>& f
     pass_ = Pass::eager;
     take_step_inputs();
     upload_.upload(stream_);
+    if (profiling_step_) profile_->begin_step(stream_);
     forward();
+    profiling_step_ = false;
     return;
   }
   // Plan the step (host work; nothing is launched), then replay the graph recorded for this batch size,
@@ -507,6 +628,7 @@ void CudaDevice::embed(const Linear& table, const Tensor& out) {
   TQ_CHECK(out.type == ActType::f32 && out.cols == m.cols && out.rows == step().rows(), "embedding of ", step().rows(), " tokens into ",
            out.rows, " x ", out.cols);
   note_tensor(out);
+  Timed timed(*this, "embed");
   if (launching())
     ops_kernels::embed(m.data.as<uint16_t>(), tokens_dev_, step().rows(), static_cast<int>(m.cols), out.f32(), out.stride, stream_);
 }
@@ -516,6 +638,7 @@ void CudaDevice::rms_norm(const Tensor& x, const DeviceVector& w, float eps, con
            x.cols, " values by a weight of ", w.size);
   note_tensor(x);
   note_tensor(out);
+  Timed timed(*this, "rms_norm", out.type == ActType::bf16 ? "to bf16" : "");
   if (launching())
     ops_kernels::rms_norm(x.f32(), x.stride, vectors_.at(static_cast<size_t>(w.id)).as<float>(), eps, x.rows, static_cast<int>(x.cols / w.size),
                           static_cast<int>(w.size), out.data, out.stride, out.type == ActType::bf16, stream_);
@@ -528,12 +651,16 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   TQ_CHECK(bias.empty() || bias.size == m.rows, "a bias of ", bias.size, " values for a matrix of ", m.rows, " rows");
   if (x.rows == 0) return;
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).as<float>();
+  const std::string shape = profiling_step_ ? std::to_string(m.rows) + "x" + std::to_string(m.cols) + " n=" + std::to_string(x.rows) : std::string();
+  const double weight_bytes = static_cast<double>(m.rows * m.cols * 2);
   // A decode step's few rows: the weights streamed once by our own kernel, which reads the float32 or BF16
   // input as it is (with cuBLAS's GEMMs the 8B shape's decode step reached 58% of the H200's bandwidth bound).
-  if (ops_kernels::small_batch_product_fits(m.data.as<uint16_t>(), m.rows, m.cols, x.data, x.type == ActType::bf16, x.stride,
+  if (x.rows <= ops_kernels::kSmallBatchProductBest &&
+      ops_kernels::small_batch_product_fits(m.data.as<uint16_t>(), m.rows, m.cols, x.data, x.type == ActType::bf16, x.stride,
                                             static_cast<int>(x.rows))) {
     note_tensor(x);
     note_tensor(out);
+    Timed timed(*this, "matmul (small batch)", shape, weight_bytes);
     if (launching())
       ops_kernels::small_batch_product(m.data.as<uint16_t>(), m.rows, m.cols, x.data, x.type == ActType::bf16, x.stride,
                                        static_cast<int>(x.rows), out.f32(), out.stride, b, accumulate, stream_);
@@ -541,6 +668,7 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   }
   // The GEMM reads BF16: a float32 input is rounded first, into scratch that every product of the step
   // with an input of this size shares (they run one after another on the stream).
+  Timed timed(*this, "matmul (cuBLAS)", shape, weight_bytes);
   Tensor in = x;
   if (x.type == ActType::f32) {
     Tensor& shared = conversions_[{x.rows, x.cols}];
@@ -551,9 +679,9 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   note_tensor(x);
   note_tensor(in);
   note_tensor(out);
-  if (!launching()) return;
   // out[n][rows] = in[n][cols] . W^T (+ out): cuBLAS in column-major terms computes out^T (rows x n) =
   // W (stored as the column-major cols x rows matrix, transposed) . in^T; beta = 1 adds the product to out.
+  if (!launching()) return;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   TQ_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m.rows), static_cast<int>(x.rows), static_cast<int>(m.cols),
                                &alpha, m.data.get(), CUDA_R_16BF, static_cast<int>(m.cols), in.data, CUDA_R_16BF, static_cast<int>(in.stride),
@@ -568,6 +696,7 @@ void CudaDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, 
            "RoPE over rows of ", q.cols, " and ", k.cols, " values as heads of ", r.head_dim);
   note_tensor(q);
   note_tensor(k);
+  Timed timed(*this, "rope");
   if (launching())
     ops_kernels::rope(q.f32(), q.stride, q_heads, k.f32(), k.stride, k_heads, static_cast<int>(q.rows), r.head_dim, r.rotary_dim, r.interleaved,
                       r.inv_freq.as<float>(), positions_dev_, stream_);
@@ -579,6 +708,7 @@ void CudaDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out)
   note_tensor(gate);
   note_tensor(up);
   note_tensor(out);
+  Timed timed(*this, "swiglu");
   if (launching())
     ops_kernels::swiglu(gate.f32(), gate.stride, up.f32(), up.stride, gate.rows, static_cast<int>(gate.cols), out.data, out.stride,
                         out.type == ActType::bf16, stream_);
@@ -598,6 +728,7 @@ void CudaDevice::append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) 
     c.step_append = p;
     note(p);
   } else {
+    Timed timed(*this, "append_kv", c.cache.describe());
     c.cache.launch_append(p, stream_);
   }
 }
@@ -628,6 +759,7 @@ void CudaDevice::attention(const LayerCache& cache, const Tensor& q, const Tenso
     signature_ += c.step_attention.launch_signature();
   } else {
     c.eager_attention.plan(c.cache, requests, params, path, stream_);
+    Timed timed(*this, path == AttentionPath::fused ? "attention (fused)" : "attention (standard)", c.cache.describe());
     c.eager_attention.run(stream_);
   }
 }
@@ -637,6 +769,7 @@ void CudaDevice::gather_output_rows(const Tensor& x, const Tensor& out) {
   TQ_CHECK(out.rows == n && out.cols == x.cols && x.type == ActType::f32 && out.type == ActType::f32, "gathering ", n, " rows into ", out.rows);
   note_tensor(x);
   note_tensor(out);
+  Timed timed(*this, "gather_output_rows");
   if (launching()) ops_kernels::gather_rows(x.f32(), x.stride, output_rows_dev_, n, static_cast<int>(x.cols), out.f32(), out.stride, stream_);
 }
 

@@ -32,6 +32,10 @@ struct CudaDeviceOptions {
   // Diagnostics builds (-DTQ_ATTN_TIMELINE): print the last layer's timeline of the decode step at this
   // position (-1: none).
   int timeline_position = -1;
+  // Diagnostics: decode steps run kernel by kernel with an event around every operation, and the GPU time
+  // of each (by operation and shape, with the weights' bandwidth for products) is printed to stderr when
+  // the device goes away. Slower steps; the operations' times are those of a replay.
+  bool op_profile = false;
 };
 
 // Throws tq::Error when no CUDA device can be used (naming why).

@@ -63,7 +63,7 @@ struct GpuModel {
 
 // The decode step's small-batch product against a double-precision reference of the same BF16 weights
 // (and BF16 or float inputs): every row count it takes, a partial last warp of rows, columns that end in
-// mid-unroll, with and without bias and accumulation.
+// mid-unroll, with and without bias and accumulation, in each tiling (1, 2 and 4 rows per warp).
 TEST(GpuOps, SmallBatchProductMatchesADoubleReference) {
   TQ_REQUIRE_GPU();
   const int rows = 101, cols = 4096 + 24;
@@ -89,12 +89,14 @@ TEST(GpuOps, SmallBatchProductMatchesADoubleReference) {
       dx.upload(x.data(), x.size() * 4);
     }
     for (int n = 1; n <= ops_kernels::kMaxProductRows; ++n) {
+      for (const int rows_per_warp : {1, 2, 4}) {
       for (const bool with_bias : {false, true}) {
         for (const bool accumulate : {false, true}) {
+          if (rows_per_warp != 2 && with_bias != accumulate) continue;  // the tilings differ in the loop, not the epilogue
           ASSERT_TRUE(ops_kernels::small_batch_product_fits(dw.as<uint16_t>(), rows, cols, dx.get(), x_bf16, cols, n));
           dy.upload(base.data(), base.size() * 4);
           ops_kernels::small_batch_product(dw.as<uint16_t>(), rows, cols, dx.get(), x_bf16, cols, n, dy.as<float>(), rows,
-                                           with_bias ? db.as<float>() : nullptr, accumulate, nullptr);
+                                           with_bias ? db.as<float>() : nullptr, accumulate, nullptr, rows_per_warp);
           std::vector<float> y(base.size());
           TQ_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
           double max_ref = 0, max_diff = 0;
@@ -106,16 +108,62 @@ TEST(GpuOps, SmallBatchProductMatchesADoubleReference) {
               max_ref = std::max(max_ref, std::fabs(ref));
               max_diff = std::max(max_diff, std::fabs(ref - y[static_cast<size_t>(t) * rows + r]));
             }
-          EXPECT_LT(max_diff / max_ref, 1e-5) << "n " << n << (x_bf16 ? " bf16" : " f32") << " bias " << with_bias << " acc " << accumulate;
+          EXPECT_LT(max_diff / max_ref, 1e-5) << "n " << n << (x_bf16 ? " bf16" : " f32") << " bias " << with_bias << " acc " << accumulate
+                                              << " rows/warp " << rows_per_warp;
           // Rows past n are untouched.
           for (size_t i = static_cast<size_t>(n) * rows; i < y.size(); ++i) ASSERT_EQ(y[i], base[i]) << "row " << i / rows << " written";
         }
+      }
       }
     }
   }
   // Misaligned inputs are not taken (the general GEMM runs instead).
   EXPECT_FALSE(ops_kernels::small_batch_product_fits(dw.as<uint16_t>(), rows, cols, dx.as<uint8_t>() + 4, false, cols, 1));
   EXPECT_FALSE(ops_kernels::small_batch_product_fits(dw.as<uint16_t>(), rows, cols, dx.get(), false, cols, ops_kernels::kMaxProductRows + 1));
+}
+
+// The device's product of more rows than it gives the small-batch kernel (cuBLAS, with the bias added
+// after and accumulation as beta = 1), against a double reference of the BF16 weights and the BF16-rounded
+// input (the GEMM's), with bias, with and without accumulation.
+TEST(GpuOps, DeviceProductOfManyRowsMatchesADoubleReference) {
+  TQ_REQUIRE_GPU();
+  auto device = cuda::make_cuda_device();
+  SplitMix64 rng(23);
+  for (const int64_t rows : {300, 4096}) {
+    const int64_t cols = 4096;
+    std::vector<uint16_t> w(static_cast<size_t>(rows * cols));  // BF16 [rows][cols]
+    for (auto& v : w) v = f32_to_bf16_bits(static_cast<float>(rng.normal()));
+    const ops::WeightView view = ops::WeightView::dense(ops::DType::BF16, w.data(), rows, cols);
+    const Linear lin = device->linear(std::span<const ops::WeightView>(&view, 1), "test matrix");
+    std::vector<float> bias(static_cast<size_t>(rows));
+    for (auto& v : bias) v = static_cast<float>(rng.normal());
+    const DeviceVector dbias = device->vector(bias);
+    for (const int64_t n : {3, 16, 64}) {
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> x(static_cast<size_t>(n * cols)), base(static_cast<size_t>(n * rows));  // [n][cols], [n][rows]
+        for (auto& v : x) v = static_cast<float>(rng.normal());
+        for (auto& v : base) v = static_cast<float>(rng.normal());
+        const Tensor dx = device->scratch(n, cols), dy = device->scratch(n, rows);
+        TQ_CUDA_CHECK(cudaMemcpy(dx.data, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        TQ_CUDA_CHECK(cudaMemcpy(dy.data, base.data(), base.size() * 4, cudaMemcpyHostToDevice));
+        device->matmul(lin, dx, dy, dbias, accumulate);
+        std::vector<float> y(base.size());
+        TQ_CUDA_CHECK(cudaDeviceSynchronize());
+        TQ_CUDA_CHECK(cudaMemcpy(y.data(), dy.data, y.size() * 4, cudaMemcpyDeviceToHost));
+        double max_ref = 0, max_diff = 0;
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t r = 0; r < rows; r += rows > 1000 ? 7 : 1) {  // every 7th row of the tall matrix: enough, and quick
+            double ref = (accumulate ? base[static_cast<size_t>(t * rows + r)] : 0.0) + bias[static_cast<size_t>(r)];
+            for (int64_t k = 0; k < cols; ++k)
+              ref += static_cast<double>(bf16_bits_to_f32(w[static_cast<size_t>(r * cols + k)])) *
+                     bf16_bits_to_f32(f32_to_bf16_bits(x[static_cast<size_t>(t * cols + k)]));
+            max_ref = std::max(max_ref, std::fabs(ref));
+            max_diff = std::max(max_diff, std::fabs(ref - y[static_cast<size_t>(t * rows + r)]));
+          }
+        EXPECT_LT(max_diff / max_ref, 1e-5) << rows << " rows, " << n << " inputs, accumulate " << accumulate;
+      }
+    }
+  }
 }
 
 // Golden logits of transformers for the tiny models of every architecture with GPU head dimensions:

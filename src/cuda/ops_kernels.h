@@ -29,12 +29,22 @@ void rope(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, i
 // Small-batch matrix product, the decode step's: y[t][r] = sum_k W[r][k] x[t][k] (+ bias[r]) (+ y[t][r] when
 // accumulate), for t < n <= kMaxProductRows, W BF16 [rows][cols] (row-major, cols a multiple of 8, rows 16-byte
 // aligned), x float (x_bf16 false) or BF16 rows x_stride elements apart (16-byte aligned), y float. Reads W once
-// with 16-byte loads, every warp two rows; FP32 products and sums. small_batch_product_fits says whether it takes
+// with 16-byte loads, every warp one, two or four rows; FP32 products and sums. small_batch_product_fits says whether it takes
 // the shapes (else a general GEMM runs).
 inline constexpr int kMaxProductRows = 8;
+// Up to how many input rows the device takes this kernel rather than cuBLAS: from 3 or 4 rows on, cuBLAS's
+// GEMM reads the weights as fast or faster (tq-product-bench on the H200, the 8B shape's matrices).
+inline constexpr int kSmallBatchProductBest = 2;
 bool small_batch_product_fits(const uint16_t* w, int64_t rows, int64_t cols, const void* x, bool x_bf16, int64_t x_stride, int n);
+// rows_per_warp: the tiling, 1, 2 or 4 rows of W per warp (0: small_batch_product_rows_per_warp's choice;
+// the others are for the benchmark that made that choice, tq-product-bench).
 void small_batch_product(const uint16_t* w, int64_t rows, int64_t cols, const void* x, bool x_bf16, int64_t x_stride, int n, float* y,
-                         int64_t y_stride, const float* bias, bool accumulate, void* stream);
+                         int64_t y_stride, const float* bias, bool accumulate, void* stream, int rows_per_warp = 0);
+int small_batch_product_rows_per_warp(int64_t rows, int64_t cols, int n);
+
+// One thread that spins for `nanoseconds` of the GPU's clock: diagnostics that hold a stream back while the
+// host enqueues what follows, so that it then runs back to back.
+void hold_stream(int64_t nanoseconds, void* stream);
 
 // out[i] = x[rows[i]], i < n (rows: device [n]).
 void gather_rows(const float* x, int64_t x_stride, const int32_t* rows, int n, int cols, float* out, int64_t out_stride, void* stream);

@@ -5,6 +5,7 @@
 //   --no-attn-overlap           start each layer's attention after its append has finished
 //   --attn-min-tiles N          the GPU attention planner's fewest 16-token tiles per work item
 //   --cuda-timeline POS         diagnostics builds (-DTQ_ATTN_TIMELINE): the decode step at POS prints its timeline
+//   --cuda-op-profile           the GPU time of every operation of the decode steps, printed at the end
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -25,6 +26,7 @@ struct DeviceFlags {
   bool no_attn_overlap = false;
   int attn_min_tiles = 0;
   int timeline_position = -1;
+  bool op_profile = false;
 };
 
 inline void add_device_flags(CLI::App& app, DeviceFlags& f) {
@@ -36,13 +38,15 @@ inline void add_device_flags(CLI::App& app, DeviceFlags& f) {
   app.add_option("--cuda-timeline", f.timeline_position,
                  "--device cuda, diagnostics builds (-DTQ_ATTN_TIMELINE): print the timeline of the decode step at this position")
       ->check(CLI::Range(-1, 1 << 30));
+  app.add_flag("--cuda-op-profile", f.op_profile,
+               "--device cuda: time every operation of the decode steps (kernel by kernel) and print the table at the end");
 }
 
 // The device the flags ask for; `threads` for the CPU. `tool` names the program in messages.
 inline std::unique_ptr<Device> make_device(const DeviceFlags& f, int threads, const char* tool) {
   if (f.device == "cpu") {
-    TQ_CHECK(!f.no_cuda_graph && !f.no_attn_overlap && f.attn_min_tiles == 0 && f.timeline_position < 0,
-             "--no-cuda-graph, --no-attn-overlap, --attn-min-tiles and --cuda-timeline are options of --device cuda");
+    TQ_CHECK(!f.no_cuda_graph && !f.no_attn_overlap && f.attn_min_tiles == 0 && f.timeline_position < 0 && !f.op_profile,
+             "--no-cuda-graph, --no-attn-overlap, --attn-min-tiles, --cuda-timeline and --cuda-op-profile are options of --device cuda");
     return std::make_unique<CpuDevice>(threads);
   }
 #ifdef TQ_HAVE_CUDA_MODEL
@@ -51,6 +55,7 @@ inline std::unique_ptr<Device> make_device(const DeviceFlags& f, int threads, co
   o.overlap_append = !f.no_attn_overlap;
   o.attention_min_tiles = f.attn_min_tiles;
   o.timeline_position = f.timeline_position;
+  o.op_profile = f.op_profile;
   return cuda::make_cuda_device(o);
 #else
   fail("--device cuda: this ", tool, " was built without the CUDA backend (configure with -DTQ_CUDA=ON where nvcc is found)");
