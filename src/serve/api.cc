@@ -109,7 +109,8 @@ std::string message_content(const json& content, const std::string& where) {
     const json* type = field(part, "type");
     if (!type || !type->is_string()) bad_request(at + ".type", "invalid_type", "'" + at + ".type' must be a string");
     if (type->get<std::string>() != "text")
-      bad_request(at + ".type", "invalid_value", "content parts of type '" + type->get<std::string>() + "' are not supported (only 'text')");
+      bad_request(at + ".type", "invalid_value",
+                  "'" + at + ".type' is '" + type->get<std::string>() + "': only 'text' content parts are supported");
     const json* t = field(part, "text");
     if (!t || !t->is_string()) bad_request(at + ".text", "invalid_type", "'" + at + ".text' must be a string");
     text += t->get<std::string>();

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -66,6 +67,8 @@ Server::Server(ServerOptions options) : options_(std::move(options)), http_(std:
   const int threads = options_.http_threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_read_timeout(options_.timeout_seconds, 0);
+  // An idle keep-alive connection is a read too: it waits no longer than --timeout (httplib's 5 s at most).
+  http_->set_keep_alive_timeout(std::min(options_.timeout_seconds, 5));
   http_->set_write_timeout(options_.timeout_seconds, 0);
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_tcp_nodelay(true);  // SSE events are small; do not wait to fill packets
