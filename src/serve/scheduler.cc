@@ -67,25 +67,33 @@ void Job::emit(std::string text, std::optional<TokenOut> token) {
 void Job::finish(const std::string& reason, int error_status, const std::string& error) {
   finished_ = true;
   const auto now = clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  usage_.prompt_tokens = prompt_len_;
+  usage_.completion_tokens = generated_;
+  usage_.cached_tokens = cached_n_;
+  timings_.prompt_n = prompt_len_ - cached_n_;
+  timings_.cached_n = cached_n_;
+  timings_.predicted_n = generated_;
+  if (admitted_once_) {
+    timings_.queued_ms = ms_between(arrival_, admitted_);
+    timings_.prompt_ms = ms_between(admitted_, have_token_ ? first_token_ : now);
+    timings_.predicted_ms = have_token_ ? ms_between(first_token_, last_token_) : 0.0;
+  } else {
+    timings_.queued_ms = ms_between(arrival_, now);
+  }
+  end_.done = true;
+  end_.finish_reason = reason;
+  end_.error_status = error_status;
+  end_.error = error;
+}
+
+void Job::deliver() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    usage_.prompt_tokens = prompt_len_;
-    usage_.completion_tokens = generated_;
-    usage_.cached_tokens = cached_n_;
-    timings_.prompt_n = prompt_len_ - cached_n_;
-    timings_.cached_n = cached_n_;
-    timings_.predicted_n = generated_;
-    if (admitted_once_) {
-      timings_.queued_ms = ms_between(arrival_, admitted_);
-      timings_.prompt_ms = ms_between(admitted_, have_token_ ? first_token_ : now);
-      timings_.predicted_ms = have_token_ ? ms_between(first_token_, last_token_) : 0.0;
-    } else {
-      timings_.queued_ms = ms_between(arrival_, now);
-    }
     out_.done = true;
-    out_.finish_reason = reason;
-    out_.error_status = error_status;
-    out_.error = error;
+    out_.finish_reason = end_.finish_reason;
+    out_.error_status = end_.error_status;
+    out_.error = end_.error;
   }
   cv_.notify_all();
 }
@@ -196,13 +204,21 @@ void Scheduler::run() {
       for (auto& j : running_) {
         release(*j, /*keep_prefix=*/false);
         metrics_.failed++;
-        j->finish("", 500, std::string("internal error: ") + e.what());
+        close(*j, "", 500, std::string("internal error: ") + e.what());
       }
       running_.clear();
     }
     publish();
+    // Answers go out once the gauges show their blocks freed (what a client sees, /metrics agrees with).
+    for (auto& j : closing_) j->deliver();
+    closing_.clear();
   }
   fail_all(503, "the server is shutting down");
+}
+
+void Scheduler::close(Job& job, const std::string& reason, int error_status, const std::string& error) {
+  job.finish(reason, error_status, error);
+  closing_.push_back(job.shared_from_this());
 }
 
 void Scheduler::fail_all(int status, const std::string& message) {
@@ -217,7 +233,10 @@ void Scheduler::fail_all(int status, const std::string& message) {
     if (j->seq_ >= 0 && engine_.has_sequence(j->seq_)) engine_.remove_sequence(j->seq_);
     j->seq_ = -1;
     j->finish("", status, message);
+    j->deliver();
   }
+  for (auto& j : closing_) j->deliver();
+  closing_.clear();
   waiting_.clear();
   running_.clear();
 }
@@ -226,7 +245,7 @@ void Scheduler::drop_cancelled() {
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if ((*it)->cancelled()) {
       metrics_.cancelled++;
-      (*it)->finish("", 499, "cancelled");
+      close(**it, "", 499, "cancelled");
       it = waiting_.erase(it);
     } else {
       ++it;
@@ -236,7 +255,7 @@ void Scheduler::drop_cancelled() {
     if ((*it)->cancelled()) {
       release(**it, /*keep_prefix=*/false);
       metrics_.cancelled++;
-      (*it)->finish("", 499, "cancelled");
+      close(**it, "", 499, "cancelled");
       it = running_.erase(it);
     } else {
       ++it;
@@ -477,7 +496,7 @@ void Scheduler::complete(Job& job, const std::string& reason) {
   }
   release(job, /*keep_prefix=*/true);
   metrics_.e2e.observe(std::chrono::duration<double>(Job::clock::now() - job.arrival_).count());
-  job.finish(reason == "stop string" ? "stop" : reason);
+  close(job, reason == "stop string" ? "stop" : reason);
 }
 
 void Scheduler::release(Job& job, bool keep_prefix) {

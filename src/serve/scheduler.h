@@ -76,7 +76,7 @@ struct JobOutput {
 
 class Scheduler;
 
-class Job {
+class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(JobSpec spec, const Tokenizer& tokenizer);
   // Waits up to `wait` for output and takes what came (empty when nothing did).
@@ -92,12 +92,15 @@ class Job {
   friend class Scheduler;
   using clock = std::chrono::steady_clock;
   void emit(std::string text, std::optional<TokenOut> token);
+  // The request ends (the scheduler thread): usage and timings are final; deliver() then tells the handler.
   void finish(const std::string& reason, int error_status = 0, const std::string& error = "");
+  void deliver();
 
   // ---- shared with the handler (under mu_)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   JobOutput out_;  // what the handler has not taken yet
+  JobOutput end_;  // how it ended (finish() -> deliver())
   Usage usage_;
   Timings timings_;
   std::atomic<bool> cancelled_{false};
@@ -162,6 +165,8 @@ class Scheduler {
   void complete(Job& job, const std::string& reason);
   void release(Job& job, bool keep_prefix);
   void fail_all(int status, const std::string& message);
+  // Ends a request; the handler hears of it after the step's gauges are published.
+  void close(Job& job, const std::string& reason, int error_status = 0, const std::string& error = "");
   void publish();
 
   Engine& engine_;
@@ -183,6 +188,7 @@ class Scheduler {
   // the scheduler thread's
   std::deque<std::shared_ptr<Job>> waiting_;
   std::vector<std::shared_ptr<Job>> running_;  // in admission order
+  std::vector<std::shared_ptr<Job>> closing_;  // ended this step, not yet delivered
   int64_t steps_ = 0;
   std::thread thread_;
 };

@@ -19,6 +19,22 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
+}  // namespace
+
+// httplib::Server with its listening socket in reach: httplib 0.11 (Debian 12) listens with a backlog of
+// 5 connections, and a burst of clients (32 at once in the tests, 64 streams in the load test) overflows
+// it: the kernel drops the handshakes it has no room for, and some clients saw their connection reset.
+// Listening again on the bound socket raises the backlog (Linux updates it in place).
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog() {
+    const socket_t fd = svr_sock_;
+    TQ_CHECK(fd != INVALID_SOCKET && ::listen(fd, SOMAXCONN) == 0, "cannot raise the listen backlog of the server socket");
+  }
+};
+
+namespace {
+
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(dump(body), "application/json");
@@ -58,7 +74,7 @@ struct StreamState {
 
 }  // namespace
 
-Server::Server(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+Server::Server(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<HttpServer>()) {
   TQ_CHECK(options_.parallel >= 1 && options_.parallel <= 4096, "--parallel must be in 1..4096, got ", options_.parallel);
   TQ_CHECK(options_.batch_tokens >= 1, "--batch-tokens must be at least 1, got ", options_.batch_tokens);
   TQ_CHECK(options_.timeout_seconds >= 1, "--timeout must be at least 1 second, got ", options_.timeout_seconds);
@@ -86,6 +102,7 @@ int Server::bind() {
              " (in use, or not an address of this machine)");
     port_ = options_.port;
   }
+  http_->raise_backlog();
   return port_;
 }
 

@@ -25,15 +25,14 @@
 #include "serve/scheduler.h"
 #include "text/tokenizer.h"
 
-namespace httplib {
-class Server;
-}
 
 namespace tq {
 class ChatTemplate;
 }
 
 namespace tq::serve {
+
+class HttpServer;  // httplib::Server (server.cc)
 
 struct ServerOptions {
   std::string model_path;             // a folder or a .gguf file
@@ -88,7 +87,7 @@ class Server {
   void routes();
 
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   int port_ = 0;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
