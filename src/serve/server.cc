@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "chat/chat_template.h"
 #include "core/error.h"
@@ -106,13 +107,22 @@ int Server::bind() {
   return port_;
 }
 
-void Server::listen() { http_->listen_after_bind(); }
+void Server::listen() {
+  listen_state_ = 1;
+  if (!stopping_) http_->listen_after_bind();
+  listen_state_ = 2;
+}
 
 void Server::stop() {
   if (stopping_.exchange(true)) return;
-  // Open requests first (their handlers return), then the listener.
+  // Open requests first (their handlers return), then the listener. httplib's stop() acts only on an
+  // accept loop that already runs: repeat until a loop that was started has ended.
   if (scheduler_) scheduler_->stop();
   http_->stop();
+  while (listen_state_ == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    http_->stop();
+  }
 }
 
 void Server::load(std::unique_ptr<Device> device) {

@@ -91,6 +91,7 @@ class Server {
   int port_ = 0;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<int> listen_state_{0};  // 0: listen() not called, 1: serving, 2: returned
 
   Metrics metrics_;
   std::unique_ptr<Device> device_;

@@ -137,10 +137,9 @@ int main(int argc, char** argv) {
       http.join();
       return 1;
     }
-    std::fprintf(stderr, "turboquant-serve: ready: model %s on %s, KV %s%s, context %lld, parallel %d, batch %d tokens, prefix cache %s\n",
+    std::fprintf(stderr, "turboquant-serve: ready: model %s on %s, KV %s, context %lld, parallel %d, batch %d tokens, prefix cache %s\n",
                  server.model_name().c_str(), server.engine().model().device().name().c_str(), o.kv.describe().c_str(),
-                 o.kv.fused ? " (fused)" : "", static_cast<long long>(server.engine().ctx_size()), o.parallel, o.batch_tokens,
-                 o.prefix_cache ? "on" : "off");
+                 static_cast<long long>(server.engine().ctx_size()), o.parallel, o.batch_tokens, o.prefix_cache ? "on" : "off");
     http.join();
     return 0;
   } catch (const std::exception& e) {
