@@ -9,6 +9,9 @@ namespace tq::serve {
 
 namespace {
 
+// Prompt tokens a step takes at least when decode tokens fill its budget.
+constexpr int kMinPromptTokens = 16;
+
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -300,10 +303,16 @@ Scheduler::Admission Scheduler::try_admit(Job& job) {
   if (m.entry >= 0) {
     cache_.touch(m.entry);
     seq = engine_.fork_sequence(cache_.seq_of(m.entry));
-    engine_.truncate(seq, m.length);
-  } else {
-    seq = engine_.add_sequence();
+    try {
+      engine_.truncate(seq, m.length);
+    } catch (const Error&) {
+      // A cache that cannot go back that far (a sliding window): no reuse.
+      engine_.remove_sequence(seq);
+      seq = -1;
+      m = PrefixCache::Match{};
+    }
   }
+  if (seq < 0) seq = engine_.add_sequence();
   // Room for this prompt beside the prompts already admitted (decoding sequences grow a block at a
   // time; step() makes room for them).
   std::vector<SequenceGrowth> growth;
@@ -358,6 +367,8 @@ std::vector<Scheduler::Planned> Scheduler::plan_step() const {
       plan.push_back({j, 1});
       --budget;
     }
+  // Prompts always get some room, however many sequences decode (they would wait for all to finish).
+  budget = std::max(budget, std::min(options_.batch_tokens, kMinPromptTokens));
   for (const auto& j : running_) {
     const int left = static_cast<int>(j->tokens_.size()) - j->fed_;
     if (left <= 1 || budget <= 0) continue;
