@@ -426,7 +426,9 @@ void Server::routes() {
               }
             }
             JobOutput o = st->job->next(std::chrono::milliseconds(250));
-            if (!o.text.empty() || !o.tokens.empty()) {
+            // Tokens whose text is held back (part of a character, a possible stop string) make a chunk
+            // only when their logprobs are asked for.
+            if (!o.text.empty() || (st->logprobs >= 0 && !o.tokens.empty())) {
               json lp = nullptr;
               if (st->logprobs >= 0) {
                 const auto reps = reports(o.tokens);
