@@ -150,17 +150,18 @@ void Scheduler::wake() {
 
 std::shared_ptr<Job> Scheduler::submit(JobSpec spec) {
   const int64_t n = static_cast<int64_t>(spec.prompt.size());
-  if (n == 0) bad_request("prompt", "invalid_value", "the prompt is empty (no tokens)");
+  const std::string& field = spec.prompt_field;
+  if (n == 0) bad_request(field, "invalid_value", "the prompt is empty (no tokens)");
   if (n >= ctx_)
-    bad_request("messages", "context_length_exceeded",
+    bad_request(field, "context_length_exceeded",
                 "the prompt has " + std::to_string(n) + " tokens, but the context size (--ctx-size) is " + std::to_string(ctx_) +
                     " tokens, which must hold the prompt and at least one generated token");
   if (pool_positions_ > 0 && n + 1 > pool_positions_)
-    bad_request("messages", "context_length_exceeded",
+    bad_request(field, "context_length_exceeded",
                 "the prompt has " + std::to_string(n) + " tokens, but the KV pool holds at most " + std::to_string(pool_positions_) +
                     " positions of one sequence (--kv-pool-mb)");
   for (int32_t t : spec.prompt)
-    if (t < 0 || t >= vocab_) bad_request("prompt", "invalid_value", "token id " + std::to_string(t) + " is outside the vocabulary");
+    if (t < 0 || t >= vocab_) bad_request(field, "invalid_value", "token id " + std::to_string(t) + " is outside the vocabulary");
   if (spec.max_tokens < 1) bad_request("max_tokens", "invalid_value", "max_tokens must be at least 1");
   auto job = std::make_shared<Job>(std::move(spec), tokenizer_);
   job->scheduler_ = this;

@@ -56,6 +56,7 @@ struct JobSpec {
   std::vector<std::string> stop;
   int logprobs = -1;             // -1: none; else alternatives per token
   bool text_start = false;       // the output starts a text (chat: drop a SentencePiece leading space)
+  std::string prompt_field = "prompt";  // the request field errors about the prompt name ("messages" in chat)
 };
 
 // One generated token.

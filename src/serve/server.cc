@@ -350,6 +350,7 @@ void Server::routes() {
         eo.add_special_tokens = false;  // the template writes BOS itself, as transformers does
         spec.prompt = tokenizer_->encode(text, eo);
         spec.text_start = true;
+        spec.prompt_field = "messages";
       } else if (r.prompt_is_tokens) {
         spec.prompt = r.prompt_tokens;
       } else {

@@ -339,6 +339,8 @@ TEST(Serve, BadRequestsAreRefusedAndTheServerGoesOn) {
   const std::string msg = json::parse(r->body)["error"]["message"];
   EXPECT_NE(msg.find("200"), std::string::npos) << msg;
   EXPECT_NE(msg.find("128"), std::string::npos) << msg;
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "prompt");
   // A body over the limit.
   r = c->Post("/v1/completions", dump(json{{"prompt", std::string(10000, 'a')}}), "application/json");
   ASSERT_TRUE(r);
@@ -447,6 +449,7 @@ TEST(Serve, AFullKvPoolQueuesRequestsAndEveryOneIsAnsweredExactly) {
   for (const json& r : requests) futures.push_back(std::async(std::launch::async, [&s, r] { return post(s, "/v1/completions", r); }));
   for (size_t i = 0; i < futures.size(); ++i) EXPECT_EQ(futures[i].get()["choices"][0]["text"], alone[i]) << "request " << i;
   EXPECT_GT(metric(s, "turboquant_kv_pool_waits_total"), 0);  // the pool did run full
+  EXPECT_GT(metric(s, "turboquant_preemptions_total"), 0);    // and sequences were set back, then recomputed
   EXPECT_EQ(metric(s, "turboquant_kv_pool_blocks_in_use"), 0);
   const json props = json::parse(s.client()->Get("/props")->body);
   EXPECT_GT(props["kv_pool"]["bytes_capacity"].get<int64_t>(), 0);
