@@ -185,8 +185,8 @@ void Scheduler::run() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // Idle: sleep until a request or a cancel arrives. With requests queued (waiting for KV room that a
-      // cancel or a finish elsewhere frees) or running, go on at once.
+      // Idle (nothing running): sleep until a request or a cancel arrives; a queued request that could not
+      // be admitted is tried again every 20 ms. With sequences running, go on at once.
       if (running_.empty()) {
         cv_.wait_for(lock, std::chrono::milliseconds(waiting_.empty() ? 1000 : 20),
                      [&] { return stop_ || woken_ || !incoming_.empty(); });
@@ -206,6 +206,7 @@ void Scheduler::run() {
       // An engine failure the checks did not foresee: the requests in flight fail, the server goes on.
       std::fprintf(stderr, "turboquant-serve: scheduler error: %s\n", e.what());
       for (auto& j : running_) {
+        if (j->finished_) continue;  // ended earlier in the step (already closed)
         release(*j, /*keep_prefix=*/false);
         metrics_.failed++;
         close(*j, "", 500, std::string("internal error: ") + e.what());

@@ -276,6 +276,24 @@ TEST(Serve, StreamingFollowsTheChunkContract) {
   EXPECT_EQ(w["choices"][0]["message"]["content"], content);
   EXPECT_EQ(w["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(w["usage"]["total_tokens"], w["usage"]["prompt_tokens"].get<int>() + 20);
+  // Chat logprobs: one entry per token, their texts making the content, alternatives sorted.
+  json with_lp = whole;
+  with_lp["logprobs"] = true;
+  with_lp["top_logprobs"] = 2;
+  const json l = post(s, "/v1/chat/completions", with_lp);
+  const json& entries = l["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(entries.size(), 20u);
+  std::string joined;
+  for (const json& t : entries) {
+    joined += t["token"].get<std::string>();
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);  // greedy: the chosen token is the likeliest
+  }
+  EXPECT_EQ(joined, l["choices"][0]["message"]["content"]);
+  EXPECT_EQ(joined, content);
 }
 
 TEST(Serve, StopStringsAndLogprobs) {
