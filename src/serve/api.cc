@@ -187,6 +187,7 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
   if (auto n = get_int(j, "n", 1, 1 << 20); n && *n != 1)
     bad_request("n", "invalid_value", "'n' must be 1: this server returns one choice per request, got " + std::to_string(*n));
   r.stream = get_bool(j, "stream").value_or(false);
+  r.ignore_eos = get_bool(j, "ignore_eos").value_or(false);
   if (const json* so = field(j, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
     r.include_usage = get_bool(*so, "include_usage").value_or(false);

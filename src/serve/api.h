@@ -59,6 +59,7 @@ struct GenerationRequest {
   bool seeded = false;             // the request gave a seed (else the server draws one)
   std::vector<std::string> stop;   // non-empty stop strings
   int logprobs = -1;               // -1: none; else how many alternatives per token (0: the chosen token's only)
+  bool ignore_eos = false;         // vLLM's and llama-server's extension: EOS is an ordinary token
   // chat: the messages, each {"role", "content": string}, content parts joined.
   json messages;
   // completion: the prompt as text, or as token ids when prompt_is_tokens.

@@ -61,6 +61,7 @@ TEST(Api, CompletionPromptsAsTextOrTokens) {
   EXPECT_EQ(t.logprobs, 2);
   EXPECT_EQ(*t.max_tokens, 4);
   EXPECT_EQ(completion(R"({"prompt": "a", "stop": "x"})").stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(completion(R"({"prompt": "a", "ignore_eos": true})").ignore_eos);
   EXPECT_FALSE(completion(R"({"prompt": "a", "seed": null, "max_tokens": null})").max_tokens.has_value());
 }
 

@@ -479,7 +479,7 @@ void Scheduler::on_token(Job& job, int32_t id, const Logprobs* logprobs) {
     metrics_.itl.observe(std::chrono::duration<double>(now - job.last_token_).count());
   }
   job.last_token_ = now;
-  if (std::find(options_.eos.begin(), options_.eos.end(), id) != options_.eos.end()) {
+  if (!job.spec_.ignore_eos && std::find(options_.eos.begin(), options_.eos.end(), id) != options_.eos.end()) {
     metrics_.finished_stop++;
     complete(job, "stop");
     return;

@@ -55,6 +55,7 @@ struct JobSpec {
   SamplingParams sampling;
   std::vector<std::string> stop;
   int logprobs = -1;             // -1: none; else alternatives per token
+  bool ignore_eos = false;       // EOS is an ordinary token (benchmarks that want max_tokens tokens)
   bool text_start = false;       // the output starts a text (chat: drop a SentencePiece leading space)
   std::string prompt_field = "prompt";  // the request field errors about the prompt name ("messages" in chat)
 };

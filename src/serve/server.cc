@@ -364,6 +364,7 @@ void Server::routes() {
       if (!r.seeded) spec.sampling.seed = random_seed();
       spec.stop = r.stop;
       spec.logprobs = r.logprobs;
+      spec.ignore_eos = r.ignore_eos;
       std::shared_ptr<Job> job = scheduler_->submit(std::move(spec));  // ApiError for prompts that cannot fit
 
       ResponseHead head{new_id(chat ? "chatcmpl-" : "cmpl-"),
