@@ -194,8 +194,9 @@ TEST(Serve, ThirtyTwoConcurrentGreedyRequestsMatchTheSameRequestsAlone) {
   EXPECT_GT(metric(s, "turboquant_generation_tokens_total"), 0);
 }
 
-TEST(Serve, APromptSharingAPrefixReusesCachedBlocksAndGivesTheSameText) {
-  ServerOptions o;
+// A second prompt that extends the first reuses the first one's whole blocks (sink tier included) and
+// generates what a server without the cache generates. o's cache has blocks of 16 positions after `sink`.
+void check_prefix_reuse(ServerOptions o, int sink) {
   o.kv.block_tokens = 16;
   TestServer cached(o);
   ServerOptions plain_o = o;
@@ -208,9 +209,9 @@ TEST(Serve, APromptSharingAPrefixReusesCachedBlocksAndGivesTheSameText) {
   const json first = post(cached, "/v1/completions", json{{"prompt", base}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(first["timings"]["cached_n"], 0);
   const json second = post(cached, "/v1/completions", json{{"prompt", longer}, {"max_tokens", 8}, {"temperature", 0}});
+  // The first request held its 70 prompt tokens and 7 fed ones: the last boundary at or below 77.
   const int reused = second["timings"]["cached_n"];
-  EXPECT_GE(reused, 64);  // the 70-token prompt plus 7 fed tokens: four whole blocks of 16
-  EXPECT_EQ(reused % 16, 0);
+  EXPECT_EQ(reused, sink + (77 - sink) / 16 * 16);
   EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], reused);
   EXPECT_EQ(second["timings"]["prompt_n"], static_cast<int>(longer.size()) - reused);
   const json reference = post(plain, "/v1/completions", json{{"prompt", longer}, {"max_tokens", 8}, {"temperature", 0}});
@@ -218,10 +219,21 @@ TEST(Serve, APromptSharingAPrefixReusesCachedBlocksAndGivesTheSameText) {
   EXPECT_EQ(second["choices"][0]["text"], reference["choices"][0]["text"]);
   EXPECT_GE(metric(cached, "turboquant_prefix_cache_hits_total"), reused);
   EXPECT_EQ(metric(cached, "turboquant_prefix_cache_queries_total"), static_cast<double>(base.size() + longer.size()));
-  // The same prompt again reuses all but its last block boundary's remainder.
+  // The same prompt again: a hit again (the boundary below its last token), the same text.
   const json third = post(cached, "/v1/completions", json{{"prompt", longer}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(third["choices"][0]["text"], reference["choices"][0]["text"]);
-  EXPECT_GE(third["timings"]["cached_n"].get<int>(), reused);
+  EXPECT_EQ(third["timings"]["cached_n"].get<int>(), sink + (78 - sink) / 16 * 16);
+}
+
+TEST(Serve, APromptSharingAPrefixReusesCachedBlocksAndGivesTheSameText) { check_prefix_reuse(ServerOptions{}, 0); }
+
+TEST(Serve, PrefixReuseOverACompressedCacheWithASinkTier) {
+  ServerOptions o;
+  o.kv.k_bits = 8;
+  o.kv.v_bits = 3;
+  o.kv.min_tokens = 32;  // boundaries at 48, 64, 80, ...
+  o.kv.fused = true;
+  check_prefix_reuse(o, 32);
 }
 
 TEST(Serve, StreamingFollowsTheChunkContract) {
