@@ -329,140 +329,14 @@ void Server::routes() {
   auto generation = [this](Endpoint endpoint) {
     return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
       if (!ready()) return send_error(res, loading_error());
+      const GenerationRequest r = parse_generation_request(req.body, endpoint, defaults_, static_cast<int32_t>(model_->vocab_size()));
+      std::shared_ptr<Job> job = scheduler_->submit(job_spec(r));  // ApiError for prompts that cannot fit
       const bool chat = endpoint == Endpoint::chat;
-      GenerationRequest r = parse_generation_request(req.body, endpoint, defaults_, static_cast<int32_t>(model_->vocab_size()));
-
-      JobSpec spec;
-      if (chat) {
-        if (!template_)
-          throw ApiError(400, "invalid_request_error", "no_chat_template",
-                         "this model has no chat template: use /v1/completions, or start the server with --chat-template FILE", "messages");
-        std::string text;
-        try {
-          std::lock_guard<std::mutex> lock(template_mu_);
-          const auto name = [&](int32_t id) { return id >= 0 ? tokenizer_->id_to_token(id) : std::string(); };
-          text = apply_chat_template(*template_, r.messages, /*add_generation_prompt=*/true, name(tokenizer_->bos_id()),
-                                     name(tokenizer_->eos_id()));
-        } catch (const TemplateError& e) {
-          bad_request("messages", "invalid_value", std::string("the chat template refused the messages: ") + e.what());
-        }
-        EncodeOptions eo;
-        eo.add_special_tokens = false;  // the template writes BOS itself, as transformers does
-        spec.prompt = tokenizer_->encode(text, eo);
-        spec.text_start = true;
-        spec.prompt_field = "messages";
-      } else if (r.prompt_is_tokens) {
-        spec.prompt = r.prompt_tokens;
-      } else {
-        spec.prompt = tokenizer_->encode(r.prompt_text, true);
-        if (spec.prompt.empty() && tokenizer_->bos_id() >= 0) spec.prompt.push_back(tokenizer_->bos_id());
-      }
-      const int64_t ctx = scheduler_->ctx_size();
-      const int64_t n = static_cast<int64_t>(spec.prompt.size());
-      spec.max_tokens = r.max_tokens ? *r.max_tokens : static_cast<int>(std::max<int64_t>(1, ctx - n));
-      spec.sampling = r.sampling;
-      if (!r.seeded) spec.sampling.seed = random_seed();
-      spec.stop = r.stop;
-      spec.logprobs = r.logprobs;
-      spec.ignore_eos = r.ignore_eos;
-      std::shared_ptr<Job> job = scheduler_->submit(std::move(spec));  // ApiError for prompts that cannot fit
-
       ResponseHead head{new_id(chat ? "chatcmpl-" : "cmpl-"),
                         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(),
                         model_name_};
-      const Tokenizer& tok = *tokenizer_;
-      auto reports = [&tok](const std::vector<TokenOut>& tokens) {
-        std::vector<TokenReport> out;
-        for (const TokenOut& t : tokens) {
-          TokenReport rep{tok.token_to_piece(t.id), t.logprobs.chosen, {}};
-          for (const TokenLogprob& a : t.logprobs.top) rep.top.emplace_back(tok.token_to_piece(a.id), a.logprob);
-          out.push_back(std::move(rep));
-        }
-        return out;
-      };
-
-      if (!r.stream) {
-        std::string text;
-        std::vector<TokenOut> tokens;
-        JobOutput o;
-        do {
-          o = job->next(std::chrono::milliseconds(1000));
-          text += o.text;
-          for (auto& t : o.tokens) tokens.push_back(std::move(t));
-        } while (!o.done);
-        if (o.error_status) {
-          throw ApiError(o.error_status, o.error_status >= 500 ? "server_error" : "invalid_request_error", "", o.error);
-        }
-        json lp = nullptr;
-        if (r.logprobs >= 0) lp = chat ? chat_logprobs_json(reports(tokens)) : completion_logprobs_json(reports(tokens), 0);
-        const json body = chat ? chat_response(head, text, lp, o.finish_reason, job->usage(), job->timings())
-                               : completion_response(head, text, lp, o.finish_reason, job->usage(), job->timings());
-        return send_json(res, 200, body);
-      }
-
-      auto st = std::make_shared<StreamState>();
-      st->job = job;
-      st->head = head;
-      st->chat = chat;
-      st->include_usage = r.include_usage;
-      st->logprobs = r.logprobs;
-      res.set_header("Cache-Control", "no-cache");
-      res.set_header("X-Accel-Buffering", "no");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [st, reports](size_t, httplib::DataSink& sink) {
-            auto send = [&](const json& j) {
-              const std::string event = "data: " + dump(j) + "\n\n";
-              return sink.write(event.data(), event.size());
-            };
-            auto with_usage_null = [&](json j) {
-              if (st->include_usage) j["usage"] = nullptr;  // OpenAI: every chunk but the last has usage null
-              return j;
-            };
-            // A write that fails means the client is gone: the request is cancelled (its blocks freed).
-            if (st->chat && !st->sent_role) {
-              st->sent_role = true;
-              if (!send(with_usage_null(chat_chunk(st->head, json{{"role", "assistant"}, {"content", ""}}, nullptr, "")))) {
-                st->job->cancel();
-                return false;
-              }
-            }
-            JobOutput o = st->job->next(std::chrono::milliseconds(250));
-            // Tokens whose text is held back (part of a character, a possible stop string) make a chunk
-            // only when their logprobs are asked for.
-            if (!o.text.empty() || (st->logprobs >= 0 && !o.tokens.empty())) {
-              json lp = nullptr;
-              if (st->logprobs >= 0) {
-                const auto reps = reports(o.tokens);
-                lp = st->chat ? chat_logprobs_json(reps) : completion_logprobs_json(reps, st->text_offset);
-                for (const auto& rep : reps) st->text_offset += rep.text.size();
-              }
-              const json chunk = st->chat ? chat_chunk(st->head, json{{"content", o.text}}, lp, "")
-                                          : completion_chunk(st->head, o.text, lp, "");
-              if (!send(with_usage_null(chunk))) {
-                st->job->cancel();
-                return false;
-              }
-            }
-            if (!o.done) return true;
-            bool ok = true;
-            if (o.error_status) {
-              ok = send(error_body(ApiError(o.error_status, o.error_status >= 500 ? "server_error" : "invalid_request_error", "", o.error)));
-            } else {
-              json last = st->chat ? chat_chunk(st->head, json::object(), nullptr, o.finish_reason)
-                                   : completion_chunk(st->head, "", nullptr, o.finish_reason);
-              last["timings"] = timings_json(st->job->timings());
-              ok = send(with_usage_null(last));
-              if (ok && st->include_usage) ok = send(usage_chunk(st->head, st->chat, st->job->usage()));
-            }
-            static constexpr char kDone[] = "data: [DONE]\n\n";
-            if (ok) ok = sink.write(kDone, sizeof kDone - 1);
-            if (ok) sink.done();
-            return ok;
-          },
-          [st](bool success) {
-            if (!success) st->job->cancel();
-          });
+      if (r.stream) stream_response(r, std::move(job), head, res);
+      else whole_response(r, *job, head, res);
     };
   };
   // httplib runs handlers inside its own try: ApiError and others reach the exception handler above.
@@ -470,6 +344,136 @@ void Server::routes() {
   s.Post("/chat/completions", generation(Endpoint::chat));
   s.Post("/v1/completions", generation(Endpoint::completion));
   s.Post("/completions", generation(Endpoint::completion));
+}
+
+JobSpec Server::job_spec(const GenerationRequest& r) {
+  JobSpec spec;
+  if (r.endpoint == Endpoint::chat) {
+    if (!template_)
+      throw ApiError(400, "invalid_request_error", "no_chat_template",
+                     "this model has no chat template: use /v1/completions, or start the server with --chat-template FILE", "messages");
+    std::string text;
+    try {
+      std::lock_guard<std::mutex> lock(template_mu_);
+      const auto name = [&](int32_t id) { return id >= 0 ? tokenizer_->id_to_token(id) : std::string(); };
+      text = apply_chat_template(*template_, r.messages, /*add_generation_prompt=*/true, name(tokenizer_->bos_id()), name(tokenizer_->eos_id()));
+    } catch (const TemplateError& e) {
+      bad_request("messages", "invalid_value", std::string("the chat template refused the messages: ") + e.what());
+    }
+    EncodeOptions eo;
+    eo.add_special_tokens = false;  // the template writes BOS itself, as transformers does
+    spec.prompt = tokenizer_->encode(text, eo);
+    spec.text_start = true;
+    spec.prompt_field = "messages";
+  } else if (r.prompt_is_tokens) {
+    spec.prompt = r.prompt_tokens;
+  } else {
+    spec.prompt = tokenizer_->encode(r.prompt_text, true);
+    if (spec.prompt.empty() && tokenizer_->bos_id() >= 0) spec.prompt.push_back(tokenizer_->bos_id());
+  }
+  // Without max_tokens: up to the context (finish_reason "length" there).
+  const int64_t room = scheduler_->ctx_size() - static_cast<int64_t>(spec.prompt.size());
+  spec.max_tokens = r.max_tokens ? *r.max_tokens : static_cast<int>(std::max<int64_t>(1, room));
+  spec.sampling = r.sampling;
+  if (!r.seeded) spec.sampling.seed = random_seed();
+  spec.stop = r.stop;
+  spec.logprobs = r.logprobs;
+  spec.ignore_eos = r.ignore_eos;
+  return spec;
+}
+
+std::vector<TokenReport> Server::reports(const std::vector<TokenOut>& tokens) const {
+  std::vector<TokenReport> out;
+  for (const TokenOut& t : tokens) {
+    TokenReport rep{tokenizer_->token_to_piece(t.id), t.logprobs.chosen, {}};
+    for (const TokenLogprob& a : t.logprobs.top) rep.top.emplace_back(tokenizer_->token_to_piece(a.id), a.logprob);
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
+void Server::whole_response(const GenerationRequest& r, Job& job, const ResponseHead& head, httplib::Response& res) {
+  const bool chat = r.endpoint == Endpoint::chat;
+  std::string text;
+  std::vector<TokenOut> tokens;  // every generated token, for logprobs
+  JobOutput o;
+  do {
+    o = job.next(std::chrono::milliseconds(1000));
+    text += o.text;
+    for (auto& t : o.tokens) tokens.push_back(std::move(t));
+  } while (!o.done);
+  if (o.error_status) throw ApiError(o.error_status, o.error_status >= 500 ? "server_error" : "invalid_request_error", "", o.error);
+  json lp = nullptr;
+  if (r.logprobs >= 0) lp = chat ? chat_logprobs_json(reports(tokens)) : completion_logprobs_json(reports(tokens), 0);
+  send_json(res, 200,
+            chat ? chat_response(head, text, lp, o.finish_reason, job.usage(), job.timings())
+                 : completion_response(head, text, lp, o.finish_reason, job.usage(), job.timings()));
+}
+
+void Server::stream_response(const GenerationRequest& r, std::shared_ptr<Job> job, const ResponseHead& head, httplib::Response& res) {
+  auto st = std::make_shared<StreamState>();
+  st->job = std::move(job);
+  st->head = head;
+  st->chat = r.endpoint == Endpoint::chat;
+  st->include_usage = r.include_usage;
+  st->logprobs = r.logprobs;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  // httplib calls the provider again and again until it returns false (the connection is dropped) or
+  // calls sink.done(); each call waits a little for output and sends what came.
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st](size_t, httplib::DataSink& sink) {
+        auto send = [&](const json& j) {
+          const std::string event = "data: " + dump(j) + "\n\n";
+          return sink.write(event.data(), event.size());
+        };
+        auto with_usage_null = [&](json j) {
+          if (st->include_usage) j["usage"] = nullptr;  // OpenAI: every chunk but the usage chunk has usage null
+          return j;
+        };
+        // A write that fails means the client is gone: the request is cancelled (its blocks freed).
+        if (st->chat && !st->sent_role) {
+          st->sent_role = true;
+          if (!send(with_usage_null(chat_chunk(st->head, json{{"role", "assistant"}, {"content", ""}}, nullptr, "")))) {
+            st->job->cancel();
+            return false;
+          }
+        }
+        JobOutput o = st->job->next(std::chrono::milliseconds(250));
+        // Tokens whose text is held back (part of a character, a possible stop string) make a chunk
+        // only when their logprobs are asked for.
+        if (!o.text.empty() || (st->logprobs >= 0 && !o.tokens.empty())) {
+          json lp = nullptr;
+          if (st->logprobs >= 0) {
+            const auto reps = reports(o.tokens);
+            lp = st->chat ? chat_logprobs_json(reps) : completion_logprobs_json(reps, st->text_offset);
+            for (const auto& rep : reps) st->text_offset += rep.text.size();
+          }
+          const json chunk = st->chat ? chat_chunk(st->head, json{{"content", o.text}}, lp, "") : completion_chunk(st->head, o.text, lp, "");
+          if (!send(with_usage_null(chunk))) {
+            st->job->cancel();
+            return false;
+          }
+        }
+        if (!o.done) return true;
+        bool ok = true;
+        if (o.error_status) {
+          ok = send(error_body(ApiError(o.error_status, o.error_status >= 500 ? "server_error" : "invalid_request_error", "", o.error)));
+        } else {
+          json last = st->chat ? chat_chunk(st->head, json::object(), nullptr, o.finish_reason) : completion_chunk(st->head, "", nullptr, o.finish_reason);
+          last["timings"] = timings_json(st->job->timings());
+          ok = send(with_usage_null(last));
+          if (ok && st->include_usage) ok = send(usage_chunk(st->head, st->chat, st->job->usage()));
+        }
+        static constexpr char kDone[] = "data: [DONE]\n\n";
+        if (ok) ok = sink.write(kDone, sizeof kDone - 1);
+        if (ok) sink.done();
+        return ok;
+      },
+      [st](bool success) {
+        if (!success) st->job->cancel();
+      });
 }
 
 }  // namespace tq::serve

@@ -21,6 +21,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_settings.h"
 #include "runtime/sampler.h"
+#include "serve/api.h"
 #include "serve/metrics.h"
 #include "serve/scheduler.h"
 #include "text/tokenizer.h"
@@ -28,6 +29,9 @@
 
 namespace tq {
 class ChatTemplate;
+}
+namespace httplib {
+struct Response;
 }
 
 namespace tq::serve {
@@ -85,6 +89,13 @@ class Server {
 
  private:
   void routes();
+  // A validated request as the scheduler takes it: the prompt (chat template, tokenizer), max_tokens, seed.
+  JobSpec job_spec(const GenerationRequest& r);
+  std::vector<TokenReport> reports(const std::vector<TokenOut>& tokens) const;
+  void whole_response(const GenerationRequest& r, Job& job, const ResponseHead& head, httplib::Response& res);
+  // Server-sent events: chunks as the job's output comes, the last with the finish reason and timings,
+  // the usage chunk when asked, then [DONE]. A failed write cancels the job.
+  void stream_response(const GenerationRequest& r, std::shared_ptr<Job> job, const ResponseHead& head, httplib::Response& res);
 
   ServerOptions options_;
   std::unique_ptr<HttpServer> http_;
