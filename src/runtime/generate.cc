@@ -101,7 +101,6 @@ std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer
   return ids;
 }
 
-
 namespace {
 
 // Bad requests fail before any model or cache state changes.
