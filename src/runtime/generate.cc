@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
+#include "runtime/stop_filter.h"
 #include "text/pretokenizer.h"
 
 namespace tq {
@@ -55,6 +59,38 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFiles& files) {
   fail(files.path, ": tokenizer model '", kind, "' is not supported (expected llama or gpt2)");
 }
 
+namespace {
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TQ_CHECK(f.good(), "cannot read '", path, "'");
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+}  // namespace
+
+std::string find_chat_template(const ModelFiles& files) {
+  if (files.gguf) {
+    return files.gguf->has("tokenizer.chat_template") ? files.gguf->get_string("tokenizer.chat_template") : "";
+  }
+  const std::filesystem::path p(files.path);
+  const std::filesystem::path dir = std::filesystem::is_directory(p) ? p : p.parent_path();
+  if (std::filesystem::exists(dir / "chat_template.jinja")) return read_text_file((dir / "chat_template.jinja").string());
+  if (std::filesystem::exists(dir / "tokenizer_config.json")) {
+    const auto cfg = nlohmann::json::parse(read_text_file((dir / "tokenizer_config.json").string()), nullptr, false);
+    if (cfg.is_object() && cfg.contains("chat_template")) {
+      const auto& t = cfg["chat_template"];
+      if (t.is_string()) return t.get<std::string>();
+      if (t.is_array())  // [{name, template}]: the default one
+        for (const auto& e : t)
+          if (e.is_object() && e.value("name", "") == "default") return e.value("template", "");
+    }
+  }
+  return "";
+}
+
 std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer) {
   std::vector<int32_t> ids;
   for (int64_t e : files.config.eos_token_ids) ids.push_back(static_cast<int32_t>(e));
@@ -64,54 +100,6 @@ std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
 }
-
-namespace {
-
-// Holds back the end of the text that could still become a stop string.
-class StopFilter {
- public:
-  explicit StopFilter(const std::vector<std::string>& stops) : stops_(stops) {}
-  // Adds text; returns true when a stop string completed (the text before it is then final).
-  bool add(std::string_view piece) {
-    pending_ += piece;
-    for (const auto& s : stops_) {
-      const size_t at = pending_.find(s);
-      if (!s.empty() && at != std::string::npos) {
-        pending_.resize(at);
-        final_ += pending_;
-        pending_.clear();
-        return true;
-      }
-    }
-    // Keep the longest suffix that is a prefix of some stop string.
-    size_t keep = 0;
-    for (const auto& s : stops_)
-      for (size_t n = std::min(s.size() - 1, pending_.size()); n > keep; --n)
-        if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
-          keep = n;
-          break;
-        }
-    final_ += pending_.substr(0, pending_.size() - keep);
-    pending_.erase(0, pending_.size() - keep);
-    return false;
-  }
-  std::string take() {
-    std::string out;
-    out.swap(final_);
-    return out;
-  }
-  std::string flush() {
-    std::string out = take() + pending_;
-    pending_.clear();
-    return out;
-  }
-
- private:
-  const std::vector<std::string>& stops_;
-  std::string pending_, final_;
-};
-
-}  // namespace
 
 namespace {
 

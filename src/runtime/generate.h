@@ -58,6 +58,10 @@ GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenize
                               const std::vector<int32_t>& eos, int ctx, const GenerateOptions& options,
                               const std::function<void(std::string_view)>& on_text);
 
+// The chat template of a model: chat_template.jinja or tokenizer_config.json in an HF folder, or the
+// GGUF key tokenizer.chat_template. Empty when the model has none.
+std::string find_chat_template(const ModelFiles& files);
+
 // The end-of-sequence ids of a model (config, generation config and tokenizer together).
 std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer);
 

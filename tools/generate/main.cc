@@ -34,27 +34,6 @@ std::string read_file(const std::string& path) {
   return os.str();
 }
 
-// The chat template of a model: chat_template.jinja or tokenizer_config.json in an HF folder, or the
-// GGUF key tokenizer.chat_template. Empty when the model has none.
-std::string find_chat_template(const ModelFiles& files) {
-  if (files.gguf) {
-    return files.gguf->has("tokenizer.chat_template") ? files.gguf->get_string("tokenizer.chat_template") : "";
-  }
-  const std::filesystem::path dir(files.path);
-  if (std::filesystem::exists(dir / "chat_template.jinja")) return read_file((dir / "chat_template.jinja").string());
-  if (std::filesystem::exists(dir / "tokenizer_config.json")) {
-    const auto cfg = nlohmann::json::parse(read_file((dir / "tokenizer_config.json").string()), nullptr, false);
-    if (cfg.is_object() && cfg.contains("chat_template")) {
-      const auto& t = cfg["chat_template"];
-      if (t.is_string()) return t.get<std::string>();
-      if (t.is_array())  // [{name, template}]: the default one
-        for (const auto& e : t)
-          if (e.value("name", "") == "default") return e.value("template", "");
-    }
-  }
-  return "";
-}
-
 std::string human_bytes(double b) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB"};
   int u = 0;

@@ -1,0 +1,89 @@
+// The server's prefix cache: which engine sequences hold the KV of which token prefixes, at whole-block
+// granularity, so that a new request whose prompt starts the same way forks them instead of computing
+// them again.
+//
+// An entry is an engine sequence kept after its request finished, truncated to a block boundary: it
+// holds positions [0, boundary) of `tokens`. Boundaries are where the cache's main-tier blocks end,
+// first + k * block_tokens (first: the sink tier's size; k >= 1), so a fork of an entry shares whole
+// blocks and the child's first write starts a new block (no copy). Every block of an entry is indexed
+// by a hash of all tokens up to its end (a chain: h_k = H(h_{k-1}, tokens of block k)); a lookup walks
+// the prompt's chain and verifies the tokens of what it finds, so a hash collision is never a wrong
+// reuse.
+//
+// The engine operations (fork, truncate, remove) are the scheduler's; this class only keeps the index,
+// the LRU order and the bound on entries. It is not thread-safe (the scheduler thread owns it).
+//
+// For a hybrid architecture (recurrent layers beside attention), reuse is exact only where the
+// recurrent state at the match's end is known: an entry will carry one state snapshot per boundary
+// (`Entry` is where it goes), taken when the sequence crossed it, and a match restores the snapshot of
+// its boundary. Matches already end only on boundaries, so nothing else changes (docs/ARCHITECTURE.md,
+// "The server").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace tq::serve {
+
+class PrefixCache {
+ public:
+  // first: positions before the first block (the KV sink tier); block_tokens: positions per block;
+  // max_entries: entries kept at most (the least recently used goes first).
+  PrefixCache(int first, int block_tokens, int max_entries);
+
+  struct Match {
+    int entry = -1;   // -1: no cached prefix
+    int length = 0;   // positions that can be reused (a block boundary)
+  };
+  // The longest cached prefix of prompt[0, limit) at a block boundary (limit: at most prompt.size();
+  // a request must compute at least its last prompt token, so the scheduler passes size - 1). The
+  // caller touches the entry it uses.
+  Match lookup(std::span<const int32_t> prompt, size_t limit) const;
+
+  // The largest block boundary <= length (0: none).
+  int boundary(int length) const;
+
+  // Whether an entry already holds `tokens` as a prefix of its own (inserting them would add nothing).
+  int covering(std::span<const int32_t> tokens) const;
+  // Adds an entry for engine sequence `seq` holding `tokens` (a whole number of blocks: boundary(size)
+  // == size). Returns the engine sequences of entries that the new one makes redundant (their tokens
+  // are a prefix of the new ones; they are dropped from the cache, the caller removes the sequences).
+  std::vector<int> insert(int seq, std::vector<int32_t> tokens);
+  // Marks an entry as just used.
+  void touch(int entry);
+  // Drops an entry; returns its engine sequence (the caller removes it).
+  int erase(int entry);
+  // The least recently used entry, -1 when empty.
+  int least_recent() const;
+  // The entry that must go so that one more fits (-1 when there is room).
+  int over_bound() const { return static_cast<int>(entries_.size()) >= max_entries_ ? least_recent() : -1; }
+
+  int seq_of(int entry) const { return entries_.at(entry).seq; }
+  const std::vector<int32_t>& tokens_of(int entry) const { return entries_.at(entry).tokens; }
+  int size() const { return static_cast<int>(entries_.size()); }
+  int max_entries() const { return max_entries_; }
+  std::vector<int> entries() const;  // their ids
+
+ private:
+  struct Entry {
+    int seq = -1;
+    std::vector<int32_t> tokens;       // the positions the sequence holds, [boundary]
+    std::vector<uint64_t> block_hash;  // [blocks]: chain hash of tokens up to the end of block k
+    uint64_t last_used = 0;            // the use clock when last inserted or matched
+    // (hybrid architectures: one recurrent-state snapshot per block boundary goes here)
+  };
+  // Chain hashes of the blocks of tokens[0, limit) that end at a boundary <= limit.
+  std::vector<uint64_t> chain(std::span<const int32_t> tokens, size_t limit) const;
+  void unindex(int id);
+
+  int first_, block_tokens_, max_entries_;
+  std::map<int, Entry> entries_;                          // entry id -> entry
+  std::unordered_multimap<uint64_t, std::pair<int, int>> index_;  // block chain hash -> (entry id, block k)
+  int next_id_ = 0;
+  uint64_t clock_ = 0;  // counts inserts and touches (the LRU order)
+};
+
+}  // namespace tq::serve
