@@ -209,7 +209,7 @@ test('chat stream: one id, the role in the first delta only, finish_reason in th
   }
   const deltas = choiceChunks.map((e) => e.choices[0].delta);
   assert.equal(deltas[0].role, 'assistant', 'the role is in the first delta');
-  for (const d of deltas.slice(1)) assert.ok(!('role' in d) || d.role === undefined, 'the role is in the first delta only');
+  for (const d of deltas.slice(1)) assert.ok(d.role === undefined || d.role === null, 'the role is in the first delta only');
   const finishes = choiceChunks.map((e) => e.choices[0].finish_reason);
   assert.equal(finishes[finishes.length - 1], 'length', 'finish_reason in the last choice chunk');
   for (const f of finishes.slice(0, -1)) assert.equal(f, null, 'finish_reason is null before the last chunk');

@@ -43,4 +43,4 @@ fi
 # Each file starts its own server; running the files one after the other keeps the two cores for one
 # server at a time. The hard limit ends everything, servers included, if something hangs.
 cd "$here"
-exec timeout --kill-after=10 "${TQ_SERVE_TEST_TIMEOUT:-600}" node --test --test-concurrency=1 "${tests[@]}"
+exec timeout --kill-after=10 "${TQ_SERVE_TEST_TIMEOUT:-540}" node --test --test-concurrency=1 "${tests[@]}"
