@@ -8,7 +8,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer } from './server.mjs';
+import { startServer, CHAT_TEMPLATE } from './server.mjs';
 
 const API_KEY = 'conformance-test-key';
 const REQUEST_MS = 60_000;
@@ -17,7 +17,8 @@ const T = { timeout: 120_000 };  // per test: a few requests at most
 let server, client, model;
 
 before(async () => {
-  server = await startServer(['--api-key', API_KEY, '--parallel', '4']);
+  // The demo model has no chat template of its own: a plain transcript one comes with the tests.
+  server = await startServer(['--api-key', API_KEY, '--parallel', '4', '--chat-template', CHAT_TEMPLATE]);
   client = new OpenAI({ baseURL: server.url + '/v1', apiKey: API_KEY, maxRetries: 0, timeout: REQUEST_MS });
   const models = await client.models.list();
   model = models.data[0]?.id;
@@ -131,6 +132,25 @@ test('n: 2 is refused with 400 and an OpenAI-shaped error', T, async () => {
     client.completions.create({ model, prompt: completionPrompt, max_tokens: 4, n: 2 }),
     (err) => err.status === 400,
   );
+});
+
+test('a bad parameter is a 400 with message, type and code, also when streaming is asked', T, async () => {
+  for (const stream of [false, true]) {
+    await assert.rejects(
+      client.chat.completions.create({ model, messages: chatMessages, max_tokens: 4, temperature: 5, stream }),
+      (err) => {
+        assert.ok(err instanceof OpenAI.BadRequestError, `BadRequestError, got ${err.constructor.name}: ${err.message}`);
+        assert.equal(typeof err.error?.message, 'string');
+        assert.match(err.error.message, /temperature/, 'the message names the parameter');
+        assert.equal(err.error.type, 'invalid_request_error');
+        assert.ok('code' in err.error, 'error.code present');
+        return true;
+      },
+    );
+  }
+  // Unknown fields are ignored, as OpenAI's API does for fields it does not know.
+  const res = await client.chat.completions.create({ model, messages: chatMessages, max_tokens: 2, some_future_field: { a: 1 } });
+  assert.equal(res.choices.length, 1);
 });
 
 // ---------- non-streaming ----------

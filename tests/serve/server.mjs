@@ -5,6 +5,10 @@
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+
+// A chat template for models that have none (the demo model), for --chat-template.
+export const CHAT_TEMPLATE = fileURLToPath(new URL('./chat_template.jinja', import.meta.url));
 
 // A port the kernel says is free now. Another process could take it before the server binds it; the
 // server then fails to start and the test says so, which is rare enough on 127.0.0.1.
