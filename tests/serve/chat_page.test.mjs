@@ -10,16 +10,19 @@ import assert from 'node:assert/strict';
 import { readFileSync, mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { chromium } from 'playwright-core';
-import { startServer } from './server.mjs';
+import { startServer, CHAT_TEMPLATE } from './server.mjs';
 
 const API_KEY = 'chat-page-test-key';
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
-const STEP_MS = 60_000;  // the longest any single wait below may take
+const STEP_MS = 30_000;  // the longest any single wait below may take
 
 let server, browser;
 
 before(async () => {
-  server = await startServer(['--api-key', API_KEY, '--parallel', '2']);
+  // K8/V3 fused from the first position, so that the cache is smaller than FP16 for a short chat; the demo
+  // model has no chat template, so the tests' transcript template is given.
+  server = await startServer(['--api-key', API_KEY, '--parallel', '2', '--chat-template', CHAT_TEMPLATE,
+    '--kv-k-bits', '8', '--kv-v-bits', '3', '--kv-fused']);
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     timeout: STEP_MS,
@@ -39,7 +42,7 @@ after(async () => {
 });
 
 // A new page on the server, with the API key typed into its field as a person would, and requests logged.
-async function openChat(viewport = { width: 1100, height: 760 }) {
+async function openChat(viewport = { width: 1100, height: 760 }, { on = server, key = API_KEY } = {}) {
   const context = await browser.newContext({ viewport });
   const page = await context.newPage();
   page.setDefaultTimeout(STEP_MS);
@@ -47,21 +50,24 @@ async function openChat(viewport = { width: 1100, height: 760 }) {
   page.on('pageerror', (err) => errors.push(err.message));
   const requests = [];
   page.on('request', (req) => {
-    if (req.url().endsWith('/v1/chat/completions')) requests.push({ headers: req.headers(), body: req.postDataJSON() });
+    const path = new URL(req.url()).pathname;
+    if (path.endsWith('/completions')) requests.push({ path, headers: req.headers(), body: req.postDataJSON() });
   });
   if (process.env.TQ_CHAT_PAGE) {
     const html = readFileSync(process.env.TQ_CHAT_PAGE, 'utf8');
-    await page.route(server.url + '/', (route) => route.fulfill({ contentType: 'text/html; charset=utf-8', body: html }));
+    await page.route(on.url + '/', (route) => route.fulfill({ contentType: 'text/html; charset=utf-8', body: html }));
   }
-  const res = await page.goto(server.url + '/');
+  const res = await page.goto(on.url + '/');
   assert.equal(res.status(), 200, 'GET / answers 200');
   assert.match(res.headers()['content-type'] || '', /text\/html/, 'GET / is HTML');
   // On a narrow screen the settings are behind the header's button.
   const folded = await page.isVisible('#settings-toggle');
-  if (folded) await page.click('#settings-toggle');
-  await page.fill('#api-key', API_KEY);
-  await page.locator('#api-key').dispatchEvent('change');
-  if (folded) await page.keyboard.press('Escape');
+  if (key) {
+    if (folded) await page.click('#settings-toggle');
+    await page.fill('#api-key', key);
+    await page.locator('#api-key').dispatchEvent('change');
+    if (folded) await page.keyboard.press('Escape');
+  }
   await page.waitForSelector('#status[data-state="ok"]');
   await page.waitForFunction(() => document.getElementById('kv-format').textContent !== '—');
   return { context, page, errors, requests };
@@ -71,13 +77,15 @@ async function openChat(viewport = { width: 1100, height: 760 }) {
 // (the observer runs once per task, so updates that arrive in separate network reads get separate entries).
 async function watchLastAnswer(page) {
   await page.evaluate(() => {
-    window.__answer = { texts: [], states: [] };
+    window.__answer = { texts: [], states: [], stopWhileStreaming: [] };
     const log = document.getElementById('log');
+    const stop = document.getElementById('stop');
     const observer = new MutationObserver(() => {
       const msgs = log.querySelectorAll('.msg[data-role="assistant"]');
       const last = msgs[msgs.length - 1];
       if (!last) return;
       const now = performance.now();
+      if (last.dataset.state === 'streaming') window.__answer.stopWhileStreaming.push(!stop.disabled);
       const text = last.querySelector('.bubble').textContent;
       const t = window.__answer.texts;
       if (!t.length || t[t.length - 1].text !== text) t.push({ now, text });
@@ -98,7 +106,9 @@ async function lastAnswerState(page) {
 test('a typed message streams an answer that shows tokens/s and the KV cache against FP16', async () => {
   const { context, page, errors, requests } = await openChat();
   try {
-    await page.fill('#max-tokens', '48');
+    // Greedy, so that the answer is the same every run: this prompt runs to max_tokens on the demo model,
+    // long enough (a few hundred ms) that it cannot all arrive in one network read.
+    await page.fill('#max-tokens', '256');
     await page.fill('#temperature', '0');
     await page.fill('#system', 'You are a helpful assistant.');
 
@@ -115,7 +125,6 @@ test('a typed message streams an answer that shows tokens/s and the KV cache aga
     await page.waitForSelector('.msg[data-role="user"] .bubble');
     assert.equal(await page.textContent('.msg[data-role="user"] .bubble'), 'Tell me a story about a small robot\nwho learns to read.');
     assert.equal(await page.inputValue('#prompt'), '', 'the composer is emptied on send');
-    assert.equal(await page.isDisabled('#stop'), false, 'Stop is enabled while the answer streams');
 
     await page.waitForFunction(() => {
       const m = document.querySelector('.msg[data-role="assistant"]');
@@ -131,10 +140,13 @@ test('a typed message streams an answer that shows tokens/s and the KV cache aga
     const final = seen.texts[seen.texts.length - 1].text;
     assert.ok(final.length > 0, 'the answer has text');
     const partial = seen.texts.filter((t) => t.text.length > 0 && t.text !== final);
-    assert.ok(partial.length >= 1, `the answer appeared in pieces before it was complete (updates: ${seen.texts.length})`);
+    assert.ok(partial.length >= 2, `the answer appeared in pieces before it was complete (updates: ${seen.texts.length})`);
+    if (process.env.TQ_DEBUG) console.log(`# ${seen.texts.length} updates over ${(seen.texts.at(-1).now - seen.texts[0].now).toFixed(1)} ms`);
     for (const t of partial) assert.ok(final.startsWith(t.text), 'each partial text is a prefix of the answer');
     assert.ok(seen.texts[seen.texts.length - 1].now > partial[0].now, 'the text grew after it first appeared');
     assert.deepEqual(seen.states.filter((s) => s !== 'waiting'), ['streaming', 'done']);
+    assert.ok(seen.stopWhileStreaming.length > 0 && seen.stopWhileStreaming.every(Boolean), 'Stop is enabled while the answer streams');
+    assert.equal(await page.isDisabled('#stop'), true, 'Stop is disabled once the answer is done');
 
     // Model text is text: the bubble holds no elements, whatever the model wrote.
     assert.equal(await page.$eval('.msg[data-role="assistant"] .bubble', (b) => b.children.length), 0);
@@ -150,19 +162,16 @@ test('a typed message streams an answer that shows tokens/s and the KV cache aga
 
     // What went to the server: the system prompt, the message, streaming, the controls, the key.
     assert.equal(requests.length, 1);
+    assert.equal(requests[0].path, '/v1/chat/completions', 'the model has a chat template: the chat endpoint');
     const body = requests[0].body;
     assert.equal(body.stream, true);
-    assert.equal(body.max_tokens, 48);
+    assert.equal(body.max_tokens, 256);
     assert.equal(body.temperature, 0);
     assert.deepEqual(body.messages.map((m) => m.role), ['system', 'user']);
     assert.equal(requests[0].headers.authorization, `Bearer ${API_KEY}`);
 
-    if (process.env.TQ_SCREENSHOT) {
-      mkdirSync(dirname(process.env.TQ_SCREENSHOT), { recursive: true });
-      await page.screenshot({ path: process.env.TQ_SCREENSHOT });
-    }
-
     // A second turn carries the first: user, assistant, user.
+    await page.fill('#max-tokens', '16');
     await page.fill('#prompt', 'And then?');
     await page.press('#prompt', 'Enter');
     await page.waitForFunction(() => {
@@ -180,6 +189,37 @@ test('a typed message streams an answer that shows tokens/s and the KV cache aga
     assert.deepEqual(errors, [], 'no script errors on the page');
   } finally {
     await context.close();
+  }
+});
+
+test('a model without a chat template is chatted with through /v1/completions and a transcript', async () => {
+  const plain = await startServer(['--parallel', '1']);  // no template, no key
+  const { context, page, errors, requests } = await openChat(undefined, { on: plain, key: null });
+  try {
+    await page.waitForFunction(() => /no chat template/.test(document.getElementById('props-table').textContent));
+    await page.fill('#max-tokens', '40');
+    await page.fill('#temperature', '0');
+    for (const [i, text] of ['Tell me about the sea.', 'And the sky?'].entries()) {
+      await page.fill('#prompt', text);
+      await page.press('#prompt', 'Enter');
+      await page.waitForFunction((n) => {
+        const m = document.querySelectorAll('.msg[data-role="assistant"]');
+        return m.length === n && ['done', 'error'].includes(m[n - 1].dataset.state);
+      }, i + 1);
+      const answer = await page.$$eval('.msg[data-role="assistant"] .bubble', (b) => b[b.length - 1].textContent);
+      assert.equal(await lastAnswerState(page), 'done', answer);
+      assert.ok(!answer.includes('\nUser:'), 'the answer stops before the next user turn');
+    }
+    assert.deepEqual(requests.map((r) => r.path), ['/v1/completions', '/v1/completions']);
+    const [first, second] = requests.map((r) => r.body);
+    assert.equal(first.prompt, 'User: Tell me about the sea.\nAssistant:');
+    assert.match(second.prompt, /^User: Tell me about the sea\.\nAssistant: [^]*\nUser: And the sky\?\nAssistant:$/);
+    assert.deepEqual(first.stop, ['\nUser:']);
+    assert.equal(requests[0].headers.authorization, undefined, 'no key, no Authorization header');
+    assert.deepEqual(errors, []);
+  } finally {
+    await context.close();
+    await plain.stop();
   }
 });
 
@@ -249,6 +289,30 @@ test('on a narrow screen the page fits the width and the settings open from the 
     await page.click('#settings-toggle');
     await page.click('#settings-close');
     assert.equal(await page.getAttribute('#settings-toggle', 'aria-expanded'), 'false', 'Close closes the settings');
+    assert.deepEqual(errors, []);
+  } finally {
+    await context.close();
+  }
+});
+
+// The picture for the docs: a short sampled conversation on a desktop-sized page.
+test('screenshot of a conversation (TQ_SCREENSHOT)', { skip: !process.env.TQ_SCREENSHOT && 'TQ_SCREENSHOT not set' }, async () => {
+  const { context, page, errors } = await openChat({ width: 1180, height: 760 });
+  try {
+    await page.fill('#system', 'You are a storyteller of old England.');
+    await page.fill('#max-tokens', '60');
+    await page.fill('#temperature', '0.7');
+    for (const [i, text] of ['Tell me about the old house on the hill.', 'Who lived there?'].entries()) {
+      await page.fill('#prompt', text);
+      await page.press('#prompt', 'Enter');
+      await page.waitForFunction((n) => {
+        const m = document.querySelectorAll('.msg[data-role="assistant"]');
+        return m.length === n && ['done', 'error', 'stopped'].includes(m[n - 1].dataset.state);
+      }, i + 1);
+    }
+    assert.equal(await page.locator('.msg[data-state="error"]').count(), 0);
+    mkdirSync(dirname(process.env.TQ_SCREENSHOT), { recursive: true });
+    await page.screenshot({ path: process.env.TQ_SCREENSHOT });
     assert.deepEqual(errors, []);
   } finally {
     await context.close();
