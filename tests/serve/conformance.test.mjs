@@ -258,26 +258,41 @@ test('chat stream through the client: content deltas, and no usage chunk unless 
   assert.equal(last, 'length');
 });
 
-test('completion stream: one chunk per token, completion_tokens = streamed tokens, finish_reason last', T, async () => {
+// A chunk may carry several tokens: the server sends what has queued since its last write (seen: 12
+// tokens in 3 to 13 chunks). So tokens are counted by their logprobs entries, one per token.
+test('completion stream: completion_tokens = the tokens streamed, at least one per chunk, finish_reason last', T, async () => {
   const maxTokens = 12;
   const { events, afterDone } = await rawStream('/v1/completions', {
-    model, prompt: completionPrompt, max_tokens: maxTokens, temperature: 0, stream: true, stream_options: { include_usage: true },
+    model, prompt: completionPrompt, max_tokens: maxTokens, temperature: 0, stream: true, logprobs: 1,
+    stream_options: { include_usage: true },
   });
   assert.equal(afterDone, '');
   assert.equal(new Set(events.map((e) => e.id)).size, 1, 'one id');
   for (const e of events) assert.equal(e.object, 'text_completion');
   const usageChunk = events[events.length - 1];
   assert.deepEqual(usageChunk.choices, []);
-  const choiceChunks = events.slice(0, -1);
-  const textChunks = choiceChunks.filter((e) => e.choices[0].text);
-  assert.equal(textChunks.length, usageChunk.usage.completion_tokens, 'completion_tokens equals the streamed text chunks');
   checkUsage(usageChunk.usage, { completion: maxTokens });
+  const choiceChunks = events.slice(0, -1);
+  const streamedTokens = choiceChunks.flatMap((e) => e.choices[0].logprobs?.tokens ?? []);
+  assert.equal(streamedTokens.length, usageChunk.usage.completion_tokens, 'completion_tokens equals the tokens streamed');
+  const text = choiceChunks.map((e) => e.choices[0].text || '').join('');
+  assert.equal(streamedTokens.join(''), text, 'the streamed tokens spell the streamed text');
+  const textChunks = choiceChunks.filter((e) => e.choices[0].text);
+  assert.ok(textChunks.length <= maxTokens, `no more text chunks (${textChunks.length}) than tokens`);
   const finishes = choiceChunks.map((e) => e.choices[0].finish_reason);
   assert.equal(finishes.at(-1), 'length');
   for (const f of finishes.slice(0, -1)) assert.equal(f ?? null, null);
 
+  // Without logprobs: the same text, and never more text chunks than completion tokens.
+  const plain = await rawStream('/v1/completions', {
+    model, prompt: completionPrompt, max_tokens: maxTokens, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  const plainChunks = plain.events.filter((e) => e.choices.length);
+  assert.equal(plainChunks.map((e) => e.choices[0].text || '').join(''), text);
+  assert.ok(plainChunks.filter((e) => e.choices[0].text).length <= plain.events.at(-1).usage.completion_tokens);
+
   const whole = await client.completions.create({ model, prompt: completionPrompt, max_tokens: maxTokens, temperature: 0 });
-  assert.equal(choiceChunks.map((e) => e.choices[0].text || '').join(''), whole.choices[0].text);
+  assert.equal(text, whole.choices[0].text, 'streamed text equals the non-streamed text');
   assert.equal(usageChunk.usage.prompt_tokens, whole.usage.prompt_tokens);
 });
 

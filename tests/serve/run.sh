@@ -36,10 +36,14 @@ else
 fi
 
 export TQ_SERVE_BIN="$bin"
-# A relative screenshot path is from the repository root, where the docs are.
-if [ -n "${TQ_SCREENSHOT:-}" ] && [[ "$TQ_SCREENSHOT" != /* ]]; then
-  export TQ_SCREENSHOT="$here/../../$TQ_SCREENSHOT"
-fi
+# Relative paths are from the repository root (TQ_SCREENSHOT: where the docs are; TQ_CHAT_PAGE: a page
+# to serve at / instead of the binary's embedded copy).
+root="$(cd "$here/../.." && pwd)"
+for var in TQ_SCREENSHOT TQ_CHAT_PAGE; do
+  if [ -n "${!var:-}" ] && [[ "${!var}" != /* ]]; then
+    export "$var=$root/${!var}"
+  fi
+done
 # Each file starts its own server; running the files one after the other keeps the two cores for one
 # server at a time. The hard limit ends everything, servers included, if something hangs.
 cd "$here"

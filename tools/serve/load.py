@@ -6,9 +6,11 @@
 Each stream is checked as it arrives: a well-formed HTTP response and SSE stream, JSON chunks with one id, the
 role in the first delta only, finish_reason in the last choice chunk only, the usage chunk, [DONE] and nothing
 after it, and completion_tokens = max_tokens when it ends at the length. A response that breaks any of these,
-times out, or fails to connect counts as an error. Reports aggregate generated tokens/s, requests/s, TTFT and
-inter-token latency (ITL) p50/p99, and errors, as a table (--markdown for Markdown), JSON (--json) and a PNG
-chart (--chart, when matplotlib is importable).
+times out, or fails to connect counts as an error. Reports aggregate generated tokens/s, requests/s, time to
+first token (TTFT) p50/p99, inter-token latency (ITL: the gaps between content chunks) p50/p99, time per output
+token after the first (TPOT: a stream's decode time over its tokens; unlike ITL it does not depend on how many
+tokens a chunk carries), tokens per chunk, and errors, as a table (--markdown for Markdown), JSON (--json) and a
+PNG chart (--chart, when matplotlib is importable).
 
 Bounded: each level sends requests for --duration seconds (and at most --max-requests), then waits for the
 streams in flight, each of which is cut at --request-timeout. Nothing but the Python standard library: raw
@@ -312,6 +314,7 @@ async def one_stream(target, args, model, variant, prompt):
     t_sent = time.perf_counter()
     checker = StreamChecker(endpoint, args.max_tokens, t_sent)
     writer = None
+    t_connected = [None]
     try:
         async def go():
             nonlocal writer
@@ -319,6 +322,9 @@ async def one_stream(target, args, model, variant, prompt):
                 reader, writer = await asyncio.open_connection(target.host, target.port)
             except OSError as e:
                 raise ResponseError("connect", str(e))
+            # The TCP handshake alone: a server whose listen backlog overflows drops SYNs, and the kernel
+            # retries them after 1 s, 3 s, 7 s..., which shows here rather than as slow generation.
+            t_connected[0] = time.perf_counter()
             writer.write(target.request_bytes("POST", path, body))
             await writer.drain()
             status, headers = await read_headers(reader)
@@ -350,7 +356,10 @@ async def one_stream(target, args, model, variant, prompt):
         "ttft": (times[0] - t_sent) if times else None,
         "itl": [b - a for a, b in zip(times, times[1:])],
         "latency": t_end - t_sent,
-        "decode_tps": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None,
+        "connect": t_connected[0] - t_sent,
+        # Time per output token after the first: robust to chunks that carry several tokens (the server
+        # sends what queued since its last write), where ITL measures the gaps between chunks.
+        "tpot": (times[-1] - times[0]) / (tokens - 1) if times and tokens > 1 else None,
     }
 
 
@@ -397,7 +406,9 @@ def summarize(concurrency, results, elapsed, args):
     itl = [x for r in ok for x in r["itl"]]
     tokens = sum(r["tokens"] for r in ok)
     ms = lambda v: None if v is None else round(v * 1000, 2)
-    decode = [r["decode_tps"] for r in ok if r["decode_tps"]]
+    tpot = [r["tpot"] for r in ok if r["tpot"] is not None]
+    connect = [r["connect"] for r in ok]
+    chunks = sum(len(r["itl"]) + 1 for r in ok if r["ttft"] is not None)
     return {
         "concurrency": concurrency,
         "seconds": round(elapsed, 3),
@@ -410,8 +421,13 @@ def summarize(concurrency, results, elapsed, args):
         "tokens_per_s": round(tokens / elapsed, 2) if elapsed > 0 else None,
         "requests_per_s": round(len(ok) / elapsed, 3) if elapsed > 0 else None,
         "ttft_ms_p50": ms(percentile(ttft, 50)), "ttft_ms_p99": ms(percentile(ttft, 99)),
+        "ttft_ms_max": ms(max(ttft)) if ttft else None,
+        "latency_ms_max": ms(max(r["latency"] for r in ok)) if ok else None,
         "itl_ms_p50": ms(percentile(itl, 50)), "itl_ms_p99": ms(percentile(itl, 99)),
-        "stream_tokens_per_s_p50": round(percentile(decode, 50), 2) if decode else None,
+        "tpot_ms_p50": ms(percentile(tpot, 50)), "tpot_ms_p99": ms(percentile(tpot, 99)),
+        "tokens_per_chunk": round(tokens / chunks, 2) if chunks else None,
+        "connect_ms_p50": ms(percentile(connect, 50)), "connect_ms_p99": ms(percentile(connect, 99)),
+        "connect_ms_max": ms(max(connect)) if connect else None,
         "finish_length": sum(1 for r in ok if r["finish_reason"] == "length"),
         "finish_stop": sum(1 for r in ok if r["finish_reason"] == "stop"),
         "greedy_mismatched": mismatched if args.temperature == 0 else None,
@@ -420,7 +436,8 @@ def summarize(concurrency, results, elapsed, args):
 
 COLUMNS = [("concurrency", "conc"), ("requests", "requests"), ("errors", "errors"), ("tokens_per_s", "gen tok/s"),
            ("requests_per_s", "req/s"), ("ttft_ms_p50", "TTFT p50 ms"), ("ttft_ms_p99", "TTFT p99 ms"),
-           ("itl_ms_p50", "ITL p50 ms"), ("itl_ms_p99", "ITL p99 ms"), ("stream_tokens_per_s_p50", "stream tok/s p50")]
+           ("itl_ms_p50", "ITL p50 ms"), ("itl_ms_p99", "ITL p99 ms"), ("tpot_ms_p50", "TPOT p50 ms"),
+           ("tokens_per_chunk", "tok/chunk"), ("connect_ms_p99", "connect p99 ms")]
 
 
 def fmt(v):
