@@ -96,6 +96,13 @@ async function watchLastAnswer(page) {
   });
 }
 
+// Requests the server ended because their client went away, from /metrics.
+async function cancelledCount() {
+  const res = await fetch(server.url + '/metrics', { headers: { Authorization: `Bearer ${API_KEY}` }, signal: AbortSignal.timeout(10_000) });
+  const m = (await res.text()).match(/^turboquant_requests_finished_total\{reason="cancelled"\} (\d+)/m);
+  return m ? Number(m[1]) : 0;
+}
+
 async function lastAnswerState(page) {
   return page.$eval('#log', (log) => {
     const msgs = log.querySelectorAll('.msg[data-role="assistant"]');
@@ -155,6 +162,8 @@ test('a typed message streams an answer that shows tokens/s and the KV cache aga
     const tps = await page.textContent('.msg[data-role="assistant"] .meta .tps');
     assert.match(tps, /^\d+(\.\d+)? tok\/s$/, 'tokens/s shown');
     assert.ok(Number.parseFloat(tps) > 0, 'tokens/s above zero');
+    // The final chunk carries timings.predicted_per_second: the page shows the server's figure.
+    assert.match(await page.getAttribute('.msg[data-role="assistant"] .meta .tps', 'title'), /\(server\)/);
     assert.match(await page.textContent('.msg[data-role="assistant"] .meta'), /\d+ tokens/);
     const props = await (await fetch(server.url + '/props', { headers: { Authorization: `Bearer ${API_KEY}` } })).json();
     assert.equal(await page.textContent('#kv-format'), props.kv.describe, 'the KV format is /props kv.describe');
@@ -240,10 +249,16 @@ test('Stop aborts the answer streaming now and the page stays usable', async (t)
       t.skip(`the answer was already ${before} before Stop could be pressed`);
       return;
     }
+    const cancelledBefore = await cancelledCount();
     await page.click('#stop');
     await page.waitForFunction(() => document.querySelector('.msg[data-role="assistant"]').dataset.state !== 'streaming');
     const state = await lastAnswerState(page);
-    assert.ok(state === 'stopped' || state === 'done', `stopped (state ${state})`);
+    assert.equal(state, 'stopped');
+    assert.match(await page.textContent('.msg[data-role="assistant"] .meta'), /stopped/);
+    // The abort reaches the server: it cancels the sequence (within a few steps; bounded wait).
+    const deadline = Date.now() + 10_000;
+    while ((await cancelledCount()) <= cancelledBefore && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    assert.ok((await cancelledCount()) > cancelledBefore, 'the server counted a cancelled request');
     assert.equal(await page.isDisabled('#send'), false, 'Send is enabled again');
     assert.equal(await page.isDisabled('#stop'), true, 'Stop is disabled again');
     assert.deepEqual(errors, []);
@@ -267,6 +282,8 @@ test('without the API key the page says so instead of answering', async () => {
     await page.waitForSelector('.msg[data-role="assistant"][data-state="error"]');
     const text = await page.textContent('.msg[data-role="assistant"] .bubble');
     assert.match(text, /^Error: /);
+    assert.equal(await page.getAttribute('#status', 'data-state'), 'error');
+    assert.match(await page.textContent('#status'), /API key needed/);
     assert.equal(await page.isDisabled('#send'), false);
   } finally {
     await context.close();
