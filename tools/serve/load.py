@@ -539,6 +539,9 @@ async def main_async(args):
             props = j
     except (OSError, asyncio.TimeoutError, ResponseError):
         pass
+    if args.endpoint == "auto":
+        args.endpoint = "completions" if (props or {}).get("chat_template") is False else "chat"
+        print("load.py: /v1/%s" % ("chat/completions" if args.endpoint == "chat" else "completions"), file=sys.stderr)
     if args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:
             prompts = [f.read()]
@@ -573,7 +576,8 @@ def parse_args(argv):
     p.add_argument("--prompt-tokens", type=int, default=64, help="approximate prompt length in words (default %(default)s)")
     p.add_argument("--prompt-variants", type=int, default=16, help="distinct prompts, sent in turn (default %(default)s)")
     p.add_argument("--prompt-file", help="send this file's text as every prompt instead")
-    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    p.add_argument("--endpoint", choices=["auto", "chat", "completions"], default="auto",
+                   help="auto (the default): chat, unless /props says the model has no chat template")
     p.add_argument("--model", help="the model field (default: the first of /v1/models)")
     p.add_argument("--api-key", help="sent as Authorization: Bearer")
     p.add_argument("--wait", type=float, default=60, help="seconds to wait for /health 200 first")
