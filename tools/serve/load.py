@@ -548,6 +548,9 @@ async def main_async(args):
     else:
         prompts = [build_prompt(args.prompt_tokens, v) for v in range(args.prompt_variants)]
     label = args.label or (props or {}).get("kv", {}).get("describe") or ""
+    if args.prefix_reuse:
+        await prefix_reuse(target, args, model, prompts[0])
+        return [], props, model
     runs = []
     for c in args.concurrency:
         print("load.py: %d concurrent streams for %gs..." % (c, args.duration), file=sys.stderr)
@@ -560,6 +563,23 @@ async def main_async(args):
         for e in r["error_examples"]:
             print("  error: " + e, file=sys.stderr)
     return runs, props, model
+
+
+async def prefix_reuse(target, args, model, prefix):
+    """The prefix cache's effect on the time to first token: one request with a long prompt, then one whose
+    prompt is the same text with another ending (the server can reuse the first's whole blocks), one at a
+    time. Prints both TTFTs and their ratio; a response that fails the stream checks exits non-zero."""
+    saved = args.max_tokens
+    args.max_tokens = 8
+    first = await one_stream(target, args, model, 0, prefix + " The end of the first question.")
+    second = await one_stream(target, args, model, 1, prefix + " A different ending, for the second one.")
+    args.max_tokens = saved
+    for name, r in (("first", first), ("second", second)):
+        if not r["ok"]:
+            raise SystemExit("load.py: the %s request failed: %s: %s" % (name, r["kind"], r["message"]))
+    ratio = second["ttft"] / first["ttft"]
+    print("| request | TTFT ms |\n|---|---:|\n| first (%d-word prompt) | %.1f |\n| second (same prefix) | %.1f |\n"
+          "second / first: %.1f%%" % (len(prefix.split()), first["ttft"] * 1e3, second["ttft"] * 1e3, 100 * ratio))
 
 
 def parse_args(argv):
@@ -581,6 +601,9 @@ def parse_args(argv):
     p.add_argument("--model", help="the model field (default: the first of /v1/models)")
     p.add_argument("--api-key", help="sent as Authorization: Bearer")
     p.add_argument("--wait", type=float, default=60, help="seconds to wait for /health 200 first")
+    p.add_argument("--prefix-reuse", action="store_true",
+                   help="instead of the sweep: the TTFT of a long prompt (--prompt-tokens or --prompt-file), then of "
+                        "the same prompt with another ending (what the prefix cache saves)")
     p.add_argument("--check-greedy", action="store_true",
                    help="at temperature 0, count answers that differ from the first to the same prompt as errors")
     p.add_argument("--label", help="name of this run in tables and charts (default: /props kv.describe)")
@@ -615,6 +638,8 @@ def main(argv=None):
             chart(runs, args.chart)
         return 0
     runs, props, model = asyncio.run(main_async(args))
+    if args.prefix_reuse:
+        return 0
     print(table(runs, args.markdown))
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("api_key", "json", "chart", "from_json", "markdown")}
