@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "runtime/stop_filter.h"
 #include "text/pretokenizer.h"
 
@@ -59,27 +60,15 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const ModelFiles& files) {
   fail(files.path, ": tokenizer model '", kind, "' is not supported (expected llama or gpt2)");
 }
 
-namespace {
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  TQ_CHECK(f.good(), "cannot read '", path, "'");
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-}  // namespace
-
 std::string find_chat_template(const ModelFiles& files) {
   if (files.gguf) {
     return files.gguf->has("tokenizer.chat_template") ? files.gguf->get_string("tokenizer.chat_template") : "";
   }
   const std::filesystem::path p(files.path);
   const std::filesystem::path dir = std::filesystem::is_directory(p) ? p : p.parent_path();
-  if (std::filesystem::exists(dir / "chat_template.jinja")) return read_text_file((dir / "chat_template.jinja").string());
+  if (std::filesystem::exists(dir / "chat_template.jinja")) return read_whole_file((dir / "chat_template.jinja").string());
   if (std::filesystem::exists(dir / "tokenizer_config.json")) {
-    const auto cfg = nlohmann::json::parse(read_text_file((dir / "tokenizer_config.json").string()), nullptr, false);
+    const auto cfg = nlohmann::json::parse(read_whole_file((dir / "tokenizer_config.json").string()), nullptr, false);
     if (cfg.is_object() && cfg.contains("chat_template")) {
       const auto& t = cfg["chat_template"];
       if (t.is_string()) return t.get<std::string>();

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/parse.h"
+#include "core/read_file.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_impl.h"
 #include "text/unicode.h"
@@ -23,17 +24,8 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  TQ_CHECK(f.good(), path, ": cannot open the file");
-  std::ostringstream os;
-  os << f.rdbuf();
-  TQ_CHECK(!f.bad(), path, ": read error");
-  return os.str();
-}
-
 json parse_json_file(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = read_whole_file(path);
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
@@ -436,7 +428,7 @@ class TokenizerJsonSax final : public nlohmann::json_sax<json> {
 };
 
 void sax_parse_file(const std::string& path, TokenizerJsonSax& sax) {
-  const std::string text = read_file(path);
+  const std::string text = read_whole_file(path);
   bool ok = false;
   try {
     ok = json::sax_parse(text, &sax);
@@ -634,7 +626,7 @@ std::unique_ptr<Tokenizer> load_vocab_merges(const std::string& vocab_json, cons
   sax.vocab.clear();
 
   // merges.txt: an optional "#version" line, then "left right" per line.
-  const std::string text = read_file(merges_txt);
+  const std::string text = read_whole_file(merges_txt);
   std::vector<std::pair<std::string, std::string>> merges;
   size_t line_no = 0;
   for (size_t begin = 0; begin < text.size();) {
@@ -742,7 +734,7 @@ std::unique_ptr<Tokenizer> load_tokenizer_dir(const std::string& dir) {
 }
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path) {
-  const std::string d = read_file(path);
+  const std::string d = read_whole_file(path);
   TQ_CHECK(d.size() >= 4, path, ": truncated llama2.c tokenizer (", d.size(), " bytes, no header)");
   const uint32_t max_len = read_u32_le(d, 0);
   TQ_CHECK(max_len > 0 && max_len < 4096, path, ": implausible max_token_length ", max_len);
@@ -793,7 +785,7 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path) {
 }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path) {
-  const std::string d = read_file(path);
+  const std::string d = read_whole_file(path);
   ProtoReader top{path, d};
   std::vector<std::string> pieces;
   std::vector<float> scores;
@@ -885,7 +877,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path) {
 std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, std::string_view pattern,
                                          const std::vector<TiktokenSpecial>& specials, int32_t bos_id,
                                          int32_t eos_id, bool add_bos) {
-  const std::string text = read_file(path);
+  const std::string text = read_whole_file(path);
   std::vector<std::string> vocab;
   size_t line_no = 0;
   for (size_t begin = 0; begin < text.size();) {

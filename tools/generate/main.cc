@@ -17,6 +17,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "device_flags.h"
 #include "kv_flags.h"
 #include "progress.h"
@@ -25,14 +26,6 @@
 namespace {
 
 using namespace tq;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  TQ_CHECK(f.good(), "cannot read '", path, "'");
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
 
 std::string human_bytes(double b) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB"};
@@ -85,7 +78,7 @@ int main(int argc, char** argv) {
     using clock = std::chrono::steady_clock;
     TQ_CHECK(!(chat && no_chat), "--chat and --no-chat-template contradict each other");
     TQ_CHECK(prompt.empty() || prompt_file.empty(), "give --prompt or --file, not both");
-    if (!prompt_file.empty()) prompt = read_file(prompt_file);
+    if (!prompt_file.empty()) prompt = read_whole_file(prompt_file);
     kv.resolve();
     if (model_path.empty()) model_path = std::string(TQ_SOURCE_DIR) + "/models/demo";
 

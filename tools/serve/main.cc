@@ -15,24 +15,13 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "device_flags.h"
 #include "kv_flags.h"
 #include "serve/chat_page.h"
 #include "serve/server.h"
 
-namespace {
-
 using namespace tq;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  TQ_CHECK(f.good(), "cannot read '", path, "'");
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"turboquant-serve: an OpenAI-compatible server with continuous batching over TurboQuant-compressed KV caches"};
@@ -93,7 +82,7 @@ int main(int argc, char** argv) {
     o.kv.resolve();
     o.kv_pool_bytes = static_cast<int64_t>(kv_pool_mb) << 20;
     if (!chat_template_file.empty()) {
-      o.chat_template = read_file(chat_template_file);
+      o.chat_template = read_whole_file(chat_template_file);
       TQ_CHECK(!o.chat_template.empty(), "--chat-template: '", chat_template_file, "' is empty");
     }
     o.temperature = temp;
