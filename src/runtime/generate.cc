@@ -80,11 +80,27 @@ std::string find_chat_template(const ModelFiles& files) {
   return "";
 }
 
+bool is_harmony_tokenizer(const Tokenizer& tokenizer) {
+  for (const char* marker : {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"}) {
+    const int32_t id = tokenizer.token_to_id(marker);
+    if (id < 0 || !tokenizer.is_special(id)) return false;
+  }
+  return true;
+}
+
 std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer) {
   std::vector<int32_t> ids;
   for (int64_t e : files.config.eos_token_ids) ids.push_back(static_cast<int32_t>(e));
   for (int64_t e : files.generation.eos_token_ids) ids.push_back(static_cast<int32_t>(e));
   if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
+  if (is_harmony_tokenizer(tokenizer)) {
+    // A GGUF file may name only one of the two stops (or none); <|end|> closes the analysis message and
+    // the answer follows it, so stopping there would lose the answer.
+    ids.push_back(tokenizer.token_to_id("<|return|>"));
+    ids.push_back(tokenizer.token_to_id("<|call|>"));
+    const int32_t end = tokenizer.token_to_id("<|end|>");
+    ids.erase(std::remove(ids.begin(), ids.end(), end), ids.end());
+  }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
@@ -122,7 +138,7 @@ GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenize
   const auto t1 = clock::now();
   result.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-  StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true, /*at_text_start=*/false);
+  StreamDecoder stream(tokenizer, /*skip_special_tokens=*/!options.special_tokens_as_text, /*at_text_start=*/false);
   StopFilter stops(options.stop);
   int pos = static_cast<int>(prompt.size());
   result.stop_reason = "max tokens";

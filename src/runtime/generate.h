@@ -25,6 +25,9 @@ struct GenerateOptions {
   bool stop_at_eos = true;        // the model's EOS ids (config, generation config, tokenizer)
   int prefill_chunk = 512;        // prompt tokens per forward pass
   int ctx_size = 0;               // 0: the model's max_position_embeddings
+  // Stream special tokens as their text ("<|channel|>"), for output whose markers carry meaning (gpt-oss's
+  // harmony channels, parsed by chat/harmony.h); otherwise they are left out of the text.
+  bool special_tokens_as_text = false;
 };
 
 struct GenerateResult {
@@ -62,7 +65,13 @@ GenerateResult generate_steps(const TokenSteps& model, const Tokenizer& tokenize
 // GGUF key tokenizer.chat_template. Empty when the model has none.
 std::string find_chat_template(const ModelFiles& files);
 
-// The end-of-sequence ids of a model (config, generation config and tokenizer together).
+// The end-of-sequence ids of a model (config, generation config and tokenizer together). For a harmony
+// tokenizer (gpt-oss) they always include <|return|> and <|call|>, and never <|end|>, which only ends
+// one message (the reasoning before the answer).
 std::vector<int32_t> eos_ids(const ModelFiles& files, const Tokenizer& tokenizer);
+
+// A tokenizer with gpt-oss's harmony markers as special tokens (<|start|>, <|channel|>, <|message|>,
+// <|end|>, <|return|>, <|call|>): its model writes harmony channels.
+bool is_harmony_tokenizer(const Tokenizer& tokenizer);
 
 }  // namespace tq

@@ -314,5 +314,41 @@ TEST(Generate, PromptChunksAndTheContextLimitInTheSharedLoop) {
   EXPECT_EQ(std::vector<int32_t>(whole.tokens.begin(), whole.tokens.begin() + 3), short_run.tokens);
 }
 
+// gpt-oss: the harmony stops are <|return|> and <|call|>, never <|end|> (it only closes the reasoning),
+// whatever the config names; the streamed text keeps the markers when asked, for the channel parser.
+TEST(Generate, HarmonyStopsAndMarkersInTheText) {
+  const auto tok = load_tokenizer_dir(std::string(TQ_SOURCE_DIR) + "/tests/fixtures/text/gpt-oss-mini");
+  ASSERT_TRUE(is_harmony_tokenizer(*tok));
+  {
+    testing_util::CpuModel cpu(demo_model_dir(), 1);
+    EXPECT_FALSE(is_harmony_tokenizer(*load_model_tokenizer(cpu.model->files())));
+  }
+  ModelFiles files;
+  files.config.eos_token_ids = {200007, 199999};  // a file that (wrongly) lists <|end|>
+  const std::vector<int32_t> eos = eos_ids(files, *tok);
+  EXPECT_EQ(eos, (std::vector<int32_t>{199999, 200002, 200012}));
+
+  const std::string out = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done.";
+  std::vector<int32_t> script = tok->encode(out, false);
+  script.push_back(200002);  // <|return|>
+  script.push_back(tok->token_to_id("<|start|>"));
+  for (bool as_text : {false, true}) {
+    size_t next = 0;
+    TokenSteps steps;
+    steps.feed = [](const int32_t*, int, int) {};
+    steps.next = [&](const std::vector<int32_t>&) { return script[next++]; };
+    GenerateOptions o;
+    o.max_tokens = 100;
+    o.special_tokens_as_text = as_text;
+    std::string streamed;
+    const std::vector<int32_t> prompt = tok->encode("<|start|>user<|message|>Hi<|end|><|start|>assistant", false);
+    const GenerateResult r = generate_steps(steps, *tok, prompt, eos, 1000, o, [&](std::string_view t) { streamed += t; });
+    EXPECT_EQ(r.stop_reason, "eos");
+    EXPECT_EQ(r.tokens.size(), script.size() - 2);
+    EXPECT_EQ(r.text, streamed);
+    EXPECT_EQ(r.text, as_text ? out : "analysisThink.assistantfinalDone.");
+  }
+}
+
 }  // namespace
 }  // namespace tq

@@ -130,6 +130,106 @@ class Llama3Matcher final : public PatternMatcher {
   size_t max_digits_;
 };
 
+// The o200k (GPT-4o, gpt-oss) pattern, alternative by alternative:
+//   1  [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?
+//   2  [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?
+//   3  \p{N}{1,3}
+//   4   ?[^\s\p{L}\p{N}]+[\r\n/]*
+//   5  \s*[\r\n]+      6  \s+(?!\S)      7  \s+
+// Words are split where case goes from lower to upper ("CamelCase" -> "Camel", "Case") and an all-caps
+// run keeps its following lower-case letters ("HTTPServer"). The "upper" class U = Lu Lt Lm Lo M and the
+// "lower" class W = Ll Lm Lo M overlap (Lm, Lo and marks are in both), so the backtracking of 1 is
+// reproduced exactly below rather than simplified. Marks are also in the optional prefix class (they are
+// not \p{L}), which is why a prefix is tried and then dropped, as the regex engine does.
+class O200kMatcher final : public PatternMatcher {
+ public:
+  ptrdiff_t match_at(const char32_t* cps, size_t n, size_t pos) const override {
+    const uint8_t c = flags(cps[pos]);
+    // [^\r\n\p{L}\p{N}]? is greedy: the alternative is tried with the prefix first, then without it.
+    const bool prefix = !(c & (kL | kN | kCrLf)) && pos + 1 < n;
+    ptrdiff_t e = -1;
+    if (prefix) e = lower_word(cps, n, pos + 1);
+    if (e < 0) e = lower_word(cps, n, pos);
+    if (e < 0 && prefix) e = upper_word(cps, n, pos + 1);
+    if (e < 0) e = upper_word(cps, n, pos);
+    if (e >= 0) return e - static_cast<ptrdiff_t>(pos);
+    if (c & kN) {
+      size_t k = 1;
+      while (k < 3 && pos + k < n && (flags(cps[pos + k]) & kN)) ++k;
+      return static_cast<ptrdiff_t>(k);
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n/]*
+    const size_t start = (cps[pos] == ' ' && pos + 1 < n && is_other(flags(cps[pos + 1]))) ? pos + 1 : pos;
+    if (is_other(flags(cps[start]))) {
+      size_t j = start + 1;
+      while (j < n && is_other(flags(cps[j]))) ++j;
+      while (j < n && (cps[j] == '\r' || cps[j] == '\n' || cps[j] == '/')) ++j;
+      return static_cast<ptrdiff_t>(j - pos);
+    }
+    // Only whitespace is left (letters and marks matched 1 or 2, numbers 3, anything else 4). \s*[\r\n]+
+    // ends after the last line break of the run; otherwise \s+(?!\S) leaves the last space to the word
+    // that follows.
+    size_t r = 0;
+    while (pos + r < n && (flags(cps[pos + r]) & kS)) ++r;
+    for (size_t j = pos + r; j-- > pos;)
+      if (cps[j] == '\r' || cps[j] == '\n') return static_cast<ptrdiff_t>(j + 1 - pos);
+    return static_cast<ptrdiff_t>(whitespace_tail(pos, r, n));
+  }
+  bool is_fast() const override { return true; }
+
+ private:
+  enum : uint8_t { kUpper = 1, kLower = 2, kL = 4, kN = 8, kS = 16, kCrLf = 32 };
+
+  static uint8_t flags(char32_t ch) {
+    static const std::array<uint8_t, 128> ascii = [] {
+      std::array<uint8_t, 128> t{};
+      for (char32_t a = 0; a < 128; ++a) t[a] = compute(a);
+      return t;
+    }();
+    return ch < 128 ? ascii[ch] : compute(ch);
+  }
+  static uint8_t compute(char32_t ch) {
+    using C = UnicodeCategory;
+    const uint32_t bit = unicode_category_bit(ch);
+    const uint32_t both = category_bit(C::Lm) | category_bit(C::Lo) | kCategoryMark;
+    uint8_t f = 0;
+    if (bit & (both | category_bit(C::Lu) | category_bit(C::Lt))) f |= kUpper;
+    if (bit & (both | category_bit(C::Ll))) f |= kLower;
+    if (bit & kCategoryLetter) f |= kL;
+    if (bit & kCategoryNumber) f |= kN;
+    if (is_unicode_whitespace(ch)) f |= kS;
+    if (ch == '\r' || ch == '\n') f |= kCrLf;
+    return f;
+  }
+  // [^\s\p{L}\p{N}]: punctuation, symbols, marks, controls other than \s, unassigned.
+  static bool is_other(uint8_t f) { return !(f & (kS | kL | kN)); }
+
+  static size_t run(const char32_t* cps, size_t n, size_t q, uint8_t flag) {
+    size_t e = q;
+    while (e < n && (flags(cps[e]) & flag)) ++e;
+    return e;
+  }
+  // The optional contraction after a word ends at `e`.
+  static ptrdiff_t with_contraction(const char32_t* cps, size_t n, size_t e) {
+    if (e < n && cps[e] == '\'') e += contraction_at(cps, n, e, true);
+    return static_cast<ptrdiff_t>(e);
+  }
+  // U*W+ at q: the greedy U* takes the whole run of U, then gives back one character at a time until the
+  // character after it is in W; W+ then takes its whole run. -1 when no split works.
+  static ptrdiff_t lower_word(const char32_t* cps, size_t n, size_t q) {
+    const size_t a = run(cps, n, q, kUpper);
+    for (size_t i = a + 1; i-- > q;)
+      if (i < n && (flags(cps[i]) & kLower)) return with_contraction(cps, n, run(cps, n, i, kLower));
+    return -1;
+  }
+  // U+W* at q: nothing after W* can fail, so no backtracking.
+  static ptrdiff_t upper_word(const char32_t* cps, size_t n, size_t q) {
+    const size_t a = run(cps, n, q, kUpper);
+    if (a == q) return -1;
+    return with_contraction(cps, n, run(cps, n, a, kLower));
+  }
+};
+
 class RegexMatcher final : public PatternMatcher {
  public:
   explicit RegexMatcher(std::string_view pattern) : regex_(pattern) {}
@@ -298,6 +398,7 @@ std::unique_ptr<PatternMatcher> compile_pattern(std::string_view pattern) {
   if (pattern == kGpt2Pattern) return std::make_unique<Gpt2Matcher>();
   if (pattern == kLlama3Pattern) return std::make_unique<Llama3Matcher>(3);
   if (pattern == kQwen2Pattern) return std::make_unique<Llama3Matcher>(1);
+  if (pattern == kO200kPattern) return std::make_unique<O200kMatcher>();
   return std::make_unique<RegexMatcher>(pattern);
 }
 

@@ -1,8 +1,8 @@
 // Pre-tokenization: splitting text into the pieces that BPE encodes one at a time, with the pattern and the
 // split behaviours of Hugging Face `tokenizers` (Split, the ByteLevel regex, Metaspace, Digits).
 //
-// Patterns are matched on code points. The three patterns that byte-level models use (GPT-2, Llama 3,
-// Qwen 2) have hand-written matchers; any other pattern runs on the backtracking engine of regex.h, which is
+// Patterns are matched on code points. The four patterns that byte-level models use (GPT-2, Llama 3,
+// Qwen 2, o200k) have hand-written matchers; any other pattern runs on the backtracking engine of regex.h, which is
 // also the reference the fast matchers are tested against.
 #pragma once
 
@@ -17,8 +17,8 @@
 namespace tq {
 
 // The pre-tokenizer regexes of the common byte-level BPE families, exactly as their tokenizer files write
-// them (one backslash, as after JSON decoding). gpt2, llama3 and qwen2 have hand-written matchers; o200k
-// (GPT-4o, gpt-oss) runs on the regex engine.
+// them (one backslash, as after JSON decoding), each with a hand-written matcher. o200k is GPT-4o's and
+// gpt-oss's (o200k_harmony uses the same pattern).
 enum class KnownPattern { gpt2, llama3, qwen2, o200k };
 std::string_view known_pattern_text(KnownPattern p);
 

@@ -151,18 +151,98 @@ TEST(PreTokenizer, Llama3AndQwen2Splits) {
   EXPECT_EQ(split_known(KnownPattern::llama3, "\tdef"), (Strings{"\tdef"}));
 }
 
-TEST(PreTokenizer, O200kSplitsOnTheRegexEngine) {
-  const auto m = compile_pattern(known_pattern_text(KnownPattern::o200k));
-  EXPECT_FALSE(m->is_fast());
-  EXPECT_EQ(split("Hello World's 123456 abc/def\n\n", *m),
-            (Strings{"Hello", " World's", " ", "123", "456", " abc", "/def", "\n\n"}));
-  EXPECT_EQ(split("CamelCase HTTPServer", *m), (Strings{"Camel", "Case", " HTTPServer"}));
+// The o200k pattern (GPT-4o, gpt-oss), split by the hand-written matcher and by the regex engine; every
+// expectation below was worked out by hand from the pattern's alternatives (see O200kMatcher).
+TEST(PreTokenizer, O200kSplits) {
+  const auto fast = compile_pattern(known_pattern_text(KnownPattern::o200k));
+  const auto slow = compile_regex_pattern(known_pattern_text(KnownPattern::o200k));
+  ASSERT_TRUE(fast->is_fast());
+  const std::vector<std::pair<std::string, Strings>> cases = {
+      {"Hello World's 123456 abc/def\n\n", {"Hello", " World's", " ", "123", "456", " abc", "/def", "\n\n"}},
+      // Case changes: lower-to-upper splits a word, an all-caps run keeps the lower-case letters after it.
+      {"CamelCase HTTPServer", {"Camel", "Case", " HTTPServer"}},
+      {"getHTTPResponseCode", {"get", "HTTPResponse", "Code"}},
+      {"snake_case_name kebab-case", {"snake", "_case", "_name", " kebab", "-case"}},
+      {"ABCdef's", {"ABCdef's"}},
+      // Contractions join the word before them, in any case (?i:...), after lower- or upper-case words.
+      {"I'm can't we'll they've she'd you're it's", {"I'm", " can't", " we'll", " they've", " she'd", " you're", " it's"}},
+      {"I'M CAN'T WE'LL THEY'VE SHE'D YOU'RE IT'S", {"I'M", " CAN'T", " WE'LL", " THEY'VE", " SHE'D", " YOU'RE", " IT'S"}},
+      {"don'T Don'Re we'lL we'Ve", {"don'T", " Don'Re", " we'lL", " we'Ve"}},
+      {"it'\u017f", {"it'\u017f"}},  // long s folds to s
+      {"(DON'T)", {"(DON'T", ")"}},
+      {"rock'n'roll", {"rock", "'n", "'roll"}},
+      {"'s 'S", {"'s", " '", "S"}},
+      {"1990's", {"199", "0", "'s"}},
+      {"o'clock O'Neil", {"o", "'clock", " O", "'Neil"}},
+      // Numbers: runs of at most three, never joined to a space or letters.
+      {"1234567", {"123", "456", "7"}},
+      {"x1234 abc123def", {"x", "123", "4", " abc", "123", "def"}},
+      {"3.14159", {"3", ".", "141", "59"}},
+      {"$42.50 100%", {"$", "42", ".", "50", " ", "100", "%"}},
+      {"\u0663\u0664\u0665\u0666", {"\u0663\u0664\u0665", "\u0666"}},  // Arabic-Indic digits (Nd)
+      {"\u00bd\u00be\u2167", {"\u00bd\u00be\u2167"}},                    // No, No, Nl
+      // Whitespace: the last space of a run goes to the next word; line breaks end a run.
+      {"a  b", {"a", " ", " b"}},
+      {"end   ", {"end", "   "}},
+      {"\t\tx", {"\t", "\tx"}},
+      {"\t!", {"\t", "!"}},
+      {"a\n\nb", {"a", "\n\n", "b"}},
+      {"a \n b", {"a", " \n", " b"}},
+      {"x\r\n\r\ny", {"x", "\r\n\r\n", "y"}},
+      {"  \n  x", {"  \n", " ", " x"}},
+      {"\n x", {"\n", " x"}},
+      {"a \n\n", {"a", " \n\n"}},
+      {"   ", {"   "}},
+      {"a\u00a0b c\u2028d", {"a", "\u00a0b", " c", "\u2028d"}},  // NBSP and LS are \s but may prefix a word
+      // Punctuation takes the line breaks and slashes after it.
+      {"hello!!\n\nworld", {"hello", "!!\n\n", "world"}},
+      {"a/b/c path//to", {"a", "/b", "/c", " path", "//", "to"}},
+      {"https://example.com/x?q=1", {"https", "://", "example", ".com", "/x", "?q", "=", "1"}},
+      {" (hello (x", {" (", "hello", " (", "x"}},
+      {"!!!???...,,,", {"!!!???...,,,"}},
+      {"end.\n", {"end", ".\n"}},
+      // Code.
+      {"def f(x):\n    return x**2\n", {"def", " f", "(x", "):\n", "   ", " return", " x", "**", "2", "\n"}},
+      {"for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}",
+       {"for", " (", "int", " i", " =", " ", "0", ";", " i", " <", " n", ";", " ++", "i", ")", " {\n", "\tsum", " +=",
+        " a", "[i", "];\n", "}"}},
+      {"x = [1, 2]  // c\n", {"x", " =", " [", "1", ",", " ", "2", "]", " ", " //", " c", "\n"}},
+      // Scripts without case: Lo is in both classes, so a run is one word.
+      {"\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8", {"\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8"}},
+      {"\u4e2d\u6587\u6d4b\u8bd5\uff1a\u4f60\u597d\uff0c\u4e16\u754c\uff01",
+       {"\u4e2d\u6587\u6d4b\u8bd5", "\uff1a\u4f60\u597d", "\uff0c\u4e16\u754c", "\uff01"}},
+      {"\ud55c\uad6d\uc5b4 \ud14d\uc2a4\ud2b8", {"\ud55c\uad6d\uc5b4", " \ud14d\uc2a4\ud2b8"}},
+      {"\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645",
+       {"\u0645\u0631\u062d\u0628\u0627", " \u0628\u0627\u0644\u0639\u0627\u0644\u0645"}},
+      // An upper-case letter after Lo: U*W+ gives back the letter (not in W), keeping only the Lo.
+      {"\u65e5A", {"\u65e5", "A"}},
+      {"A\u65e5", {"A\u65e5"}},
+      // Accents, precomposed and combining; title case (Lt) and modifier letters (Lm).
+      {"na\u00efve caf\u00e9 r\u00e9sum\u00e9", {"na\u00efve", " caf\u00e9", " r\u00e9sum\u00e9"}},
+      {"cafe\u0301 x", {"cafe\u0301", " x"}},
+      {"\u00c9COLE E\u0301COLE", {"\u00c9COLE", " E\u0301", "COLE"}},  // the mark is also in W: U*W+ stops after it
+      {"\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac \u041f\u0420\u0418\u0412\u0415\u0422",
+       {"\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac", " \u041f\u0420\u0418\u0412\u0415\u0422"}},
+      {"\u01c5emo \u02b0x", {"\u01c5emo", " \u02b0x"}},
+      {" \u0301x !\u0301", {" \u0301x", " !\u0301"}},
+      {"\u0915\u093e\u0903 \u0928\u092e\u0938\u094d\u0924\u0947", {"\u0915\u093e\u0903", " \u0928\u092e\u0938\u094d\u0924\u0947"}},
+      // Emoji are symbols: a run of them (with ZWJ, skin tones, flags) is one piece.
+      {"emoji \U0001F916\U0001F680\U0001F44D\U0001F3FD", {"emoji", " \U0001F916\U0001F680\U0001F44D\U0001F3FD"}},
+      {"\U0001F468\u200d\U0001F469\u200d\U0001F467 and \U0001F1EB\U0001F1F7 flag",
+       {"\U0001F468\u200d\U0001F469\u200d\U0001F467", " and", " \U0001F1EB\U0001F1F7", " flag"}},
+      {"", {}},
+  };
+  for (const auto& [text, expected] : cases) {
+    EXPECT_EQ(split(text, *fast), expected) << "fast matcher: " << text;
+    EXPECT_EQ(split(text, *slow), expected) << "regex engine: " << text;
+  }
 }
 
 TEST(PreTokenizer, GgufPreTokenizerNames) {
   EXPECT_EQ(gguf_pre_tokenizer_pattern("llama-bpe"), known_pattern_text(KnownPattern::llama3));
   EXPECT_EQ(gguf_pre_tokenizer_pattern("qwen2"), known_pattern_text(KnownPattern::qwen2));
   EXPECT_EQ(gguf_pre_tokenizer_pattern("gpt-2"), known_pattern_text(KnownPattern::gpt2));
+  EXPECT_EQ(gguf_pre_tokenizer_pattern("gpt-4o"), known_pattern_text(KnownPattern::o200k));
   EXPECT_TRUE(gguf_pre_tokenizer_pattern("some-new-model").empty());
 }
 
@@ -172,9 +252,11 @@ TEST(PreTokenizer, FastMatchersAgreeWithRegexEngine) {
   const std::vector<char32_t> alphabet = {
       'a', 'b', 'Z', 's', 'S', 't', 'T', 'm', 'M', 'd', 'l', 'L', 'r', 'e', 'E', 'v', '\'', '\'', '\'', ' ', ' ',
       ' ', ' ', '\t', '\n', '\n', '\r', 0xA0, 0x3000, 0x2028, 0x85, '0', '9', 0xB2, 0x661, 0x2167, 0x65E5,
-      0xE9, 0x301, '!', '.', ',', '(', '_', '-', 0x1F916, 0x17F, 0xFFFD, '\v', 0x1C};
+      0xE9, 0x301, '!', '.', ',', '(', '_', '-', 0x1F916, 0x17F, 0xFFFD, '\v', 0x1C,
+      // for o200k's case classes: Lu, Lt, Lm, Lo, Mn, Mc, Me, upper/lower Greek, '/', an unassigned code point
+      'A', 'Q', 0xC9, 0x1C5, 0x2B0, 0x4E2D, 0x93E, 0x903, 0x20DD, 0x395, 0x3BB, '/', '/', 0x378};
   SplitMix64 rng(1234);
-  for (KnownPattern kp : {KnownPattern::gpt2, KnownPattern::llama3, KnownPattern::qwen2}) {
+  for (KnownPattern kp : {KnownPattern::gpt2, KnownPattern::llama3, KnownPattern::qwen2, KnownPattern::o200k}) {
     const auto fast = compile_pattern(known_pattern_text(kp));
     const auto slow = compile_regex_pattern(known_pattern_text(kp));
     ASSERT_TRUE(fast->is_fast());

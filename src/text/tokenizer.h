@@ -117,6 +117,13 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, std::string_vi
                                          int32_t eos_id, bool add_bos);
 // Llama 3's tokenizer.model (tiktoken format) with its 256 special tokens, BOS <|begin_of_text|> added.
 std::unique_ptr<Tokenizer> load_llama3_tiktoken(const std::string& path);
+// gpt-oss's o200k_harmony: o200k_base.tiktoken with the o200k pattern and the special tokens of tiktoken's
+// o200k_harmony encoding: <|startoftext|> 199998 (BOS, not added), <|endoftext|> 199999, <|return|> 200002
+// (EOS, as gpt-oss's tokenizer_config.json names it), <|constrain|> 200003, <|channel|> 200005, <|start|>
+// 200006, <|end|> 200007, <|message|> 200008, <|call|> 200012, <|endofprompt|> 200018 and <|reserved_N|>
+// for every other id up to 201087. 200018 is matched as both <|endofprompt|> and <|reserved_200018|>
+// and decodes as <|endofprompt|> (what gpt-oss's tokenizer.json calls it).
+std::unique_ptr<Tokenizer> load_o200k_harmony_tiktoken(const std::string& path);
 
 // ------------------------------------------------------------------------------------------------ vocabularies
 // Constructors from a plain vocabulary, for GGUF (tokenizer.ggml.*) and other in-memory sources. Errors are

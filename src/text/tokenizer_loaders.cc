@@ -950,4 +950,23 @@ std::unique_ptr<Tokenizer> load_llama3_tiktoken(const std::string& path) {
   return load_tiktoken(path, known_pattern_text(KnownPattern::llama3), specials, kBase, kBase + 1, true);
 }
 
+std::unique_ptr<Tokenizer> load_o200k_harmony_tiktoken(const std::string& path) {
+  // The ids are tiktoken's o200k_harmony (and gpt-oss's tokenizer.json, for 199998..200018).
+  const std::pair<const char*, int32_t> named[] = {
+      {"<|startoftext|>", 199998}, {"<|endoftext|>", 199999}, {"<|return|>", 200002}, {"<|constrain|>", 200003},
+      {"<|channel|>", 200005},     {"<|start|>", 200006},     {"<|end|>", 200007},    {"<|message|>", 200008},
+      {"<|call|>", 200012}};
+  constexpr int32_t kFirst = 199998, kEnd = 201088;
+  std::vector<TiktokenSpecial> specials;
+  for (int32_t id = kFirst; id < kEnd; ++id) {
+    std::string content = "<|reserved_" + std::to_string(id) + "|>";
+    for (const auto& [name, named_id] : named)
+      if (named_id == id) content = name;
+    specials.push_back({std::move(content), id});
+  }
+  // Listed after <|reserved_200018|>: the tokenizer decodes an id as the last added token that has it.
+  specials.push_back({"<|endofprompt|>", 200018});
+  return load_tiktoken(path, known_pattern_text(KnownPattern::o200k), specials, 199998, 200002, false);
+}
+
 }  // namespace tq

@@ -112,6 +112,12 @@ const std::vector<FixtureTokenizer>& fixture_tokenizers() {
                                         {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}, -1, 199999, false);
                  },
                  true});
+    // gpt-oss: tiktoken's o200k_harmony and the `tokenizers` library on the same ranks (converted by
+    // transformers) are both compared with our tiktoken loader; gpt-oss-mini is the repository's own file.
+    for (const char* name : {"o200k-harmony-tiktoken", "o200k-harmony-hf"})
+      v.push_back({name, {t + "o200k/o200k_base.tiktoken"},
+                   [t] { return load_o200k_harmony_tiktoken(t + "o200k/o200k_base.tiktoken"); }, true});
+    json_tok("gpt-oss-mini", kFixtures + "gpt-oss-mini/tokenizer.json", true);
     return v;
   }();
   return list;
@@ -465,6 +471,139 @@ TEST(TokenizerFixtures, MatchReferenceIds) {
   }
   if (tokenizers == 0) GTEST_SKIP() << "none of the fixture's tokenizers has its files in " << kShared;
   EXPECT_GT(compared, 0);
+}
+
+// ------------------------------------------------------------------------------------------------ o200k / gpt-oss
+
+// tests/fixtures/text/o200k_reference.json (tools/fixtures/make_o200k_fixtures.py): the pieces python3-regex
+// splits with the o200k pattern, and tiktoken's algorithm (in Python) on the full o200k_base ranks.
+const nlohmann::json& o200k_reference() {
+  static const nlohmann::json j = nlohmann::json::parse(read_all(kFixtures + "o200k_reference.json"));
+  return j;
+}
+
+TEST(O200k, PreTokenizerMatchesPythonRegexModule) {
+  const auto& ref = o200k_reference();
+  ASSERT_EQ(ref["pattern"].get<std::string>(), known_pattern_text(KnownPattern::o200k));
+  const auto matcher = compile_pattern(known_pattern_text(KnownPattern::o200k));
+  ASSERT_TRUE(matcher->is_fast());
+  int chunks = 0;
+  for (const auto& c : ref["cases"]) {
+    for (const auto& chunk : c["chunks"]) {
+      const std::string text = chunk[0].get<std::string>();
+      CodePointText cpt;
+      cpt.assign(text);
+      std::vector<std::pair<uint32_t, uint32_t>> ranges;
+      split_by_pattern(cpt, *matcher, SplitBehavior::isolated, false, ranges);
+      std::vector<std::string> pieces;
+      for (auto [b, e] : ranges) pieces.push_back(text.substr(b, e - b));
+      EXPECT_EQ(pieces, chunk[1].get<std::vector<std::string>>()) << nlohmann::json(text).dump();
+      ++chunks;
+    }
+  }
+  EXPECT_GT(chunks, 25);
+}
+
+TEST(O200k, HarmonySpecialTokens) {
+  const std::string path = kShared + "/tokenizers/o200k/o200k_base.tiktoken";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent";
+  const auto tok = load_o200k_harmony_tiktoken(path);
+  EXPECT_EQ(tok->vocab_size(), 201088);
+  const std::pair<const char*, int32_t> named[] = {
+      {"<|startoftext|>", 199998}, {"<|endoftext|>", 199999}, {"<|reserved_200000|>", 200000},
+      {"<|reserved_200001|>", 200001}, {"<|return|>", 200002}, {"<|constrain|>", 200003},
+      {"<|reserved_200004|>", 200004}, {"<|channel|>", 200005}, {"<|start|>", 200006}, {"<|end|>", 200007},
+      {"<|message|>", 200008}, {"<|reserved_200009|>", 200009}, {"<|call|>", 200012},
+      {"<|reserved_200017|>", 200017}, {"<|endofprompt|>", 200018}, {"<|reserved_200018|>", 200018},
+      {"<|reserved_201087|>", 201087}};
+  for (const auto& [text, id] : named) {
+    EXPECT_EQ(tok->token_to_id(text), id) << text;
+    EXPECT_TRUE(tok->is_special(id)) << text;
+    EXPECT_EQ(tok->encode(text, false), Ids{id}) << text;
+  }
+  EXPECT_EQ(tok->id_to_token(200018), "<|endofprompt|>");
+  EXPECT_EQ(tok->id_to_token(200007), "<|end|>");
+  EXPECT_EQ(tok->bos_id(), 199998);
+  EXPECT_EQ(tok->eos_id(), 200002);
+  EXPECT_EQ(tok->token_to_id("<|reserved_201088|>"), -1);
+  EXPECT_EQ(tok->encode("hi", true), (Ids{3686}));  // no BOS: gpt-oss's template writes everything itself
+  // Special tokens stay text when parsing them is off.
+  EncodeOptions plain;
+  plain.add_special_tokens = false;
+  plain.parse_special = false;
+  const Ids as_text = tok->encode("<|end|>", plain);
+  EXPECT_GT(as_text.size(), 1u);
+  EXPECT_EQ(tok->decode(as_text, false), "<|end|>");
+}
+
+TEST(O200k, HarmonyIdsMatchTiktokenAlgorithm) {
+  const std::string path = kShared + "/tokenizers/o200k/o200k_base.tiktoken";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent";
+  const auto tok = load_o200k_harmony_tiktoken(path);
+  EXPECT_NE(tok->describe().find("fast matcher"), std::string::npos) << tok->describe();
+  int n = 0;
+  for (const auto& c : o200k_reference()["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const Ids ids = tok->encode(text, false);
+    EXPECT_EQ(ids, c["ids"].get<Ids>()) << nlohmann::json(text).dump() << "\n  got " << ids_str(ids);
+    EXPECT_EQ(tok->decode(ids, false), text);
+    ++n;
+  }
+  EXPECT_GT(n, 20);
+}
+
+// A small tokenizer.json in the shape of gpt-oss's (Split with the o200k regex, then ByteLevel without its
+// own regex; specials 199998..200018 far above the 1536-token vocabulary), with tokenizer_config.json.
+TEST(O200k, GptOssShapedTokenizerJson) {
+  const std::string dir = kFixtures + "gpt-oss-mini";
+  const auto tok = load_tokenizer_dir(dir);
+  EXPECT_EQ(tok->kind(), TokenizerKind::byte_level_bpe);
+  EXPECT_NE(tok->describe().find("fast matcher"), std::string::npos) << tok->describe();
+  EXPECT_EQ(tok->vocab_size(), 200019);
+  EXPECT_EQ(tok->bos_id(), 199998);
+  EXPECT_EQ(tok->eos_id(), 200002);
+  EXPECT_EQ(tok->pad_id(), 199999);
+  EXPECT_EQ(tok->token_to_id("<|channel|>"), 200005);
+  EXPECT_EQ(tok->token_to_id("<|call|>"), 200012);
+  EXPECT_EQ(tok->id_to_token(200018), "<|endofprompt|>");
+  const auto expected = nlohmann::json::parse(read_all(dir + "/expected.json"));
+  int n = 0;
+  for (const auto& c : expected["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const Ids ids = tok->encode(text, true);  // no post-processor: nothing is added
+    EXPECT_EQ(ids, c["ids"].get<Ids>()) << nlohmann::json(text).dump() << "\n  got " << ids_str(ids);
+    EXPECT_EQ(tok->decode(ids, false), text);
+    ++n;
+  }
+  EXPECT_GT(n, 20);
+
+  // The same vocabulary as a GGUF file holds it (tokenizer.ggml.pre "gpt-4o", the token list dense up to
+  // the last special, merges as "left right"), through the vocabulary constructor.
+  const auto j = nlohmann::json::parse(read_all(dir + "/tokenizer.json"));
+  std::vector<std::string> tokens(200019);
+  std::vector<int32_t> types(200019, static_cast<int32_t>(TokenType::unused));
+  for (const auto& [t, id] : j["model"]["vocab"].items()) {
+    tokens[id.get<size_t>()] = t;
+    types[id.get<size_t>()] = static_cast<int32_t>(TokenType::normal);
+  }
+  for (const auto& a : j["added_tokens"]) {
+    tokens[a["id"].get<size_t>()] = a["content"].get<std::string>();
+    types[a["id"].get<size_t>()] = static_cast<int32_t>(TokenType::control);
+  }
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i].empty()) tokens[i] = "<unused_" + std::to_string(i) + ">";
+  std::vector<std::string> merges;
+  for (const auto& m : j["model"]["merges"]) merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  ByteLevelBpeOptions o;
+  o.source = "gpt-oss-mini as GGUF";
+  o.pattern = std::string(gguf_pre_tokenizer_pattern("gpt-4o"));
+  o.bos_id = 199998;
+  o.eos_id = 200002;
+  const auto gguf = make_bpe_tokenizer_from_vocab(std::move(tokens), std::move(types), merges, o);
+  for (const auto& c : expected["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(gguf->encode(text, false), c["ids"].get<Ids>()) << "GGUF vocabulary: " << nlohmann::json(text).dump();
+  }
 }
 
 // ------------------------------------------------------------------------------------------------ streaming

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "chat/chat_template.h"
+#include "chat/harmony.h"
 #include "core/error.h"
 #include "core/read_file.h"
 #include "device_flags.h"
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
   cli::DeviceFlags device_flags;
   uint64_t seed = 0;
   std::vector<std::string> stops;
-  bool chat = false, no_chat = false;
+  bool chat = false, no_chat = false, reasoning = false;
+  std::string reasoning_effort;
   KVSettings kv;
   app.add_option("--model", model_path, "model folder (Hugging Face) or .gguf file; default: the demo model");
   app.add_option("--prompt", prompt, "prompt text");
@@ -68,6 +70,10 @@ int main(int argc, char** argv) {
   app.add_flag("--chat", chat, "format the prompt with the model's chat template (error if it has none)");
   app.add_flag("--no-chat-template", no_chat, "use the prompt as it is");
   app.add_option("--system", system_prompt, "system message (chat mode)");
+  app.add_flag("--reasoning", reasoning,
+               "gpt-oss (harmony channels): also show the reasoning (analysis channel) and tool calls, not only the final answer");
+  app.add_option("--reasoning-effort", reasoning_effort, "gpt-oss chat template's reasoning_effort")
+      ->check(CLI::IsMember({"low", "medium", "high"}));
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
   app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::Range(0, 1 << 30));
   cli::add_device_flags(app, device_flags);
@@ -101,13 +107,16 @@ int main(int argc, char** argv) {
       if (!system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", system_prompt}});
       messages.push_back({{"role", "user"}, {"content", prompt}});
       const auto name = [&](int32_t id) { return id >= 0 ? tokenizer->id_to_token(id) : std::string(); };
+      nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+      if (!reasoning_effort.empty()) extra["reasoning_effort"] = reasoning_effort;
       const std::string text = apply_chat_template(ChatTemplate(tpl_source), messages, true, name(tokenizer->bos_id()),
-                                                   name(tokenizer->eos_id()));
+                                                   name(tokenizer->eos_id()), extra);
       EncodeOptions eo;
       eo.add_special_tokens = false;  // the template writes BOS itself, as transformers does
       ids = tokenizer->encode(text, eo);
     } else {
       TQ_CHECK(system_prompt.empty(), "--system needs a chat template (the model has none, or --no-chat-template)");
+      TQ_CHECK(reasoning_effort.empty(), "--reasoning-effort needs a chat template (the model has none, or --no-chat-template)");
       ids = tokenizer->encode(prompt, true);
       if (ids.empty() && tokenizer->bos_id() >= 0) ids.push_back(tokenizer->bos_id());
     }
@@ -133,8 +142,38 @@ int main(int argc, char** argv) {
     // One sequence: its cache needs room for the prompt and what is generated (the GPU allocates it up front).
     eo.kv_pool_tokens = static_cast<int64_t>(ids.size()) + max_tokens + 1;
     Engine engine(*model, eo);
+    // gpt-oss writes its reasoning and its answer on separate harmony channels; the answer is what is
+    // shown, the reasoning (and tool calls) only with --reasoning. The prompt ended with
+    // <|start|>assistant, so the output starts inside a message header.
+    const bool harmony = is_harmony_tokenizer(*tokenizer) && !tpl_source.empty();
+    TQ_CHECK(!reasoning || harmony, "--reasoning: ", model_path,
+             " does not write harmony channels (a gpt-oss tokenizer and chat template are needed)");
+    go.special_tokens_as_text = harmony;
+    HarmonyParser channels;
+    std::string shown_label;  // with --reasoning, each channel's text comes after a "[channel]" line
+    auto show = [&](const std::vector<HarmonyDelta>& deltas) {
+      for (const HarmonyDelta& d : deltas) {
+        const bool answer = d.channel == "final" || d.channel.empty();
+        if (!answer && !reasoning) continue;
+        if (reasoning) {
+          std::string label = answer ? "final" : d.channel;
+          const std::string& to = channels.messages()[d.message].recipient;
+          if (!to.empty()) label += " to=" + to;
+          if (label != shown_label) std::cout << (shown_label.empty() ? "" : "\n") << "[" << label << "]\n";
+          shown_label = label;
+        }
+        std::cout << d.text;
+      }
+      std::cout << std::flush;
+    };
     if (tpl_source.empty()) std::cout << prompt << std::flush;
-    const GenerateResult r = generate(engine, *tokenizer, ids, go, [](std::string_view text) { std::cout << text << std::flush; });
+    const GenerateResult r = generate(engine, *tokenizer, ids, go, [&](std::string_view text) {
+      if (harmony)
+        show(channels.push(text));
+      else
+        std::cout << text << std::flush;
+    });
+    if (harmony) show(channels.finish());
     std::cout << std::endl;
     const MemoryUsage mem = engine.memory();
     if (device->is_cuda()) {
