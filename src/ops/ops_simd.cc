@@ -209,8 +209,9 @@ struct DenseRows {
   // Bytes that the first `cols` columns of a row take.
   static size_t bytes(size_t cols) { return cols * sizeof(WT); }
   // Whether small batches multiply these rows as stored, widening each weight vector in the tile
-  // (see kConvertInTileTokens): BF16 only, where it measured faster (F16 did not).
-  static constexpr bool kConvertInTile = std::is_same_v<WT, hwy::bfloat16_t>;
+  // (see kConvertInTileTokens): BF16 on the AVX-512 targets only, where it measured faster (F16
+  // did not, nor did the AVX2 target's 3 x 4 tiles: 56-68 GFLOP/s against 65-69 before).
+  static constexpr bool kConvertInTile = std::is_same_v<WT, hwy::bfloat16_t> && kTileTokens == 4;
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
@@ -436,7 +437,9 @@ HWY_INLINE void TokenTiles(const float* const* wrows, const float* HWY_RESTRICT 
 // separate pass (load, widen, store, then load again in every token tile) cost more at these sizes:
 // on the 2-core EPYC (Zen 4 class), 3072 x 512 BF16, one thread, weights in L3: 16 tokens 84-88
 // GFLOP/s instead of 65-70, 8 tokens 100 instead of 56, 32 tokens 84-98 instead of 74; at 64 it was
-// a wash. The products are the same (widening is exact), so the bits do not change.
+// a wash. All the model's products in a chain from DRAM (ops-bench --model 1 --grouped 1, 2
+// threads, 16 tokens): 77-80 GFLOP/s instead of 48-59. The products are the same (widening is
+// exact), so the bits do not change.
 constexpr size_t kConvertInTileTokens = 32;
 
 // Rows [r0, r0 + RR), columns [k0, k1) of W against all n tokens.
