@@ -1,6 +1,7 @@
 #include "attn/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -434,7 +435,13 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
 
   std::vector<PartialState>& states = ws.states;
   states.resize(n_states);  // run_item sets every state it owns before use
-  pool.parallel_for(items.size(), [&](size_t b, size_t e, int) {
+  // Items are handed out one at a time to whichever thread asks next, not in one contiguous chunk per
+  // thread: a batch of decoding sequences gives dozens of items of about equal size, and a thread
+  // whose core is shared with another process (or runs at a lower clock) then takes fewer of them
+  // instead of holding up the layer. Each item writes only its own states, so the results do not
+  // depend on which thread ran it.
+  std::atomic<size_t> next_item{0};
+  pool.parallel_for(std::min(items.size(), static_cast<size_t>(pool.size())), [&](size_t, size_t, int) {
     // Scratch per OS thread, kept between calls: a decode step is too short to allocate and clear
     // ~100 KB of tiles every time.
     thread_local Scratch scratch;
@@ -443,7 +450,8 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     if (scratch.v_tile.size() < v_tile) scratch.v_tile.resize(v_tile);
     scratch.scores.resize(static_cast<size_t>(attn_kernels::kBlockRows) * attn_kernels::kBlockTokens);
     if (scratch.work.size() < attn_kernels::block_work_floats(dim)) scratch.work.resize(attn_kernels::block_work_floats(dim));
-    for (size_t i = b; i < e; ++i) {
+    for (size_t i = next_item.fetch_add(1, std::memory_order_relaxed); i < items.size();
+         i = next_item.fetch_add(1, std::memory_order_relaxed)) {
       const WorkItem& it = items[i];
       run_item(it, plans[it.request], requests[it.request], p, s, scratch, states);
     }

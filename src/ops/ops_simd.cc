@@ -124,6 +124,29 @@ struct PanelEnd {
 #define TQ_OPS_HAS_SUM_OF_LANES4 \
   (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3))
 #endif
+#ifndef TQ_OPS_HAS_SUM_OF_LANES4_512
+#define TQ_OPS_HAS_SUM_OF_LANES4_512 \
+  (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
+#endif
+#if TQ_OPS_HAS_SUM_OF_LANES4_512
+// The AVX-512 counterpart of SumOfLanes4 below: hn::SumOfLanes on these targets is
+// _mm512_reduce_add_ps, which (GCC and Clang alike) adds the upper 256 bits to the lower,
+// then the upper 128 to the lower, then lanes (0, 2) and (1, 3), then those two:
+// u_i = v_i + v_i+8, w_j = u_j + u_j+4, result (w0 + w2) + (w1 + w3). The same pairings here,
+// four vectors at a time: 14 instructions for the four sums instead of about 40 (and four
+// scalar stores), the same bits (only which of two NaN payloads survives can differ).
+HWY_INLINE __m128 SumOfLanes4(V a, V b, V c, V d) {
+  // [u_a | u_b] and [u_c | u_d] (256 bits each).
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a.raw, b.raw, 0x44), _mm512_shuffle_f32x4(a.raw, b.raw, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c.raw, d.raw, 0x44), _mm512_shuffle_f32x4(c.raw, d.raw, 0xEE));
+  // 128-bit block k holds w of vector k (a, b, c, d).
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  // Per block: lane 0 = w0 + w2, lane 1 = w1 + w3; then lane 0 = their sum.
+  const __m512 z = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 s = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s));
+}
+#endif
 #if TQ_OPS_HAS_SUM_OF_LANES4
 // The lane sums of a, b, c and d in one 128-bit vector, each with exactly the additions that
 // hn::SumOfLanes makes on this target, only four at a time (float addition is commutative, so
@@ -157,7 +180,7 @@ HWY_INLINE __m128 SumOfLanes4(V a, V b, V c, V d) {
 template <size_t TT, size_t RR>
 HWY_INLINE void FinishTile(D d, const V (&acc)[TT][RR], float* HWY_RESTRICT sums, size_t sum_stride,
                            PanelEnd end) {
-#if TQ_OPS_HAS_SUM_OF_LANES4
+#if TQ_OPS_HAS_SUM_OF_LANES4 || TQ_OPS_HAS_SUM_OF_LANES4_512
   if constexpr (TT > 1 && RR == 4) {
     for (size_t t = 0; t < TT; ++t) {
       float* out = sums + t * sum_stride;
@@ -185,6 +208,10 @@ struct DenseRows {
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
   // Bytes that the first `cols` columns of a row take.
   static size_t bytes(size_t cols) { return cols * sizeof(WT); }
+  // Whether small batches multiply these rows as stored, widening each weight vector in the tile
+  // (see kConvertInTileTokens): BF16 on the AVX-512 targets only, where it measured faster (F16
+  // did not, nor did the AVX2 target's 3 x 4 tiles: 56-68 GFLOP/s against 65-69 before).
+  static constexpr bool kConvertInTile = std::is_same_v<WT, hwy::bfloat16_t> && kTileTokens == 4;
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
@@ -249,6 +276,7 @@ struct Q8Rows {
   using Row = const uint8_t*;  // blocks of kQ8BlockBytes: f16 scale, then 32 int8 quants
   static Row row(const WeightView& w, size_t r) { return reinterpret_cast<Row>(w.row_bytes(r)); }
   static size_t bytes(size_t cols) { return cols / kQ8BlockValues * kQ8BlockBytes; }
+  static constexpr bool kConvertInTile = false;
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
@@ -403,6 +431,17 @@ HWY_INLINE void TokenTiles(const float* const* wrows, const float* HWY_RESTRICT 
   prefetch.Next();
 }
 
+// Up to this many tokens (a batch of decoding sequences), a BF16 row tile is not widened into the
+// L1 buffer first: the tiles read it as stored and widen each weight vector in registers, once per
+// token tile. Widening costs two vector instructions per weight vector in every token tile, but the
+// separate pass (load, widen, store, then load again in every token tile) cost more at these sizes:
+// on the 2-core EPYC (Zen 4 class), 3072 x 512 BF16, one thread, weights in L3: 16 tokens 84-88
+// GFLOP/s instead of 65-70, 8 tokens 100 instead of 56, 32 tokens 84-98 instead of 74; at 64 it was
+// a wash. All the model's products in a chain from DRAM (ops-bench --model 1 --grouped 1, 2
+// threads, 16 tokens): 77-80 GFLOP/s instead of 48-59. The products are the same (widening is
+// exact), so the bits do not change.
+constexpr size_t kConvertInTileTokens = 32;
+
 // Rows [r0, r0 + RR), columns [k0, k1) of W against all n tokens.
 template <class Rows, size_t RR>
 HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT y,
@@ -417,6 +456,30 @@ HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t
   prefetch.lines = (Rows::bytes(k1) - Rows::bytes(k0) + kCacheLineBytes - 1) / kCacheLineBytes;
   const size_t token_tiles = std::max<size_t>(1, n / kTileTokens);
   prefetch.per_call = (prefetch.count * prefetch.lines + token_tiles - 1) / token_tiles;
+  PanelEnd end;
+  end.first = k0 == 0;
+  end.bias = bias && k1 == cols ? bias + r0 : nullptr;
+  if constexpr (Rows::kConvertInTile) {
+    if (n <= kConvertInTileTokens) {
+      typename Rows::Row rows[RR];
+      for (size_t i = 0; i < RR; ++i) rows[i] = Rows::row(w, r0 + i);
+      float* yr = y + r0;
+      size_t t = 0;
+      for (; t + kTileTokens <= n; t += kTileTokens) {
+        const float* xs[kTileTokens];
+        for (size_t i = 0; i < kTileTokens; ++i) xs[i] = x + (t + i) * cols;
+        Rows::template Tile<kTileTokens, RR>(rows, xs, k0, k1, yr + t * y_stride, y_stride, end);
+        prefetch.Next();
+      }
+      for (; t < n; ++t) {
+        const float* xs[1] = {x + t * cols};
+        Rows::template Tile<1, RR>(rows, xs, k0, k1, yr + t * y_stride, y_stride, end);
+      }
+      prefetch.per_call = ~size_t{0} >> 1;  // whatever is left
+      prefetch.Next();
+      return;
+    }
+  }
   const float* wrows[RR];
   for (size_t i = 0; i < RR; ++i) {
     if constexpr (std::is_same_v<Rows, FloatRows>) {
@@ -427,9 +490,6 @@ HWY_INLINE void RowTile(const WeightView& w, const float* HWY_RESTRICT x, size_t
       wrows[i] = row;
     }
   }
-  PanelEnd end;
-  end.first = k0 == 0;
-  end.bias = bias && k1 == cols ? bias + r0 : nullptr;
   TokenTiles<RR>(wrows, x + k0, cols, n, y + r0, y_stride, k1 - k0, end, prefetch);
 }
 

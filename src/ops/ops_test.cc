@@ -410,7 +410,7 @@ TEST_P(OpsTargets, MatMulTilingDoesNotChangeBits) {
       const int64_t rows = 1 + static_cast<int64_t>(rng.next() % 23);
       const RandomWeights w(t, rows, cols, rng.next(), rows % 2 ? 5 : 0);
       const auto bias = gaussian(static_cast<size_t>(rows), rng.next());
-      for (const size_t n : {1, 2, 3, 4, 5, 7, 63, 64, 65, 130}) {
+      for (const size_t n : {1, 2, 3, 4, 5, 7, 16, 32, 33, 63, 64, 65, 130}) {
         const auto x = gaussian(n * static_cast<size_t>(cols), rng.next());
         const size_t begin = static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows));
         const size_t end = begin + 1 + static_cast<size_t>(rng.next() % static_cast<uint64_t>(rows - static_cast<int64_t>(begin)));
