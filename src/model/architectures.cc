@@ -11,6 +11,7 @@ std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device
     case ModelArch::mistral:
     case ModelArch::qwen2:
     case ModelArch::qwen3: return std::make_unique<Llama>(files, device);
+    case ModelArch::gpt_oss: break;  // config and MXFP4 expert weights load; the model file is not written yet
   }
   fail(files.path, ": no architecture file builds '", files.config.architecture_class, "'");
 }

@@ -29,6 +29,7 @@ constexpr ArchInfo kArchs[] = {
     {"MistralForCausalLM", "mistral", ModelArch::mistral, 4096 * 32},
     {"Qwen2ForCausalLM", "qwen2", ModelArch::qwen2, 32768},
     {"Qwen3ForCausalLM", "qwen3", ModelArch::qwen3, 32768},
+    {"GptOssForCausalLM", "gpt_oss", ModelArch::gpt_oss, 131072},
 };
 
 // Typed reads from one JSON object; every message names the file and the key. A key whose value is
@@ -165,7 +166,96 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
     c.rope_scaling.original_max_position_embeddings = *original;
     return;
   }
-  fail("'", source, "': rope type '", *type, "' is not supported (supported: default, llama3)");
+  if (*type == "yarn" && c.arch == ModelArch::gpt_oss) {
+    c.rope_scaling.type = RopeScalingType::yarn;
+    for (const char* unsupported : {"mscale", "mscale_all_dim"}) {
+      TQ_CHECK(p.get(unsupported) == nullptr, "'", source, "': yarn rope scaling with \"", unsupported,
+               "\" is not supported (", params->dump(), ")");
+    }
+    const std::optional<double> factor = p.opt_number("factor");
+    TQ_CHECK(factor.has_value(), "'", source, "': yarn rope scaling needs \"factor\"; it has ", params->dump());
+    TQ_CHECK(std::isfinite(*factor) && *factor >= 1.0, "'", source, "': yarn rope scaling factor ", *factor,
+             " must be at least 1");
+    c.rope_scaling.factor = *factor;
+    c.rope_scaling.beta_fast = p.opt_number("beta_fast").value_or(32.0);
+    c.rope_scaling.beta_slow = p.opt_number("beta_slow").value_or(1.0);
+    TQ_CHECK(std::isfinite(c.rope_scaling.beta_fast) && std::isfinite(c.rope_scaling.beta_slow) &&
+                 c.rope_scaling.beta_slow > 0 && c.rope_scaling.beta_fast > c.rope_scaling.beta_slow,
+             "'", source, "': yarn beta_fast ", c.rope_scaling.beta_fast, " and beta_slow ", c.rope_scaling.beta_slow,
+             " must satisfy beta_fast > beta_slow > 0");
+    // transformers: original_max_position_embeddings, else the model's max_position_embeddings.
+    c.rope_scaling.original_max_position_embeddings =
+        p.opt_int("original_max_position_embeddings").value_or(c.max_position_embeddings);
+    TQ_CHECK(c.rope_scaling.original_max_position_embeddings > 0, "'", source,
+             "': yarn original_max_position_embeddings ", c.rope_scaling.original_max_position_embeddings,
+             " must be positive");
+    c.rope_scaling.truncate = p.opt_bool("truncate").value_or(true);
+    c.rope_scaling.attention_factor = p.opt_number("attention_factor").value_or(0.1 * std::log(*factor) + 1.0);
+    TQ_CHECK(std::isfinite(c.rope_scaling.attention_factor) && c.rope_scaling.attention_factor > 0, "'", source,
+             "': yarn attention_factor ", c.rope_scaling.attention_factor, " must be positive");
+    return;
+  }
+  fail("'", source, "': rope type '", *type, "' is not supported (supported: default, llama3",
+       c.arch == ModelArch::gpt_oss ? ", yarn" : "", ")");
+}
+
+// layer_types: one "sliding_attention" or "full_attention" per layer, into c.sliding_layers.
+void parse_layer_types(const json& types, const std::string& source, ModelConfig& c) {
+  TQ_CHECK(types.is_array(), "'", source, "': \"layer_types\" is ", types.dump(), ", expected a list");
+  TQ_CHECK(static_cast<int64_t>(types.size()) == c.num_hidden_layers, "'", source, "': layer_types lists ",
+           types.size(), " layers but num_hidden_layers is ", c.num_hidden_layers);
+  c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  for (size_t i = 0; i < types.size(); ++i) {
+    const json& t = types[i];
+    TQ_CHECK(t == "full_attention" || t == "sliding_attention", "'", source, "': layer_types[", i, "] is ",
+             t.dump(), " (expected full_attention or sliding_attention)");
+    c.sliding_layers[i] = t == "sliding_attention";
+  }
+}
+
+// GptOssConfig's fields beyond the shared ones (transformers configuration_gpt_oss.py).
+void parse_gpt_oss(const json& root, const std::string& source, ModelConfig& c) {
+  Fields f(root, source);
+  const std::optional<int64_t> experts = f.opt_int("num_local_experts");
+  TQ_CHECK(experts.has_value(), "'", source, "': \"num_local_experts\" is missing");
+  TQ_CHECK(*experts > 0, "'", source, "': \"num_local_experts\" is ", *experts, ", expected a positive integer");
+  c.num_experts = *experts;
+  // transformers names it num_experts_per_tok; OpenAI's own configs add experts_per_token.
+  const std::optional<int64_t> per_tok = f.opt_int("num_experts_per_tok");
+  const std::optional<int64_t> per_token = f.opt_int("experts_per_token");
+  TQ_CHECK(per_tok || per_token, "'", source, "': \"num_experts_per_tok\" is missing");
+  TQ_CHECK(!per_tok || !per_token || *per_tok == *per_token, "'", source, "': num_experts_per_tok ", *per_tok,
+           " and experts_per_token ", *per_token, " disagree");
+  c.num_experts_per_tok = per_tok ? *per_tok : *per_token;
+  TQ_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts, "'", source,
+           "': num_experts_per_tok ", c.num_experts_per_tok, " must be between 1 and num_local_experts ",
+           c.num_experts);
+
+  const std::optional<int64_t> window = f.opt_int("sliding_window");
+  TQ_CHECK(window.has_value(), "'", source, "': \"sliding_window\" is missing (GPT-OSS's even layers need it)");
+  TQ_CHECK(*window > 0, "'", source, "': sliding_window ", *window, " must be positive");
+  c.sliding_window = window;
+  if (const json* types = f.get("layer_types")) {
+    parse_layer_types(*types, source, c);
+  } else {
+    // GptOssConfig's default: layer i slides when (i + 1) % 2 != 0, i.e. the even layers.
+    c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.sliding_layers[static_cast<size_t>(i)] = (i + 1) % 2 != 0;
+  }
+
+  c.swiglu_limit = f.opt_number("swiglu_limit").value_or(7.0);
+  TQ_CHECK(std::isfinite(c.swiglu_limit) && c.swiglu_limit > 0, "'", source, "': swiglu_limit ", c.swiglu_limit,
+           " must be positive");
+  c.attention_sinks = true;  // GptOssAttention always has self_attn.sinks
+
+  if (const json* q = f.get("quantization_config")) {
+    TQ_CHECK(q->is_object(), "'", source, "': \"quantization_config\" is ", q->dump(), ", expected an object");
+    const std::optional<std::string> method = Fields(*q, source).opt_string("quant_method");
+    TQ_CHECK(method.has_value(), "'", source, "': quantization_config has no \"quant_method\"");
+    TQ_CHECK(*method == "mxfp4", "'", source, "': quantization_config quant_method '", *method,
+             "' is not supported (supported: mxfp4)");
+    c.experts_mxfp4 = true;
+  }
 }
 
 // Checks shared by both sources once the fields are filled.
@@ -209,6 +299,7 @@ const char* architecture_name(ModelArch a) {
     case ModelArch::mistral: return "mistral";
     case ModelArch::qwen2: return "qwen2";
     case ModelArch::qwen3: return "qwen3";
+    case ModelArch::gpt_oss: return "gpt_oss";
   }
   return "?";
 }
@@ -229,6 +320,12 @@ std::string ModelConfig::summary() const {
      << intermediate_size << ", heads " << num_attention_heads << "/" << num_key_value_heads << " x " << head_dim
      << ", vocab " << vocab_size << ", rope " << rope_layout_name(rope_layout) << " theta " << rope_theta
      << (rope_scaling.type == RopeScalingType::llama3 ? " (llama3 scaling)" : "")
+     << (rope_scaling.type == RopeScalingType::yarn ? " (yarn scaling)" : "")
+     << (num_experts > 0 ? ", " + std::to_string(num_experts) + " experts top-" + std::to_string(num_experts_per_tok) +
+                               (experts_mxfp4 ? " (MXFP4)" : "")
+                         : std::string())
+     << (sliding_window ? ", sliding window " + std::to_string(*sliding_window) : std::string())
+     << (attention_sinks ? ", attention sinks" : "")
      << (tie_word_embeddings ? ", tied embeddings" : "") << (qkv_bias ? ", qkv bias" : "")
      << (qk_norm ? ", qk norm" : "");
   return os.str();
@@ -276,13 +373,15 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   c.num_key_value_heads = f.opt_int("num_key_value_heads").value_or(c.num_attention_heads);
   if (const std::optional<int64_t> hd = f.opt_int("head_dim")) {
     c.head_dim = *hd;
+  } else if (c.arch == ModelArch::gpt_oss) {
+    c.head_dim = 64;  // GptOssConfig's default (hidden 2880 is not heads x head_dim)
   } else {
     TQ_CHECK(c.hidden_size % c.num_attention_heads == 0, "'", source, "': hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_attention_heads, " and head_dim is not given");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   c.max_position_embeddings = f.opt_int("max_position_embeddings").value_or(info->default_max_positions);
-  c.rms_norm_eps = f.opt_number("rms_norm_eps").value_or(1e-6);
+  c.rms_norm_eps = f.opt_number("rms_norm_eps").value_or(c.arch == ModelArch::gpt_oss ? 1e-5 : 1e-6);
   c.tie_word_embeddings = f.opt_bool("tie_word_embeddings").value_or(false);
   c.hidden_act = f.opt_string("hidden_act").value_or("silu");
   TQ_CHECK(c.hidden_act == "silu", "'", source, "': hidden_act '", c.hidden_act,
@@ -306,6 +405,11 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
     case ModelArch::qwen3:
       c.qkv_bias = c.o_bias = attention_bias;
       c.qk_norm = true;
+      break;
+    case ModelArch::gpt_oss:
+      // GptOssAttention: q, k, v and o all take bias=attention_bias (default true).
+      c.qkv_bias = c.o_bias = f.opt_bool("attention_bias").value_or(true);
+      parse_gpt_oss(root, source, c);
       break;
   }
 
@@ -368,8 +472,14 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.arch = ModelArch::qwen3;
     c.rope_layout = RopeLayout::rotate_half;
     c.qk_norm = true;
+  } else if (arch == "gpt-oss") {
+    // llama.cpp's converter keeps the HF row order (NeoX RoPE, no permutation).
+    c.arch = ModelArch::gpt_oss;
+    c.rope_layout = RopeLayout::rotate_half;
+    c.qkv_bias = c.o_bias = true;
+    c.attention_sinks = true;
   } else {
-    fail("'", g.path(), "': unsupported GGUF architecture '", arch, "' (supported: llama, qwen2, qwen3)");
+    fail("'", g.path(), "': unsupported GGUF architecture '", arch, "' (supported: llama, qwen2, qwen3, gpt-oss)");
   }
   c.architecture_class = "gguf:" + arch;
   const std::string p = arch + ".";
@@ -380,7 +490,9 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     return v;
   };
   c.hidden_size = positive(p + "embedding_length");
-  c.intermediate_size = positive(p + "feed_forward_length");
+  // GPT-OSS's experts have their own width key (llama.cpp: n_ff_exp); feed_forward_length is the same.
+  c.intermediate_size = c.arch == ModelArch::gpt_oss ? positive(p + "expert_feed_forward_length")
+                                                     : positive(p + "feed_forward_length");
   c.num_hidden_layers = positive(p + "block_count");
   check_layer_count(c.num_hidden_layers, "'" + g.path() + "': metadata '" + p + "block_count'");
   c.num_attention_heads = positive(p + "attention.head_count");
@@ -403,7 +515,27 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   if (g.has(p + "rope.dimension_count")) c.rope_dim = positive(p + "rope.dimension_count");
   if (g.has(p + "rope.scaling.type")) {
     const std::string type = g.get_string(p + "rope.scaling.type");
-    TQ_CHECK(type == "none", "'", g.path(), "': rope scaling type '", type, "' is not supported (supported: none)");
+    if (type == "yarn" && c.arch == ModelArch::gpt_oss) {
+      RopeScaling& y = c.rope_scaling;
+      y.type = RopeScalingType::yarn;
+      y.factor = g.get_f32(p + "rope.scaling.factor");
+      TQ_CHECK(std::isfinite(y.factor) && y.factor >= 1.0, "'", g.path(), "': metadata '", p,
+               "rope.scaling.factor' is ", y.factor, ", expected at least 1");
+      y.original_max_position_embeddings = positive(p + "rope.scaling.original_context_length");
+      // llama.cpp's defaults when the file does not say (its cparams yarn_beta_fast / _slow).
+      if (g.has(p + "rope.scaling.yarn_beta_fast")) y.beta_fast = g.get_f32(p + "rope.scaling.yarn_beta_fast");
+      if (g.has(p + "rope.scaling.yarn_beta_slow")) y.beta_slow = g.get_f32(p + "rope.scaling.yarn_beta_slow");
+      TQ_CHECK(std::isfinite(y.beta_fast) && std::isfinite(y.beta_slow) && y.beta_slow > 0 && y.beta_fast > y.beta_slow,
+               "'", g.path(), "': yarn beta_fast ", y.beta_fast, " and beta_slow ", y.beta_slow,
+               " must satisfy beta_fast > beta_slow > 0");
+      // GGUF has no "truncate" key; every GPT-OSS checkpoint says truncate false (llama.cpp itself
+      // rounds the range, which transformers and OpenAI's reference do not).
+      y.truncate = false;
+      y.attention_factor = 0.1 * std::log(y.factor) + 1.0;
+    } else {
+      TQ_CHECK(type == "none", "'", g.path(), "': rope scaling type '", type, "' is not supported (supported: none",
+               c.arch == ModelArch::gpt_oss ? ", yarn" : "", ")");
+    }
   }
   if (g.has(p + "rope.scale_linear")) {
     TQ_CHECK(g.get_f32(p + "rope.scale_linear") == 1.0f, "'", g.path(), "': linear rope scaling is not supported");
@@ -428,6 +560,33 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.o_bias = g.tensors().contains("blk.0.attn_output.bias");
   }
   if (c.arch == ModelArch::qwen3) c.o_bias = g.tensors().contains("blk.0.attn_output.bias");
+  if (c.arch == ModelArch::gpt_oss) {
+    c.num_experts = positive(p + "expert_count");
+    c.num_experts_per_tok = positive(p + "expert_used_count");
+    TQ_CHECK(c.num_experts_per_tok <= c.num_experts, "'", g.path(), "': metadata '", p, "expert_used_count' is ",
+             c.num_experts_per_tok, ", more than the ", c.num_experts, " experts of '", p, "expert_count'");
+    c.sliding_window = positive(p + "attention.sliding_window");
+    // llama.cpp: layer l slides when l % pattern < pattern - 1 (pattern 2: the even layers), or a
+    // per-layer array of flags.
+    const std::string pattern_key = p + "attention.sliding_window_pattern";
+    c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+    const GgufValue* pattern = g.find(pattern_key);
+    if (pattern != nullptr && pattern->type == GgufType::array) {
+      const std::vector<int32_t> flags = g.get_array<int32_t>(pattern_key);
+      TQ_CHECK(static_cast<int64_t>(flags.size()) == c.num_hidden_layers, "'", g.path(), "': metadata '", pattern_key,
+               "' lists ", flags.size(), " layers but block_count is ", c.num_hidden_layers);
+      for (size_t l = 0; l < flags.size(); ++l) c.sliding_layers[l] = flags[l] != 0;
+    } else {
+      const int64_t period = pattern != nullptr ? positive(pattern_key) : 2;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        c.sliding_layers[static_cast<size_t>(l)] = l % period < period - 1;
+      }
+    }
+    // GPT-OSS's clamp is 7.0 in every released config and llama.cpp hard-codes it; GGUF has no key.
+    c.swiglu_limit = 7.0;
+    const TensorView* gate = g.tensors().find("blk.0.ffn_gate_exps.weight");
+    c.experts_mxfp4 = gate != nullptr && gate->dtype == DType::mxfp4;
+  }
 
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!g.has(key)) return std::nullopt;

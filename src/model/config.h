@@ -12,8 +12,8 @@ namespace tq {
 
 class GgufFile;
 
-enum class ModelArch { llama, mistral, qwen2, qwen3 };
-const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qwen3"
+enum class ModelArch { llama, mistral, qwen2, qwen3, gpt_oss };
+const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qwen3", "gpt_oss"
 
 // How RoPE pairs the coordinates of a head of dimension d (rotating the first rope_dim of them):
 //   rotate_half: (x[i], x[i + rope_dim/2])  - Hugging Face checkpoints (and Qwen GGUFs)
@@ -22,17 +22,25 @@ const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qw
 enum class RopeLayout { rotate_half, interleaved };
 const char* rope_layout_name(RopeLayout l);
 
-enum class RopeScalingType { none, llama3 };
+enum class RopeScalingType { none, llama3, yarn };
 
 // Llama 3.1 frequency-dependent scaling (rope_type "llama3"): with wavelength w = 2*pi/freq,
 // w < original_max/high_freq_factor keeps freq, w > original_max/low_freq_factor divides it by
 // factor, and wavelengths between blend the two smoothly.
+// YaRN (rope_type "yarn", GPT-OSS): frequencies blend between freq and freq / factor over the
+// correction range that beta_fast and beta_slow give at original_max_position_embeddings (floored
+// and ceiled when truncate, kept as floats when not: GPT-OSS has truncate false); cos and sin are
+// multiplied by attention_factor (0.1 ln(factor) + 1 when the config does not give it).
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::none;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;          // yarn
+  double beta_slow = 1.0;           // yarn
+  bool truncate = true;             // yarn: round the correction range to integers (transformers' default)
+  double attention_factor = 1.0;    // yarn: the factor on cos and sin
 };
 
 struct ModelConfig {
@@ -65,6 +73,15 @@ struct ModelConfig {
   bool qk_norm = false;             // per-head RMSNorm on q and k before RoPE (Qwen3)
   std::string hidden_act = "silu";
 
+  // Mixture of experts (GPT-OSS); num_experts == 0 means a dense MLP. intermediate_size is then
+  // each expert's width.
+  int64_t num_experts = 0;           // num_local_experts
+  int64_t num_experts_per_tok = 0;   // experts per token (top-k), 1..num_experts
+  bool experts_mxfp4 = false;        // HF: quantization_config says mxfp4 (GGUF: the tensors' type says)
+  // GPT-OSS's clamped SwiGLU: gate clamped above at swiglu_limit, up to [-limit, limit]; 0 = none.
+  double swiglu_limit = 0;
+  bool attention_sinks = false;      // one learned sink logit per attention head (GPT-OSS)
+
   // Sliding-window attention as the checkpoint declares it (recorded; Mistral v0.1 uses 4096).
   std::optional<int64_t> sliding_window;
   // Per layer, whether it uses the sliding window ([num_hidden_layers]; empty when none does).
@@ -93,8 +110,8 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
 // `path`: config.json or the folder holding it.
 ModelConfig load_hf_config(const std::string& path);
 
-// From GGUF metadata (general.architecture llama, qwen2 or qwen3, and the <arch>.* keys) and the
-// file's tensors (tied embeddings when there is no output.weight; rope_freqs.weight).
+// From GGUF metadata (general.architecture llama, qwen2, qwen3 or gpt-oss, and the <arch>.* keys) and
+// the file's tensors (tied embeddings when there is no output.weight; rope_freqs.weight).
 ModelConfig config_from_gguf(const GgufFile& gguf);
 
 // generation_config.json: every field optional.

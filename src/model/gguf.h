@@ -45,9 +45,10 @@ enum class GgufType : uint32_t {
 };
 const char* gguf_type_name(GgufType t);  // "UINT32", "STRING", ...
 
-// ggml tensor type ids this reader knows by name (the supported ones are F32 0, F16 1, Q8_0 8, BF16 30).
+// ggml tensor type ids this reader knows by name (the supported ones are F32 0, F16 1, Q8_0 8, BF16 30,
+// MXFP4 39).
 const char* ggml_type_name(uint32_t type_id);  // "Q4_K", ..., or nullptr for an unknown id
-inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ8_0 = 8, kGgmlBF16 = 30;
+inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ8_0 = 8, kGgmlBF16 = 30, kGgmlMxfp4 = 39;
 
 // One metadata value. Numeric arrays stay in the file (elements read on request).
 struct GgufValue {

@@ -11,8 +11,10 @@ ops::DType to_ops(DType t) {
     case DType::f16: return ops::DType::F16;
     case DType::bf16: return ops::DType::BF16;
     case DType::q8_0: return ops::DType::Q8_0;
+    case DType::u8:
+    case DType::mxfp4: break;
   }
-  return ops::DType::F32;
+  fail("internal error: a ", dtype_name(t), " tensor is not a Llama-family matrix (validate_weights refuses it)");
 }
 
 ops::WeightView view(const TensorView* t) {

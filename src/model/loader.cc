@@ -25,6 +25,7 @@ ModelFiles open_model(const std::string& path) {
     m.naming = WeightNaming::gguf;
   }
   m.weights = validate_weights(m.config, m.tensors(), m.naming);
+  if (m.config.num_experts > 0) m.experts = build_expert_weights(m.config, m.weights, m.naming);
   return m;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/experts.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -23,6 +24,8 @@ struct ModelFiles {
   std::unique_ptr<SafetensorsModel> safetensors;
   std::unique_ptr<GgufFile> gguf;
   ModelWeights weights;
+  // Mixture-of-experts layers (config.num_experts > 0): per-expert views over `weights`.
+  ExpertWeights experts;
 
   const TensorSet& tensors() const { return gguf ? gguf->tensors() : safetensors->tensors(); }
 };

@@ -21,12 +21,15 @@ namespace fs = std::filesystem;
 // us parse gigabytes of tensor data as JSON).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-constexpr const char* kSupportedDtypes = "F32, F16, BF16";
+// U8 holds the planes of MXFP4 expert weights (*_blocks, *_scales); the weight checks say where it
+// may appear.
+constexpr const char* kSupportedDtypes = "F32, F16, BF16, U8";
 
 std::optional<DType> supported_dtype(const std::string& name) {
   if (name == "F32") return DType::f32;
   if (name == "F16") return DType::f16;
   if (name == "BF16") return DType::bf16;
+  if (name == "U8") return DType::u8;
   return std::nullopt;
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "ops/dtype.h"
 
 namespace tq {
 
@@ -15,11 +16,15 @@ const char* dtype_name(DType t) {
     case DType::f16: return "F16";
     case DType::bf16: return "BF16";
     case DType::q8_0: return "Q8_0";
+    case DType::u8: return "U8";
+    case DType::mxfp4: return "MXFP4";
   }
   return "?";
 }
 
-int64_t dtype_block_elems(DType t) { return t == DType::q8_0 ? kQ8_0BlockElems : 1; }
+int64_t dtype_block_elems(DType t) {
+  return t == DType::q8_0 ? kQ8_0BlockElems : t == DType::mxfp4 ? kMxfp4BlockElems : 1;
+}
 
 int64_t dtype_block_bytes(DType t) {
   switch (t) {
@@ -27,6 +32,8 @@ int64_t dtype_block_bytes(DType t) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::q8_0: return kQ8_0BlockBytes;
+    case DType::u8: return 1;
+    case DType::mxfp4: return kMxfp4BlockBytes;
   }
   return 0;
 }
@@ -105,6 +112,19 @@ void read_row_f32(const TensorView& view, int64_t row, float* out) {
         const float d = f16_bits_to_f32(d_bits);
         for (int64_t j = 0; j < kQ8_0BlockElems; ++j) {
           out[blk * kQ8_0BlockElems + j] = d * static_cast<float>(static_cast<int8_t>(block[2 + j]));
+        }
+      }
+      break;
+    case DType::u8:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
+      break;
+    case DType::mxfp4:
+      for (int64_t blk = 0; blk < n / kMxfp4BlockElems; ++blk) {
+        const uint8_t* block = src + blk * kMxfp4BlockBytes;
+        const float scale = ops::e8m0_to_float(block[0]);
+        for (int64_t j = 0; j < kMxfp4BlockElems / 2; ++j) {
+          out[blk * kMxfp4BlockElems + j] = ops::kE2M1Values[block[1 + j] & 15] * scale;
+          out[blk * kMxfp4BlockElems + j + 16] = ops::kE2M1Values[block[1 + j] >> 4] * scale;
         }
       }
       break;

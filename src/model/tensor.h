@@ -18,15 +18,22 @@ enum class DType {
   f32,
   f16,
   bf16,
-  q8_0,  // ggml Q8_0: blocks of 32 values = binary16 scale d + 32 int8 q; value = d * q
+  q8_0,   // ggml Q8_0: blocks of 32 values = binary16 scale d + 32 int8 q; value = d * q
+  u8,     // raw bytes (safetensors U8): the *_blocks and *_scales planes of HF MXFP4 tensors
+  mxfp4,  // ggml MXFP4 (type 39): blocks of 32 values = E8M0 scale e + 16 bytes qs, where qs[j]
+          // holds value j in its low nibble and value j + 16 in its high nibble (split-half);
+          // value = E2M1(code) * 2^(e - 127) (ggml writes it as doubled codes * 2^(e - 128))
 };
 
-const char* dtype_name(DType t);           // "F32", "F16", "BF16", "Q8_0"
-int64_t dtype_block_elems(DType t);        // values per block: 1, or 32 for Q8_0
-int64_t dtype_block_bytes(DType t);        // bytes per block: 4, 2, 2, 34
+const char* dtype_name(DType t);           // "F32", "F16", "BF16", "Q8_0", "U8", "MXFP4"
+int64_t dtype_block_elems(DType t);        // values per block: 1, or 32 for Q8_0 and MXFP4
+int64_t dtype_block_bytes(DType t);        // bytes per block: 4, 2, 2, 34, 1, 17
 inline constexpr int64_t kQ8_0BlockElems = 32;
 inline constexpr int64_t kQ8_0BlockBytes = 34;  // 2-byte f16 scale + 32 int8
 static_assert(kQ8_0BlockBytes == 2 + kQ8_0BlockElems);
+inline constexpr int64_t kMxfp4BlockElems = 32;
+inline constexpr int64_t kMxfp4BlockBytes = 17;  // 1-byte E8M0 scale + 16 bytes of nibbles
+static_assert(kMxfp4BlockBytes == 1 + kMxfp4BlockElems / 2);
 
 // "[2048, 128]"
 std::string shape_string(const std::vector<int64_t>& shape);
@@ -55,7 +62,7 @@ struct TensorView {
   uint64_t row_bytes() const;
 };
 
-// Converts row `row` (0 <= row < view.rows()) to float32.
+// Converts row `row` (0 <= row < view.rows()) to float32 (U8: each byte's value).
 //   out: [view.row_length()] floats
 // Slow and portable: meant for tests, loading and reference paths, not for the hot loop.
 void read_row_f32(const TensorView& view, int64_t row, float* out);

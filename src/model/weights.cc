@@ -24,6 +24,34 @@ std::string layer_name(const char* pattern, int64_t layer) {
   return s;
 }
 
+// What a tensor is for, which says the storage types it may have.
+enum class Kind {
+  vector,   // norms, biases: F32, F16, BF16
+  matrix,   // linear weights: F32, F16, BF16, Q8_0
+  plane,    // an HF MXFP4 plane (*_blocks, *_scales): U8
+  experts,  // a GGUF stack of expert matrices: F32, F16, BF16, Q8_0, MXFP4
+};
+
+bool allowed(Kind k, DType t) {
+  switch (k) {
+    case Kind::vector: return t == DType::f32 || t == DType::f16 || t == DType::bf16;
+    case Kind::matrix: return allowed(Kind::vector, t) || t == DType::q8_0;
+    case Kind::plane: return t == DType::u8;
+    case Kind::experts: return allowed(Kind::matrix, t) || t == DType::mxfp4;
+  }
+  return false;
+}
+
+const char* allowed_names(Kind k) {
+  switch (k) {
+    case Kind::vector: return "norms and biases must be F32, F16 or BF16";
+    case Kind::matrix: return "matrices must be F32, F16, BF16 or Q8_0";
+    case Kind::plane: return "MXFP4 blocks and scales must be U8";
+    case Kind::experts: return "expert matrices must be F32, F16, BF16, Q8_0 or MXFP4";
+  }
+  return "";
+}
+
 class Checker {
  public:
   Checker(const TensorSet& tensors, WeightNaming naming) : tensors_(tensors), naming_(naming) {}
@@ -35,21 +63,29 @@ class Checker {
   // The tensor `name` with `shape`; `why` explains the expected shape in config terms.
   const TensorView* require(const std::string& tensor, const std::vector<int64_t>& shape, bool matrix,
                             const std::string& why) {
+    return require(tensor, shape, matrix ? Kind::matrix : Kind::vector, why);
+  }
+  const TensorView* require(const std::string& tensor, const std::vector<int64_t>& shape, Kind kind,
+                            const std::string& why) {
     const TensorView* t = tensors_.find(tensor);
     TQ_CHECK(t != nullptr, "'", tensors_.source(), "': tensor '", tensor, "' is missing (expected shape ",
              shape_string(shape), ": ", why, ")");
-    return check(tensor, t, shape, matrix, why);
+    return check(tensor, t, shape, kind, why);
   }
 
   const TensorView* check(const std::string& tensor, const TensorView* t, const std::vector<int64_t>& shape,
                           bool matrix, const std::string& why) {
+    return check(tensor, t, shape, matrix ? Kind::matrix : Kind::vector, why);
+  }
+  const TensorView* check(const std::string& tensor, const TensorView* t, const std::vector<int64_t>& shape,
+                          Kind kind, const std::string& why) {
     // A tensor found through an alias is named by both names.
     std::string label = "'" + tensor + "'";
     if (t->name != tensor) label += " (stored as '" + t->name + "')";
     TQ_CHECK(t->shape == shape, "'", t->file, "': tensor ", label, " has shape ", shape_string(t->shape),
              ", expected ", shape_string(shape), " (", why, ")");
-    TQ_CHECK(matrix || t->dtype != DType::q8_0, "'", t->file, "': tensor ", label, " is ", dtype_name(t->dtype),
-             "; norms and biases must be F32, F16 or BF16");
+    TQ_CHECK(allowed(kind, t->dtype), "'", t->file, "': tensor ", label, " is ", dtype_name(t->dtype), "; ",
+             allowed_names(kind));
     used_.insert(t->name);
     return t;
   }
@@ -72,6 +108,59 @@ class Checker {
 
 std::string dims(const char* a, int64_t x, const char* b, int64_t y) {
   return std::string(a) + " " + std::to_string(x) + " x " + b + " " + std::to_string(y);
+}
+
+// The router and experts of MoE layer l (GPT-OSS), into L.
+void validate_experts(const ModelConfig& c, Checker& ck, WeightNaming naming, int64_t l, LayerWeights& L) {
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.intermediate_size;
+  const std::string e_why = "num_local_experts " + std::to_string(E);
+  const std::string eh_why = e_why + " x hidden_size " + std::to_string(H);
+  const bool hf = naming == WeightNaming::hf;
+  auto n = [&](const char* hf_pattern, const char* gguf_pattern) { return layer_name(hf ? hf_pattern : gguf_pattern, l); };
+  L.router = ck.require(n("model.layers.#.mlp.router.weight", "blk.#.ffn_gate_inp.weight"), {E, H}, true, eh_why);
+  L.router_bias = ck.require(n("model.layers.#.mlp.router.bias", "blk.#.ffn_gate_inp.bias"), {E}, false, e_why);
+  // MXFP4 blocks hold 32 values of a row: both contraction lengths must be whole blocks.
+  auto whole_blocks = [&](const std::string& tensor, const char* dim, int64_t value) {
+    TQ_CHECK(value % 32 == 0, "'", ck.tensors().source(), "': tensor '", tensor, "' is MXFP4, whose blocks hold 32 ",
+             "values, but ", dim, " ", value, " is not a multiple of 32");
+  };
+  const std::string ei = e_why + " x 2 x intermediate_size " + std::to_string(I);
+  if (hf) {
+    const std::string prefix = layer_name("model.layers.#.mlp.experts.", l);
+    if (!c.experts_mxfp4) {
+      fail("'", ck.tensors().source(), "': layer ", l, ": GPT-OSS experts that are not MXFP4 ('", prefix,
+           "gate_up_proj', quantization_config absent) are not supported yet; only MXFP4 checkpoints load");
+    }
+    whole_blocks(prefix + "gate_up_proj_blocks", "hidden_size", H);
+    whole_blocks(prefix + "down_proj_blocks", "intermediate_size", I);
+    L.gate_up_blocks = ck.require(prefix + "gate_up_proj_blocks", {E, 2 * I, H / 32, 16}, Kind::plane,
+                                  ei + " x hidden_size / 32 blocks x 16 bytes");
+    L.gate_up_scales = ck.require(prefix + "gate_up_proj_scales", {E, 2 * I, H / 32}, Kind::plane,
+                                  ei + " x hidden_size / 32 E8M0 scales");
+    L.gate_up_bias = ck.require(prefix + "gate_up_proj_bias", {E, 2 * I}, false, ei);
+    const std::string eh = e_why + " x hidden_size " + std::to_string(H);
+    L.down_blocks = ck.require(prefix + "down_proj_blocks", {E, H, I / 32, 16}, Kind::plane,
+                               eh + " x intermediate_size / 32 blocks x 16 bytes");
+    L.down_scales = ck.require(prefix + "down_proj_scales", {E, H, I / 32}, Kind::plane,
+                               eh + " x intermediate_size / 32 E8M0 scales");
+    L.down_bias = ck.require(prefix + "down_proj_bias", {E, H}, false, eh);
+    return;
+  }
+  const std::string up_why = e_why + " x intermediate_size " + std::to_string(I) + " x hidden_size " + std::to_string(H);
+  const std::string down_why = e_why + " x hidden_size " + std::to_string(H) + " x intermediate_size " + std::to_string(I);
+  auto experts = [&](const char* pattern, const std::vector<int64_t>& shape, const std::string& why, const char* dim) {
+    const std::string name = layer_name(pattern, l);
+    const TensorView* t = ck.tensors().find(name);
+    if (t != nullptr && t->dtype == DType::mxfp4) whole_blocks(name, dim, shape.back());
+    return ck.require(name, shape, Kind::experts, why);
+  };
+  L.gate_exps = experts("blk.#.ffn_gate_exps.weight", {E, I, H}, up_why, "hidden_size");
+  L.up_exps = experts("blk.#.ffn_up_exps.weight", {E, I, H}, up_why, "hidden_size");
+  L.down_exps = experts("blk.#.ffn_down_exps.weight", {E, H, I}, down_why, "intermediate_size");
+  const std::string ei1 = e_why + " x intermediate_size " + std::to_string(I);
+  L.gate_exps_bias = ck.require(layer_name("blk.#.ffn_gate_exps.bias", l), {E, I}, false, ei1);
+  L.up_exps_bias = ck.require(layer_name("blk.#.ffn_up_exps.bias", l), {E, I}, false, ei1);
+  L.down_exps_bias = ck.require(layer_name("blk.#.ffn_down_exps.bias", l), {E, H}, false, eh_why);
 }
 
 }  // namespace
@@ -137,6 +226,17 @@ ModelWeights validate_weights(const ModelConfig& c, const TensorSet& tensors, We
       const std::string why = "head_dim " + std::to_string(hd);
       L.q_norm = ck.require(n("model.layers.#.self_attn.q_norm.weight", "blk.#.attn_q_norm.weight"), {hd}, false, why);
       L.k_norm = ck.require(n("model.layers.#.self_attn.k_norm.weight", "blk.#.attn_k_norm.weight"), {hd}, false, why);
+    }
+    if (c.attention_sinks) {
+      L.sinks = ck.require(n("model.layers.#.self_attn.sinks", "blk.#.attn_sinks.weight"), {c.num_attention_heads},
+                           false, "num_attention_heads " + std::to_string(c.num_attention_heads));
+    }
+    if (c.num_experts > 0) {
+      // GPT-OSS: llama.cpp names the pre-MoE norm post_attention_norm (HF post_attention_layernorm).
+      L.ffn_norm = ck.require(n("model.layers.#.post_attention_layernorm.weight", "blk.#.post_attention_norm.weight"),
+                              {hidden}, false, hidden_why);
+      validate_experts(c, ck, naming, l, L);
+      continue;
     }
     L.ffn_norm = ck.require(n("model.layers.#.post_attention_layernorm.weight", "blk.#.ffn_norm.weight"), {hidden},
                             false, hidden_why);

@@ -34,6 +34,26 @@ struct LayerWeights {
   const TensorView* b_gate = nullptr;     // [intermediate]         (mlp_bias)
   const TensorView* b_up = nullptr;       // [intermediate]         (mlp_bias)
   const TensorView* b_down = nullptr;     // [hidden]               (mlp_bias)
+
+  // Mixture of experts (num_experts > 0, GPT-OSS), instead of the dense MLP above. E = experts,
+  // I = intermediate_size (per expert), H = hidden_size.
+  const TensorView* sinks = nullptr;        // [heads]                (attention_sinks)
+  const TensorView* router = nullptr;       // [E, H]
+  const TensorView* router_bias = nullptr;  // [E]
+  // HF MXFP4 (model.layers.N.mlp.experts.*): rows of gate_up interleave gate (even) and up (odd).
+  const TensorView* gate_up_blocks = nullptr;  // [E, 2I, H/32, 16] U8
+  const TensorView* gate_up_scales = nullptr;  // [E, 2I, H/32] U8 (E8M0)
+  const TensorView* gate_up_bias = nullptr;    // [E, 2I], interleaved the same way
+  const TensorView* down_blocks = nullptr;     // [E, H, I/32, 16] U8
+  const TensorView* down_scales = nullptr;     // [E, H, I/32] U8
+  const TensorView* down_bias = nullptr;       // [E, H]
+  // GGUF (blk.N.ffn_*_exps): gate and up apart, MXFP4 (type 39) or any matrix type.
+  const TensorView* gate_exps = nullptr;       // [E, I, H]
+  const TensorView* up_exps = nullptr;         // [E, I, H]
+  const TensorView* down_exps = nullptr;       // [E, H, I]
+  const TensorView* gate_exps_bias = nullptr;  // [E, I]
+  const TensorView* up_exps_bias = nullptr;    // [E, I]
+  const TensorView* down_exps_bias = nullptr;  // [E, H]
 };
 
 struct ModelWeights {
@@ -47,7 +67,8 @@ struct ModelWeights {
 };
 
 // Finds every tensor the config needs and checks its shape and dtype. Matrices may be F32, F16,
-// BF16 or Q8_0 (GGUF); norms, biases and rope_freqs F32, F16 or BF16. Tied embeddings are found
+// BF16 or Q8_0 (GGUF); norms, biases and rope_freqs F32, F16 or BF16; MXFP4 experts U8 planes
+// (HF) or ggml MXFP4 (GGUF), with dimensions that are multiples of 32. Tied embeddings are found
 // under either name (model.embed_tokens.weight or lm_head.weight; token_embd.weight for GGUF, where
 // a missing output.weight means tied), including through aliases. A missing tensor or a wrong shape
 // or dtype throws tq::Error naming the file, the tensor, the expected and the actual shape.

@@ -69,6 +69,14 @@ std::vector<uint8_t> encode_values(DType dtype, const std::vector<float>& values
       }
       break;
     }
+    case DType::u8:
+      for (float v : values) {
+        TQ_CHECK(v >= 0 && v <= 255 && v == std::floor(v), "U8 value ", v, " is not a byte");
+        out.push_back(static_cast<uint8_t>(v));
+      }
+      break;
+    case DType::mxfp4:
+      fail("MXFP4 is not encoded from floats here (it would need a quantizer); write its blocks with add_tensor_raw");
   }
   return out;
 }
@@ -82,7 +90,7 @@ void SafetensorsWriter::add_raw(const std::string& name, const std::string& dtyp
 
 void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
                             const std::vector<float>& values) {
-  TQ_CHECK(dtype != DType::q8_0, "safetensors has no Q8_0");
+  TQ_CHECK(dtype != DType::q8_0 && dtype != DType::mxfp4, "safetensors has no ", dtype_name(dtype));
   TQ_CHECK(count_elems(shape) == static_cast<int64_t>(values.size()), "tensor '", name, "': ", values.size(),
            " values for shape ", shape_string(shape));
   add_raw(name, dtype_name(dtype), std::move(shape), encode_values(dtype, values));
@@ -187,7 +195,9 @@ void GgufWriter::add_tensor(const std::string& name, DType dtype, std::vector<in
   const uint32_t id = dtype == DType::f32    ? kGgmlF32
                       : dtype == DType::f16  ? kGgmlF16
                       : dtype == DType::bf16 ? kGgmlBF16
-                                             : kGgmlQ8_0;
+                      : dtype == DType::q8_0 ? kGgmlQ8_0
+                                             : kGgmlMxfp4;
+  TQ_CHECK(dtype != DType::u8, "GGUF has no U8 tensors");
   add_tensor_raw(name, id, std::move(shape), encode_values(dtype, values));
 }
 

@@ -1,8 +1,21 @@
 // Storage types of weight tensors as the compute ops read them.
 // F32/F16/BF16 are plain arrays; Q8_0 is ggml's block format: per 32 consecutive values one
 // binary16 scale d followed by 32 int8 quants q, value = d * q (34 bytes per block).
+//
+// MXFP4 (OCP Microscaling FP4, GPT-OSS's expert weights) is held in the layout of Hugging Face
+// checkpoints, two planes per matrix (so a mapped checkpoint is used in place):
+//   codes  [rows][cols / 32][16] bytes: byte k of a block holds value 2k in its low nibble and value
+//          2k + 1 in its high nibble (transformers' convert_moe_packed_tensors: out[0::2] = lut[lo],
+//          out[1::2] = lut[hi]);
+//   scales [rows][cols / 32] bytes: one E8M0 exponent e per block of 32 values;
+//   value = E2M1(code) * 2^(e - 127), E2M1 by bits 0-2 = {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign.
+// Every such value is exact in float32 (e = 0 gives subnormals, still exact), so decoding is exact.
+// e = 255 is NaN in the OCP spec; the ops decode it as NaN, and the model loader rejects it.
+// GGUF's MXFP4 (ggml type 39, 17-byte blocks with the scale first and split-half nibbles) is
+// repacked into this layout at load (model/mxfp4.h), a byte permutation that keeps every value.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -10,21 +23,28 @@
 
 namespace tq::ops {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0 };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, MXFP4 };
 
 inline constexpr size_t kQ8BlockValues = 32;
 inline constexpr size_t kQ8BlockBytes = 2 + kQ8BlockValues;  // f16 scale + 32 int8
 
-// Values per storage block: 1 for the plain types, 32 for Q8_0.
-inline constexpr size_t block_values(DType t) { return t == DType::Q8_0 ? kQ8BlockValues : 1; }
+inline constexpr size_t kMxfp4BlockValues = 32;
+inline constexpr size_t kMxfp4BlockCodeBytes = kMxfp4BlockValues / 2;  // 16 bytes of nibbles
 
-// Bytes per storage block: the element size for the plain types.
+// Values per storage block: 1 for the plain types, 32 for Q8_0 and MXFP4.
+inline constexpr size_t block_values(DType t) {
+  return t == DType::Q8_0 ? kQ8BlockValues : t == DType::MXFP4 ? kMxfp4BlockValues : 1;
+}
+
+// Bytes per storage block in a row's main plane: the element size for the plain types; for MXFP4
+// the 16 code bytes (its scale byte lies in the separate scale plane).
 inline constexpr size_t block_bytes(DType t) {
   switch (t) {
     case DType::F32: return 4;
     case DType::F16: return 2;
     case DType::BF16: return 2;
     case DType::Q8_0: return kQ8BlockBytes;
+    case DType::MXFP4: return kMxfp4BlockCodeBytes;
   }
   return 0;
 }
@@ -35,11 +55,12 @@ inline constexpr const char* dtype_name(DType t) {
     case DType::F16: return "F16";
     case DType::BF16: return "BF16";
     case DType::Q8_0: return "Q8_0";
+    case DType::MXFP4: return "MXFP4";
   }
   return "?";
 }
 
-// Bytes taken by `count` consecutive values; Q8_0 needs whole blocks.
+// Bytes taken by `count` consecutive values in the main plane; block types need whole blocks.
 inline size_t storage_bytes(DType t, size_t count) {
   TQ_CHECK(count % block_values(t) == 0, dtype_name(t), " stores values in blocks of ", block_values(t),
            ", got a row of ", count, " values");
@@ -52,5 +73,17 @@ struct BlockQ8_0 {
   int8_t quants[kQ8BlockValues];
 };
 static_assert(sizeof(BlockQ8_0) == kQ8BlockBytes, "Q8_0 block must be 34 bytes");
+
+// E2M1 code (4 bits) as float: the OCP FP4 lattice, bit 3 the sign (code 8 is -0).
+inline constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// E8M0 scale byte as float: 2^(e - 127), built from its bits (e = 0 is the subnormal 2^-127);
+// e = 255 is NaN (OCP). Exact for every other e.
+inline constexpr float e8m0_to_float(uint8_t e) {
+  if (e == 255) return std::bit_cast<float>(uint32_t{0x7fc00000});
+  if (e == 0) return std::bit_cast<float>(uint32_t{0x00400000});
+  return std::bit_cast<float>(static_cast<uint32_t>(e) << 23);
+}
 
 }  // namespace tq::ops

@@ -18,9 +18,7 @@ constexpr size_t kRowGroup = 4;
 // Below this many weight bytes a product runs on the calling thread: waking the pool costs more.
 constexpr size_t kMinBytesToThread = 64 * 1024;
 
-size_t weight_bytes(const WeightView& w) {
-  return static_cast<size_t>(w.rows) * storage_bytes(w.dtype, static_cast<size_t>(w.cols));
-}
+size_t weight_bytes(const WeightView& w) { return static_cast<size_t>(w.rows) * w.bytes_per_row(); }
 
 // Runs body(row_begin, row_end) over the rows of w, split across the pool in row groups.
 template <typename Body>
@@ -49,6 +47,24 @@ WeightView WeightView::dense(DType dtype, const void* data, int64_t rows, int64_
   return w;
 }
 
+WeightView WeightView::mxfp4(const void* codes, const void* scales, int64_t rows, int64_t cols) {
+  TQ_CHECK(cols >= 0, "weight view: negative column count ", cols);
+  WeightView w;
+  w.dtype = DType::MXFP4;
+  w.data = codes;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_stride_bytes = storage_bytes(DType::MXFP4, static_cast<size_t>(cols));
+  w.scales = scales;
+  w.scale_stride_bytes = static_cast<size_t>(cols) / kMxfp4BlockValues;
+  return w;
+}
+
+size_t WeightView::bytes_per_row() const {
+  const size_t c = static_cast<size_t>(cols);
+  return c / block_values(dtype) * block_bytes(dtype) + (dtype == DType::MXFP4 ? c / kMxfp4BlockValues : 0);
+}
+
 void WeightView::validate(const char* what) const {
   TQ_CHECK(rows > 0 && cols > 0, what, ": weight shape [", rows, "][", cols, "] must be non-empty");
   TQ_CHECK(data != nullptr, what, ": weight data is null");
@@ -58,6 +74,12 @@ void WeightView::validate(const char* what) const {
   const size_t row_size = storage_bytes(dtype, static_cast<size_t>(cols));
   TQ_CHECK(row_stride_bytes >= row_size, what, ": row stride ", row_stride_bytes,
            " bytes is shorter than a row of ", cols, " ", dtype_name(dtype), " values (", row_size, " bytes)");
+  if (dtype == DType::MXFP4) {
+    TQ_CHECK(scales != nullptr, what, ": MXFP4 weight has no scale plane");
+    const size_t blocks = static_cast<size_t>(cols) / kMxfp4BlockValues;
+    TQ_CHECK(scale_stride_bytes >= blocks, what, ": MXFP4 scale stride ", scale_stride_bytes,
+             " bytes is shorter than a row's ", blocks, " scales");
+  }
 }
 
 void matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool, const float* bias) {
@@ -191,6 +213,18 @@ void weight_row(const WeightView& w, int64_t row, float* out) {
         for (size_t i = 0; i < kQ8BlockValues; ++i) out[b * kQ8BlockValues + i] = d * block.quants[i];
       }
       return;
+    case DType::MXFP4: {
+      const uint8_t* scales = w.scale_row(row);
+      for (size_t b = 0; b < cols / kMxfp4BlockValues; ++b) {
+        const float s = e8m0_to_float(scales[b]);
+        const uint8_t* codes = p + b * kMxfp4BlockCodeBytes;
+        for (size_t k = 0; k < kMxfp4BlockCodeBytes; ++k) {
+          out[b * kMxfp4BlockValues + 2 * k] = kE2M1Values[codes[k] & 15] * s;
+          out[b * kMxfp4BlockValues + 2 * k + 1] = kE2M1Values[codes[k] >> 4] * s;
+        }
+      }
+      return;
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// CPU compute ops of the forward pass: matrix products over F32/F16/BF16/Q8_0 weights, RMSNorm,
+// CPU compute ops of the forward pass: matrix products over F32/F16/BF16/Q8_0/MXFP4 weights, RMSNorm,
 // RoPE, SwiGLU, softmax, argmax and small elementwise ops. Activations are always float32.
 //
 // Every op has a Highway SIMD kernel (compiled for every x86 target, picked at run time) and a
@@ -21,22 +21,34 @@
 namespace tq::ops {
 
 // A row-major weight matrix [rows][cols] in the Hugging Face layout (rows = output features),
-// not owned. Rows may be padded: row r starts at data + r * row_stride_bytes.
+// not owned. Rows may be padded: row r starts at data + r * row_stride_bytes. MXFP4 has a second
+// plane, its E8M0 scales (dtype.h): row r's start at scales + r * scale_stride_bytes. Both strides
+// may be any multiple of a row, so every other row of a matrix is a view too (GPT-OSS's gate/up
+// rows, interleaved in the checkpoint).
 struct WeightView {
   DType dtype = DType::F32;
-  const void* data = nullptr;
+  const void* data = nullptr;  // [rows][row_stride_bytes]: values, or MXFP4 codes
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_stride_bytes = 0;
+  const void* scales = nullptr;  // MXFP4 only: [rows][scale_stride_bytes], cols / 32 used per row
+  size_t scale_stride_bytes = 0;
 
-  // Tightly packed rows (stride = storage_bytes(dtype, cols)).
+  // Tightly packed rows (stride = storage_bytes(dtype, cols)). Not for MXFP4 (use mxfp4()).
   static WeightView dense(DType dtype, const void* data, int64_t rows, int64_t cols);
+  // Tightly packed MXFP4 planes: codes [rows][cols / 2] bytes, scales [rows][cols / 32] bytes.
+  static WeightView mxfp4(const void* codes, const void* scales, int64_t rows, int64_t cols);
 
   const uint8_t* row_bytes(int64_t r) const {
     return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_stride_bytes;
   }
+  const uint8_t* scale_row(int64_t r) const {
+    return static_cast<const uint8_t*>(scales) + static_cast<size_t>(r) * scale_stride_bytes;
+  }
+  // Bytes a product reads per row (both planes).
+  size_t bytes_per_row() const;
   // Throws tq::Error naming `what` when the view is unusable (null data, bad shape, short stride,
-  // Q8_0 columns not a multiple of 32).
+  // block-type columns not a multiple of 32, MXFP4 without its scale plane).
   void validate(const char* what) const;
 };
 

@@ -4,8 +4,9 @@
 //   build/bin/ops-bench --model 1 [--grouped 1] [--threads N] [--tokens T] [--reps K] [--layers L]
 //                       [--hidden H] [--ffn I] [--q-dim Q] [--kv-dim KV] [--vocab V]
 //
-// For each weight type: decode (matvec, y = W x) and batched (matmul over T tokens) on a
-// [rows][cols] weight, best of K runs. GB/s counts the weight bytes read once per call
+// For each weight type (F32, BF16, F16, Q8_0, MXFP4): decode (matvec, y = W x) and batched (matmul
+// over T tokens) on a [rows][cols] weight, best of K runs. GB/s counts the weight bytes (MXFP4: its
+// codes and scales, 4.25 bits per weight) read once per call
 // (activations are small next to them); GFLOP/s counts 2 * rows * cols * tokens. The machine's
 // read bandwidth, measured here with the same thread count, is printed for comparison.
 //
@@ -72,10 +73,18 @@ double read_bandwidth_gbs(tq::ThreadPool& pool, size_t bytes, int reps) {
   return static_cast<double>(bytes) / s / 1e9;
 }
 
+// The weight bytes: [rows][storage_bytes(t, cols)], then for MXFP4 its scale plane [rows][cols / 32].
 std::vector<uint8_t> random_weights(tq::ops::DType t, size_t rows, size_t cols) {
   using tq::ops::DType;
-  std::vector<uint8_t> bytes(rows * tq::ops::storage_bytes(t, cols));
+  const size_t scale_bytes = t == DType::MXFP4 ? rows * cols / tq::ops::kMxfp4BlockValues : 0;
+  std::vector<uint8_t> bytes(rows * tq::ops::storage_bytes(t, cols) + scale_bytes);
   tq::SplitMix64 rng(7);
+  if (t == DType::MXFP4) {
+    const size_t codes = bytes.size() - scale_bytes;
+    for (size_t i = 0; i < codes; ++i) bytes[i] = static_cast<uint8_t>(rng.next());
+    for (size_t i = codes; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(118 + rng.next() % 4);
+    return bytes;
+  }
   if (t == DType::Q8_0) {
     for (size_t b = 0; b < bytes.size(); b += tq::ops::kQ8BlockBytes) {
       const uint16_t scale = tq::f32_to_f16_bits(0.01f);
@@ -228,9 +237,12 @@ int main(int argc, char** argv) {
 
   std::printf("| weights | path | time | weight GB/s | GFLOP/s |\n|---|---|---|---|---|\n");
   using tq::ops::DType;
-  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8_0}) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8_0, DType::MXFP4}) {
     const auto bytes = random_weights(t, rows, cols);
-    const auto w = tq::ops::WeightView::dense(t, bytes.data(), static_cast<int64_t>(rows), static_cast<int64_t>(cols));
+    const auto r = static_cast<int64_t>(rows), c = static_cast<int64_t>(cols);
+    const auto w = t == DType::MXFP4
+                       ? tq::ops::WeightView::mxfp4(bytes.data(), bytes.data() + rows * cols / 2, r, c)
+                       : tq::ops::WeightView::dense(t, bytes.data(), r, c);
     const double mv = best_seconds(reps, [&] { tq::ops::matvec(w, x.data(), y.data(), pool); });
     std::printf("| %s | decode matvec | %.3f ms | %.1f | %.1f |\n", tq::ops::dtype_name(t), mv * 1e3,
                 static_cast<double>(bytes.size()) / mv / 1e9, 2.0 * rows * cols / mv / 1e9);

@@ -8,6 +8,7 @@
 #include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -331,6 +332,157 @@ struct Q8Rows {
   }
 };
 
+// MXFP4 (dtype.h): per block of 32 values, 16 code bytes and one E8M0 scale in a second plane.
+// The codes are looked up as twice their E2M1 value in a 16-entry int8 table with one byte
+// shuffle per 16 codes (every doubled value is an integer: {0, 1, 2, 3, 4, 6, 8, 12}), then
+// widened to float and multiplied by half the block's scale, 2^(e - 128): ggml's convention, and
+// exact, so the weights the multiply-adds see are exactly E2M1 * 2^(e - 127), transformers'
+// dequantized values (-0 becomes +0, which no product or sum can tell apart).
+constexpr float HalfE8M0(uint8_t e) {
+  if (e == 255) return std::numeric_limits<float>::quiet_NaN();  // OCP: NaN
+  if (e < 2) return std::bit_cast<float>(uint32_t{0x00200000} << e);  // 2^-128, 2^-127: subnormal
+  return std::bit_cast<float>(static_cast<uint32_t>(e - 1) << 23);
+}
+struct HalfE8M0Table {
+  float v[256];
+  constexpr HalfE8M0Table() : v() {
+    for (int e = 0; e < 256; ++e) v[e] = HalfE8M0(static_cast<uint8_t>(e));
+  }
+};
+inline constexpr HalfE8M0Table kHalfE8M0{};
+alignas(16) inline constexpr int8_t kE2M1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+#if HWY_TARGET != HWY_SCALAR
+// The 32 codes of one block as doubled E2M1 values in element order: values 0-15 and 16-31.
+HWY_INLINE void DecodeMxfp4Halves(const uint8_t* HWY_RESTRICT codes, hn::Vec<hn::Full128<int8_t>>& first,
+                                  hn::Vec<hn::Full128<int8_t>>& second) {
+  const hn::Full128<uint8_t> du8;
+  const hn::Full128<int8_t> di8;
+  const auto bytes = hn::LoadU(du8, codes);
+  const auto table = hn::Load(di8, kE2M1Doubled);
+  const auto lo = hn::TableLookupBytes(table, hn::And(bytes, hn::Set(du8, 15)));  // values 0, 2, 4, ...
+  const auto hi = hn::TableLookupBytes(table, hn::ShiftRight<4>(bytes));          // values 1, 3, 5, ...
+  // Adjacent-pair order: interleaving the even and odd values restores 0..15 and 16..31.
+  // (The lookup returns the index vector's type: the int8 values as uint8 bytes.)
+  first = hn::BitCast(di8, hn::InterleaveLower(du8, lo, hi));
+  second = hn::BitCast(di8, hn::InterleaveUpper(du8, lo, hi));
+}
+#endif
+
+// The same into memory: out[32].
+HWY_INLINE void DecodeMxfp4Block(const uint8_t* HWY_RESTRICT codes, int8_t* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR
+  for (size_t k = 0; k < kMxfp4BlockCodeBytes; ++k) {
+    out[2 * k] = kE2M1Doubled[codes[k] & 15];
+    out[2 * k + 1] = kE2M1Doubled[codes[k] >> 4];
+  }
+#else
+  const hn::Full128<int8_t> di8;
+  hn::Vec<hn::Full128<int8_t>> first, second;
+  DecodeMxfp4Halves(codes, first, second);
+  hn::StoreU(first, di8, out);
+  hn::StoreU(second, di8, out + 16);
+#endif
+}
+
+// Whether a float vector has 16 lanes, so that the 16 int8 values of a decoded half widen to one
+// float vector straight from the register (AVX-512); other targets go through memory.
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+#define TQ_OPS_MXFP4_IN_REGISTERS 1
+#else
+#define TQ_OPS_MXFP4_IN_REGISTERS 0
+#endif
+
+struct Mxfp4Rows {
+  struct Row {
+    const uint8_t* codes;   // [cols / 32][16]
+    const uint8_t* scales;  // [cols / 32]
+  };
+  static Row row(const WeightView& w, size_t r) {
+    return {w.row_bytes(static_cast<int64_t>(r)), w.scale_row(static_cast<int64_t>(r))};
+  }
+  // Bytes of the code plane that the first `cols` columns take (what the prefetcher fetches; the
+  // scale plane is a sixteenth of it and comes along with the hardware prefetcher).
+  static size_t bytes(size_t cols) { return cols / 2; }
+
+  template <size_t TT, size_t RR>
+  static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
+                              size_t k0, size_t k1, float* HWY_RESTRICT sums, size_t sum_stride,
+                              PanelEnd end = PanelEnd()) {
+    const D d;
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<int8_t, D> di8;
+    const size_t N = hn::Lanes(d);
+    Row w[RR];
+    const float* x[TT];
+    for (size_t r = 0; r < RR; ++r) w[r] = rows[r];
+    for (size_t t = 0; t < TT; ++t) x[t] = xs[t];
+    V acc[TT][RR];
+    for (size_t t = 0; t < TT; ++t)
+      for (size_t r = 0; r < RR; ++r) acc[t][r] = hn::Zero(d);
+
+    // k0 and k1 are multiples of 32 (the panel width is, and MXFP4 rows are whole blocks).
+#if TQ_OPS_MXFP4_IN_REGISTERS
+    static_assert(HWY_LANES(float) == 16);
+    (void)N;
+    (void)di8;
+    for (size_t b = k0 / kMxfp4BlockValues; b < k1 / kMxfp4BlockValues; ++b) {
+      const size_t kb = b * kMxfp4BlockValues;
+      V xv[2][TT];
+      for (size_t t = 0; t < TT; ++t) {
+        xv[0][t] = hn::LoadU(d, x[t] + kb);
+        xv[1][t] = hn::LoadU(d, x[t] + kb + 16);
+      }
+      for (size_t r = 0; r < RR; ++r) {
+        hn::Vec<hn::Full128<int8_t>> half[2];
+        DecodeMxfp4Halves(w[r].codes + b * kMxfp4BlockCodeBytes, half[0], half[1]);
+        const V scale = hn::Set(d, kHalfE8M0.v[w[r].scales[b]]);
+        for (size_t h = 0; h < 2; ++h) {
+          const V wv = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di, half[h])), scale);
+          for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[h][t], acc[t][r]);
+        }
+      }
+    }
+#else
+    HWY_ALIGN int8_t q[RR][kMxfp4BlockValues];  // this block's doubled values, per row
+    for (size_t b = k0 / kMxfp4BlockValues; b < k1 / kMxfp4BlockValues; ++b) {
+      V scale[RR];
+      for (size_t r = 0; r < RR; ++r) {
+        DecodeMxfp4Block(w[r].codes + b * kMxfp4BlockCodeBytes, q[r]);
+        scale[r] = hn::Set(d, kHalfE8M0.v[w[r].scales[b]]);
+      }
+      const size_t kb = b * kMxfp4BlockValues;
+      for (size_t j = 0; j < kMxfp4BlockValues; j += N) {
+        V xv[TT];
+        for (size_t t = 0; t < TT; ++t) xv[t] = hn::LoadU(d, x[t] + kb + j);
+        for (size_t r = 0; r < RR; ++r) {
+          const V wv = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di, hn::Load(di8, q[r] + j))), scale[r]);
+          for (size_t t = 0; t < TT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
+        }
+      }
+    }
+#endif
+    FinishTile<TT, RR>(d, acc, sums, sum_stride, end);
+  }
+
+  // out[k - k0] = the value of column k for k in [k0, k1) (multiples of 32), as Tile computes it.
+  static HWY_INLINE void Widen(Row row, size_t k0, size_t k1, float* HWY_RESTRICT out) {
+    const D d;
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<int8_t, D> di8;
+    const size_t N = hn::Lanes(d);
+    HWY_ALIGN int8_t q[kMxfp4BlockValues];
+    for (size_t b = k0 / kMxfp4BlockValues; b < k1 / kMxfp4BlockValues; ++b) {
+      DecodeMxfp4Block(row.codes + b * kMxfp4BlockCodeBytes, q);
+      const V scale = hn::Set(d, kHalfE8M0.v[row.scales[b]]);
+      for (size_t j = 0; j < kMxfp4BlockValues; j += N) {
+        const V wv = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di, hn::Load(di8, q + j))), scale);
+        hn::Store(wv, d, out + (b * kMxfp4BlockValues + j - k0));
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------- matrix product drivers
 
 // Decode: rows r[0..RR) of y = W x, each row streamed once from start to end.
@@ -526,6 +678,7 @@ void MatVecRows(const WeightView& w, const float* x, float* y, size_t row_begin,
     case DType::F16: return MatVecRowsT<DenseRows<hwy::float16_t>>(w, x, y, row_begin, row_end, bias);
     case DType::BF16: return MatVecRowsT<DenseRows<hwy::bfloat16_t>>(w, x, y, row_begin, row_end, bias);
     case DType::Q8_0: return MatVecRowsT<Q8Rows>(w, x, y, row_begin, row_end, bias);
+    case DType::MXFP4: return MatVecRowsT<Mxfp4Rows>(w, x, y, row_begin, row_end, bias);
   }
 }
 
@@ -538,6 +691,7 @@ void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t 
     case DType::BF16:
       return MatMulRowsT<DenseRows<hwy::bfloat16_t>>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::Q8_0: return MatMulRowsT<Q8Rows>(w, x, n, y, y_stride, row_begin, row_end, bias);
+    case DType::MXFP4: return MatMulRowsT<Mxfp4Rows>(w, x, n, y, y_stride, row_begin, row_end, bias);
   }
 }
 

@@ -50,15 +50,34 @@ RopeConfig rope_config(int head_dim, int rotary_dim = 0, double theta = 10000.0,
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
-// A random weight matrix [rows][cols] stored as `dtype`, rows padded by `pad_bytes`.
+// A random weight matrix [rows][cols] stored as `dtype`, rows padded by `pad_bytes` (MXFP4: both
+// planes, the scale rows by pad_bytes / 2 + 1).
 struct RandomWeights {
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes;   // [rows][row_size]
+  std::vector<uint8_t> scales;  // MXFP4: [rows][scale_row_size]
   WeightView view;
 
   RandomWeights(DType dtype, int64_t rows, int64_t cols, uint64_t seed, size_t pad_bytes = 0) {
     const size_t row_size = storage_bytes(dtype, static_cast<size_t>(cols)) + pad_bytes;
     bytes.assign(row_size * static_cast<size_t>(rows), 0xAB);  // padding holds garbage on purpose
     SplitMix64 rng(seed);
+    if (dtype == DType::MXFP4) {
+      const size_t blocks = static_cast<size_t>(cols) / kMxfp4BlockValues;
+      const size_t scale_row_size = blocks + (pad_bytes ? pad_bytes / 2 + 1 : 0);
+      scales.assign(scale_row_size * static_cast<size_t>(rows), 0xFF);  // padding: NaN scales, never read
+      for (int64_t r = 0; r < rows; ++r) {
+        uint8_t* row = bytes.data() + static_cast<size_t>(r) * row_size;
+        for (size_t i = 0; i < blocks * kMxfp4BlockCodeBytes; ++i) row[i] = static_cast<uint8_t>(rng.next());
+        // Exponents around 2^-4: products of the size of the other types' (and a few extremes).
+        for (size_t b = 0; b < blocks; ++b) {
+          scales[static_cast<size_t>(r) * scale_row_size + b] = static_cast<uint8_t>(118 + rng.next() % 8);
+        }
+      }
+      view = WeightView::mxfp4(bytes.data(), scales.data(), rows, cols);
+      view.row_stride_bytes = row_size;
+      view.scale_stride_bytes = scale_row_size;
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       uint8_t* row = bytes.data() + static_cast<size_t>(r) * row_size;
       if (dtype == DType::Q8_0) {
@@ -99,7 +118,7 @@ std::vector<double> abs_dot_bounds(const WeightView& w, const float* x, size_t n
   return bound;
 }
 
-const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::MXFP4};
 
 // ---------------------------------------------------------------- plain checks
 
@@ -268,6 +287,76 @@ TEST(Rope, AnglesAreFloatProductsThenDoubleCosSin) {
       EXPECT_EQ(s[j], static_cast<float>(std::sin(static_cast<double>(angle))));
     }
   }
+}
+
+
+// ---------------------------------------------------------------- MXFP4
+
+// The OCP spec's decode, written independently of the ops: FP4_VALUES[code] * 2^(e - 127) in
+// double (transformers: lut[nibble], then torch.ldexp(.., e - 127)).
+double spec_mxfp4(uint8_t code, uint8_t e) {
+  static const double kFp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  return std::ldexp(kFp4[code], static_cast<int>(e) - 127);
+}
+// Value c of row r of an MXFP4 view by the spec: block c / 32, byte (c % 32) / 2, low nibble for even c.
+double spec_value(const WeightView& w, int64_t r, int64_t c) {
+  const uint8_t byte = w.row_bytes(r)[(c / 32) * 16 + (c % 32) / 2];
+  return spec_mxfp4(c % 2 ? byte >> 4 : byte & 15, w.scale_row(r)[c / 32]);
+}
+
+TEST(Mxfp4, DecodesEveryCodeAndScaleExactly) {
+  EXPECT_EQ(block_values(DType::MXFP4), 32u);
+  EXPECT_EQ(block_bytes(DType::MXFP4), 16u);
+  EXPECT_EQ(storage_bytes(DType::MXFP4, 2880), 90u * 16u);
+  // One row per exponent; each row's 2 blocks hold every code in both nibbles of a byte.
+  const uint8_t exps[] = {0, 1, 2, 100, 126, 127, 128, 140, 254};
+  const int64_t rows = sizeof(exps), cols = 64;
+  std::vector<uint8_t> codes(static_cast<size_t>(rows) * 32), scales(static_cast<size_t>(rows) * 2);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int k = 0; k < 16; ++k) {
+      codes[r * 32 + k] = static_cast<uint8_t>(k | (15 - k) << 4);        // block 0: code k, then 15 - k
+      codes[r * 32 + 16 + k] = static_cast<uint8_t>((k * 7) % 16 | k << 4);  // block 1: another order
+    }
+    scales[r * 2] = exps[r];
+    scales[r * 2 + 1] = exps[(r + 3) % rows];
+  }
+  const WeightView w = WeightView::mxfp4(codes.data(), scales.data(), rows, cols);
+  ASSERT_NO_THROW(w.validate("test"));
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    weight_row(w, r, row.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      // Rounding the double to float is exact but for e = 254 and |E2M1| >= 2, which overflow to
+      // inf in float32 as they do in torch's float32 and bfloat16 ldexp.
+      const float expected = static_cast<float>(spec_value(w, r, c));
+      ASSERT_TRUE(same_bits(ref::weight_at(w, r, c), expected)) << "row " << r << " col " << c;
+      ASSERT_TRUE(same_bits(row[c], expected)) << "row " << r << " col " << c;
+    }
+  }
+  // Byte 0 of row 5 (e = 127) is code 0 then 15: values 0 and -6; code 8 is -0.
+  EXPECT_EQ(ref::weight_at(w, 5, 1), -6.0f);
+  EXPECT_TRUE(same_bits(ref::weight_at(w, 5, 16), -0.0f));  // byte 8: code 8 in the low nibble
+  EXPECT_EQ(ref::weight_at(w, 0, 7), -0x1p-126f);             // e = 0, byte 3 high = code 12 (-2): -2 * 2^-127
+  // e = 255 is NaN.
+  scales[0] = 255;
+  EXPECT_TRUE(std::isnan(ref::weight_at(w, 0, 2)));
+  EXPECT_EQ(e8m0_to_float(0), 0x1p-127f);
+  EXPECT_EQ(e8m0_to_float(127), 1.0f);
+  EXPECT_EQ(e8m0_to_float(254), 0x1p127f);
+}
+
+TEST(Mxfp4, ViewValidation) {
+  std::vector<uint8_t> codes(4 * 32), scales(8);
+  WeightView w = WeightView::mxfp4(codes.data(), nullptr, 4, 64);
+  expect_error_mentions([&] { w.validate("gate_exps"); }, "gate_exps: MXFP4 weight has no scale plane");
+  w = WeightView::mxfp4(codes.data(), scales.data(), 4, 64);
+  w.scale_stride_bytes = 1;
+  expect_error_mentions([&] { w.validate("up_exps"); }, "up_exps: MXFP4 scale stride 1 bytes");
+  expect_error_mentions([&] { WeightView::mxfp4(codes.data(), scales.data(), 4, 48); }, "blocks of 32, got a row of 48");
+  w = WeightView::mxfp4(codes.data(), scales.data(), 4, 64);
+  w.cols = 48;
+  expect_error_mentions([&] { w.validate("down_exps"); }, "48 columns");
+  EXPECT_EQ(WeightView::mxfp4(codes.data(), scales.data(), 4, 64).bytes_per_row(), 34u);
 }
 
 // ---------------------------------------------------------------- every SIMD target
@@ -727,6 +816,53 @@ TEST_P(OpsTargets, AddAndScaleAreExact) {
     scale(a.data(), 0.125f, out.data(), n);
     ref::scale(a.data(), 0.125f, expected.data(), n);
     EXPECT_EQ(std::memcmp(out.data(), expected.data(), n * 4), 0);
+  }
+}
+
+
+// The MXFP4 kernels against a double-precision dequantize-then-multiply by the spec (not the
+// ops' own decode), on odd shapes, for decode and batches, on the even and odd rows of a matrix as
+// views of their own (GPT-OSS's gate/up rows are interleaved), with one and two threads.
+TEST_P(OpsTargets, Mxfp4ProductsMatchSpecDequantizeThenMultiply) {
+  SplitMix64 rng(4242);
+  for (const int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (const int64_t cols : {32, 96, 544, 2880}) {
+      for (const int64_t rows : {1, 6, 37, 130}) {
+        const RandomWeights full(DType::MXFP4, rows, cols, rng.next(), rows % 2 ? 3 : 0);
+        for (const int parity : {-1, 0, 1}) {  // the whole matrix, its even rows, its odd rows
+          WeightView w = full.view;
+          if (parity >= 0) {
+            if (rows < 2) continue;
+            w.data = full.view.row_bytes(parity);
+            w.scales = full.view.scale_row(parity);
+            w.rows = (rows - parity + 1) / 2;
+            w.row_stride_bytes *= 2;
+            w.scale_stride_bytes *= 2;
+          }
+          const int64_t first = parity < 0 ? 0 : parity, step = parity < 0 ? 1 : 2;
+          for (const size_t n : {1, 3, 7, 65}) {
+            const auto x = gaussian(n * static_cast<size_t>(cols), rng.next());
+            const auto bias = gaussian(static_cast<size_t>(w.rows), rng.next());
+            std::vector<float> y(n * static_cast<size_t>(w.rows));
+            matmul(w, x.data(), n, y.data(), pool, bias.data());
+            for (size_t t = 0; t < n; ++t) {
+              for (int64_t r = 0; r < w.rows; ++r) {
+                double sum = bias[r], bound = std::fabs(bias[r]);
+                for (int64_t c = 0; c < cols; ++c) {
+                  const double v = spec_value(full.view, first + step * r, c) * x[t * cols + c];
+                  sum += v;
+                  bound += std::fabs(v);
+                }
+                ASSERT_NEAR(y[t * w.rows + r], sum, 1e-5 * bound + 1e-30)
+                    << "[" << rows << "][" << cols << "] parity " << parity << " n " << n << " token " << t
+                    << " row " << r << ", " << threads << " threads";
+              }
+            }
+          }
+        }
+      }
+    }
   }
 }
 

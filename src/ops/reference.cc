@@ -33,6 +33,12 @@ float weight_at(const WeightView& w, int64_t r, int64_t c) {
       const int8_t q = static_cast<int8_t>(block[2 + c % kQ8BlockValues]);
       return f16_bits_to_f32(scale_bits) * static_cast<float>(q);
     }
+    case DType::MXFP4: {
+      // Value c of the row: block c / 32, byte (c % 32) / 2, the low nibble for even c.
+      const uint8_t byte = row[static_cast<size_t>(c / 32) * kMxfp4BlockCodeBytes + static_cast<size_t>(c % 32) / 2];
+      const uint8_t code = c % 2 == 0 ? byte & 15 : byte >> 4;
+      return kE2M1Values[code] * e8m0_to_float(w.scale_row(r)[c / 32]);
+    }
   }
   return 0.0f;
 }

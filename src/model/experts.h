@@ -1,0 +1,50 @@
+// The expert weights of mixture-of-experts layers (GPT-OSS) as the ops read them: one gate, up and
+// down matrix per expert, each an ops::WeightView, with the biases as floats.
+//
+// MXFP4 is held in one layout for the kernels, the Hugging Face one (ops/dtype.h: a plane of
+// adjacent-pair E2M1 nibbles and a plane of E8M0 scales). An HF folder's *_blocks / *_scales are
+// used in place (no copy): expert e's gate is the even rows of gate_up_proj and its up the odd
+// rows, views with twice the row stride (modeling_gpt_oss.py: gate_up[..., ::2], gate_up[..., 1::2]).
+// A GGUF's ggml MXFP4 tensors (17-byte blocks: scale, then split-half nibbles) are repacked into
+// the two planes at load: a byte permutation that keeps every value (never requantized). Other
+// GGUF expert types (F32/F16/BF16/Q8_0) are used in place.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+#include "ops/ops.h"
+
+namespace tq {
+
+// One layer's experts. E = experts, I = intermediate_size (per expert), H = hidden_size.
+struct LayerExperts {
+  std::vector<ops::WeightView> gate;  // [E], each [I][H]
+  std::vector<ops::WeightView> up;    // [E], each [I][H]
+  std::vector<ops::WeightView> down;  // [E], each [H][I]
+  std::vector<float> gate_bias;       // [E][I]
+  std::vector<float> up_bias;         // [E][I]
+  std::vector<float> down_bias;       // [E][H]
+};
+
+struct ExpertWeights {
+  std::vector<LayerExperts> layers;  // [num_hidden_layers]
+  // Planes repacked from GGUF MXFP4, which the views of `layers` point into: per repacked tensor,
+  // codes [E][rows][cols / 2] then scales [E][rows][cols / 32]. Moving the object keeps them valid.
+  std::vector<std::vector<uint8_t>> repacked;
+};
+
+// Builds the views over validated weights (validate_weights with config.num_experts > 0). Throws
+// tq::Error naming the tensor and the position of an E8M0 scale of 255 (NaN in the OCP spec; no
+// real checkpoint has one), which would otherwise turn outputs into NaN.
+ExpertWeights build_expert_weights(const ModelConfig& config, const ModelWeights& weights, WeightNaming naming);
+
+// One ggml MXFP4 block (17 bytes: E8M0 scale, then qs[16] with value j in the low nibble of qs[j] and
+// value j + 16 in its high nibble) into the HF planes (codes[16]: values 2k, 2k + 1 in byte k) and
+// back. Exact inverses of each other.
+void mxfp4_block_from_gguf(const uint8_t* block, uint8_t* codes, uint8_t* scale);
+void mxfp4_block_to_gguf(const uint8_t* codes, uint8_t scale, uint8_t* block);
+
+}  // namespace tq
