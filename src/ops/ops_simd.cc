@@ -387,6 +387,7 @@ HWY_INLINE void DecodeMxfp4Block(const uint8_t* HWY_RESTRICT codes, int8_t* HWY_
 
 // Whether a float vector has 16 lanes, so that the 16 int8 values of a decoded half widen to one
 // float vector straight from the register (AVX-512); other targets go through memory.
+#undef TQ_OPS_MXFP4_IN_REGISTERS  // defined again for every target of foreach_target
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
 #define TQ_OPS_MXFP4_IN_REGISTERS 1
 #else
@@ -404,6 +405,8 @@ struct Mxfp4Rows {
   // Bytes of the code plane that the first `cols` columns take (what the prefetcher fetches; the
   // scale plane is a sixteenth of it and comes along with the hardware prefetcher).
   static size_t bytes(size_t cols) { return cols / 2; }
+  // The tiles decode the blocks themselves (there is no widened copy to make).
+  static constexpr bool kConvertInTile = false;
 
   template <size_t TT, size_t RR>
   static HWY_INLINE void Tile(const Row* HWY_RESTRICT rows, const float* const* HWY_RESTRICT xs,
