@@ -1,7 +1,9 @@
 // The CUDA backend of the device interface (device/device.h), on one GPU.
 //
 // Weights go up once as BF16 (stacked parts side by side in one matrix; norm weights and biases as F32);
-// matrix products are cuBLAS GEMMs with BF16 inputs, FP32 accumulation and FP32 outputs; activations are
+// matrix products of 1-2 rows (batch-1 and batch-2 decode) stream the weights through our own kernel
+// (ops_kernels::small_batch_product), larger ones are cuBLAS GEMMs with BF16 inputs, FP32 accumulation
+// and FP32 outputs (tq-product-bench measured the crossover); activations are
 // FP32 between them, rounded to BF16 where a product reads them (norms and SwiGLU write BF16 directly).
 // KV caches are DeviceKVCache (paged, with fork and truncate) behind the LayerCache interface; attention
 // is DeviceAttention over all of a step's sequences in one launch, fused for dense caches and caches
