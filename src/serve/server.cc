@@ -344,6 +344,26 @@ void Server::routes() {
   s.Post("/chat/completions", generation(Endpoint::chat));
   s.Post("/v1/completions", generation(Endpoint::completion));
   s.Post("/completions", generation(Endpoint::completion));
+
+  // Another method on a known path: 405 with the methods it takes (an Allow header, as HTTP asks), not a
+  // 404 that would read as a missing endpoint.
+  const auto wrong_method = [this](const char* allowed) {
+    return [this, allowed](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allowed);
+      send_error(res, ApiError(405, "invalid_request_error", "method_not_allowed",
+                               req.method + " " + req.path + ": this endpoint takes " + allowed));
+    };
+  };
+  for (const char* path : {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/tokenize", "/detokenize"}) {
+    s.Get(path, wrong_method("POST"));
+    s.Put(path, wrong_method("POST"));
+    s.Delete(path, wrong_method("POST"));
+  }
+  for (const char* path : {"/health", "/v1/health", "/v1/models", "/props", "/metrics"}) {
+    s.Post(path, wrong_method("GET"));
+    s.Put(path, wrong_method("GET"));
+    s.Delete(path, wrong_method("GET"));
+  }
 }
 
 JobSpec Server::job_spec(const GenerationRequest& r) {

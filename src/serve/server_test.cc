@@ -387,6 +387,16 @@ TEST(Serve, BadRequestsAreRefusedAndTheServerGoesOn) {
   r = c->Get("/v2/nothing");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
+  // A known path with another method: 405 naming the method it takes.
+  r = c->Get("/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "method_not_allowed");
+  r = c->Post("/metrics", "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
   // Unknown fields are ignored; the server still answers.
   json ok = greedy_completion("Once upon a time", 4);
   ok["an_unknown_field"] = json{{"nested", json::array({1, 2})}};
