@@ -451,6 +451,9 @@ DeviceVector CudaDevice::vector(std::span<const float> values) {
 
 int CudaDevice::rope_table(const ops::RopeConfig& config) {
   const ops::RopeTable table(config);
+  // The CUDA rope kernel rotates with cos/sin of inv_freq alone; YaRN's factor on cos and sin is not in it.
+  TQ_CHECK(table.attention_factor() == 1.0f, "RoPE with a YaRN attention factor (", table.attention_factor(),
+           ") is not implemented on CUDA yet");
   RopeOnDevice r;
   r.head_dim = table.head_dim();
   r.rotary_dim = table.rotary_dim();

@@ -308,6 +308,31 @@ const char* rope_layout_name(RopeLayout l) {
   return l == RopeLayout::rotate_half ? "rotate-half" : "interleaved";
 }
 
+ops::RopeConfig rope_config(const ModelConfig& c) {
+  ops::RopeConfig rc;
+  rc.head_dim = static_cast<int>(c.head_dim);
+  rc.rotary_dim = static_cast<int>(c.rope_dim > 0 ? c.rope_dim : c.head_dim);
+  rc.theta = c.rope_theta;
+  rc.layout = c.rope_layout == RopeLayout::interleaved ? ops::RopeLayout::interleaved : ops::RopeLayout::rotate_half;
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == RopeScalingType::llama3) {
+    rc.llama3 = true;
+    rc.llama3_scaling.factor = s.factor;
+    rc.llama3_scaling.low_freq_factor = s.low_freq_factor;
+    rc.llama3_scaling.high_freq_factor = s.high_freq_factor;
+    rc.llama3_scaling.original_max_position_embeddings = s.original_max_position_embeddings;
+  } else if (s.type == RopeScalingType::yarn) {
+    rc.yarn = true;
+    rc.yarn_scaling.factor = s.factor;
+    rc.yarn_scaling.beta_fast = s.beta_fast;
+    rc.yarn_scaling.beta_slow = s.beta_slow;
+    rc.yarn_scaling.original_max_position_embeddings = s.original_max_position_embeddings;
+    rc.yarn_scaling.truncate = s.truncate;
+    rc.yarn_scaling.attention_factor = s.attention_factor;  // the parsers filled in the default
+  }
+  return rc;
+}
+
 std::string supported_architectures() {
   std::string s;
   for (const ArchInfo& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);

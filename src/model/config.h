@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ops/ops.h"
+
 namespace tq {
 
 class GgufFile;
@@ -99,6 +101,10 @@ struct ModelConfig {
   }
   std::string summary() const;  // one line for logs
 };
+
+// The RoPE table config of a model: head and rotated dims, theta, layout and the scaling (llama3 or yarn
+// with its attention factor), as every architecture file passes it to Device::rope_table.
+ops::RopeConfig rope_config(const ModelConfig& c);
 
 // The supported Hugging Face classes, for messages: "LlamaForCausalLM, MistralForCausalLM, ...".
 std::string supported_architectures();

@@ -88,6 +88,28 @@ TEST(GptOssConfig, ParsesTheRealConfig) {
   EXPECT_NE(c.summary().find("32 experts top-4 (MXFP4)"), std::string::npos) << c.summary();
 }
 
+// What the model file hands Device::rope_table: YaRN with the checkpoint's values, split-half pairs.
+TEST(GptOssConfig, BuildsTheYarnRopeConfig) {
+  const ModelConfig c = parse(with_layer_types(config_20b()));
+  const ops::RopeConfig rc = rope_config(c);
+  EXPECT_EQ(rc.head_dim, 64);
+  EXPECT_EQ(rc.rotary_dim, 64);
+  EXPECT_EQ(rc.theta, 150000.0);
+  EXPECT_EQ(rc.layout, ops::RopeLayout::rotate_half);
+  EXPECT_FALSE(rc.llama3);
+  ASSERT_TRUE(rc.yarn);
+  EXPECT_EQ(rc.yarn_scaling.factor, 32.0);
+  EXPECT_EQ(rc.yarn_scaling.beta_fast, 32.0);
+  EXPECT_EQ(rc.yarn_scaling.beta_slow, 1.0);
+  EXPECT_EQ(rc.yarn_scaling.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(rc.yarn_scaling.truncate);
+  const ops::RopeTable table(rc);
+  EXPECT_NEAR(table.attention_factor(), 1.34657359, 1e-6);
+  // Frequency 0 is past the ramp's end (high frequency: kept); the last one is divided by the factor.
+  EXPECT_EQ(table.inv_freq()[0], 1.0f);
+  EXPECT_NEAR(table.inv_freq()[31], std::pow(150000.0, -62.0 / 64) / 32, 1e-12);
+}
+
 TEST(GptOssConfig, DefaultsWhereTransformersHasThem) {
   json j = config_20b();
   j.erase("layer_types");  // GptOssConfig: "sliding_attention" if (i + 1) % 2 else "full_attention"
@@ -371,6 +393,8 @@ TEST(GptOssWeights, HfAndGgufGiveTransformersValues) {
   EXPECT_EQ(gg.config.num_experts_per_tok, 2);
   EXPECT_EQ(gg.config.rope_scaling.type, RopeScalingType::yarn);
   EXPECT_FALSE(gg.config.rope_scaling.truncate);
+  EXPECT_TRUE(rope_config(gg.config).yarn);
+  EXPECT_FALSE(rope_config(gg.config).yarn_scaling.truncate);
   for (int64_t l = 0; l < L; ++l) EXPECT_EQ(gg.config.uses_sliding_window(l), l % 2 == 0);
   ASSERT_EQ(hf.experts.layers.size(), static_cast<size_t>(L));
   ASSERT_EQ(gg.experts.layers.size(), static_cast<size_t>(L));

@@ -82,19 +82,7 @@ Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
     layers_.push_back(L);
   }
 
-  ops::RopeConfig rc;
-  rc.head_dim = head_dim_;
-  rc.rotary_dim = static_cast<int>(c.rope_dim > 0 ? c.rope_dim : c.head_dim);
-  rc.theta = c.rope_theta;
-  rc.layout = c.rope_layout == RopeLayout::interleaved ? ops::RopeLayout::interleaved : ops::RopeLayout::rotate_half;
-  if (c.rope_scaling.type == RopeScalingType::llama3) {
-    rc.llama3 = true;
-    rc.llama3_scaling.factor = c.rope_scaling.factor;
-    rc.llama3_scaling.low_freq_factor = c.rope_scaling.low_freq_factor;
-    rc.llama3_scaling.high_freq_factor = c.rope_scaling.high_freq_factor;
-    rc.llama3_scaling.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
-  }
-  rope_ = dev.rope_table(rc);
+  rope_ = dev.rope_table(rope_config(c));
 }
 
 std::vector<LayerSpec> Llama::layer_specs() const {

@@ -101,6 +101,21 @@ struct Llama3RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// YaRN (transformers' rope_type "yarn"; GPT-OSS: factor 32, beta_fast 32, beta_slow 1, original 4096,
+// truncate false). With d = rotary_dim and corr(r) = d ln(original / (2 pi r)) / (2 ln theta):
+//   low = max(corr(beta_fast), 0), high = min(corr(beta_slow), d - 1)   (floor / ceil when truncate)
+//   ramp_j = clamp((j - low) / (high - low), 0, 1)
+//   inv_freq_j = inv_freq_j / factor * ramp_j + inv_freq_j * (1 - ramp_j)
+// and cos and sin are both multiplied by attention_factor.
+struct YarnRopeScaling {
+  double factor = 32.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  bool truncate = true;           // transformers' default; GPT-OSS says false
+  double attention_factor = 0.0;  // 0: transformers' default 0.1 ln(factor) + 1 (1 when factor <= 1)
+};
+
 struct RopeConfig {
   int head_dim = 0;
   int rotary_dim = 0;  // dims that rotate (partial rotary); 0 means head_dim. Must be even.
@@ -108,6 +123,8 @@ struct RopeConfig {
   RopeLayout layout = RopeLayout::rotate_half;
   bool llama3 = false;  // apply llama3_scaling to the frequencies
   Llama3RopeScaling llama3_scaling;
+  bool yarn = false;    // apply yarn_scaling (not together with llama3)
+  YarnRopeScaling yarn_scaling;
 };
 
 // Per-model RoPE frequencies, computed once. Follows transformers' float32 pipeline step by step
@@ -124,10 +141,13 @@ class RopeTable {
   RopeLayout layout() const { return config_.layout; }
   // inv_freq[rotary_dim / 2]: radians per position for frequency j (after any scaling).
   const std::vector<float>& inv_freq() const { return inv_freq_; }
+  // The factor on cos and sin (YaRN's attention factor; 1 otherwise), as the float torch multiplies by.
+  float attention_factor() const { return attention_factor_; }
 
   // cos[rotary_dim / 2], sin[rotary_dim / 2] at position pos. The angle is the float32 product
   // inv_freq[j] * float(pos) (as transformers computes it); its cosine and sine are evaluated in
-  // double and rounded to float.
+  // double and rounded to float, then multiplied by attention_factor() in float (torch's
+  // `emb.cos() * self.attention_scaling`; exact when the factor is 1).
   void cos_sin(int64_t pos, float* cos, float* sin) const;
 
   // Rotates x[heads][head_dim] in place for position pos (layout and dims from the config), with
@@ -142,6 +162,7 @@ class RopeTable {
 
   RopeConfig config_;
   std::vector<float> inv_freq_;  // [rotary_dim / 2]
+  float attention_factor_ = 1.0f;
   std::shared_ptr<CosSinCache> cache_;  // shared by copies of the table (same angles)
 };
 

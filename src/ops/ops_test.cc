@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -289,6 +290,116 @@ TEST(Rope, AnglesAreFloatProductsThenDoubleCosSin) {
   }
 }
 
+
+// YaRN, written here in double from transformers' _compute_yarn_parameters (not from rope.cc):
+//   corr(r) = d ln(orig / (2 pi r)) / (2 ln theta); low = max(corr(beta_fast), 0), high = min(corr(beta_slow), d - 1),
+//   floored / ceiled when truncate; ramp_j = clamp((j - low) / (high - low), 0, 1);
+//   inv_j = interp_j ramp_j + extrap_j (1 - ramp_j), extrap_j = theta^(-2j/d), interp_j = extrap_j / factor;
+//   attention factor 0.1 ln(factor) + 1.
+struct YarnReference {
+  double low = 0, high = 0, attention = 1;
+  std::vector<double> inv_freq;  // [d / 2]
+};
+YarnReference yarn_reference(int d, double theta, double factor, double beta_fast, double beta_slow, double orig, bool truncate) {
+  const double pi = 3.14159265358979323846;
+  auto corr = [&](double r) { return d * std::log(orig / (r * 2 * pi)) / (2 * std::log(theta)); };
+  YarnReference y;
+  y.low = corr(beta_fast);
+  y.high = corr(beta_slow);
+  if (truncate) {
+    y.low = std::floor(y.low);
+    y.high = std::ceil(y.high);
+  }
+  y.low = std::max(y.low, 0.0);
+  y.high = std::min(y.high, d - 1.0);
+  y.attention = factor <= 1 ? 1.0 : 0.1 * std::log(factor) + 1.0;
+  for (int j = 0; j < d / 2; ++j) {
+    const double extrap = std::pow(theta, -2.0 * j / d);
+    const double ramp = std::clamp((j - y.low) / (y.high - y.low), 0.0, 1.0);
+    y.inv_freq.push_back(extrap / factor * ramp + extrap * (1 - ramp));
+  }
+  return y;
+}
+
+TEST(Rope, YarnMatchesTheDoublePrecisionFormula) {
+  struct Set {
+    int head_dim;
+    double theta, factor, beta_fast, beta_slow;
+    int64_t orig;
+    bool truncate;
+  };
+  // GPT-OSS, then a truncated set (transformers' default truncate, a Qwen-style long-context config).
+  const Set sets[] = {{64, 150000.0, 32.0, 32.0, 1.0, 4096, false}, {128, 1000000.0, 4.0, 32.0, 1.0, 32768, true}};
+  for (const Set& set : sets) {
+    SCOPED_TRACE(set.head_dim);
+    RopeConfig config = rope_config(set.head_dim, 0, set.theta);
+    config.yarn = true;
+    config.yarn_scaling = YarnRopeScaling{set.factor, set.beta_fast, set.beta_slow, set.orig, set.truncate, 0.0};
+    const RopeTable table(config);
+    const YarnReference ref = yarn_reference(set.head_dim, set.theta, set.factor, set.beta_fast, set.beta_slow,
+                                             static_cast<double>(set.orig), set.truncate);
+    if (!set.truncate) {  // the reference's own range against the values in models-serving-weights.md §1.2
+      EXPECT_NEAR(ref.low, 8.0928, 1e-4);
+      EXPECT_NEAR(ref.high, 17.3980, 1e-4);
+      EXPECT_NEAR(ref.attention, 1.34657359, 1e-8);
+    } else {
+      EXPECT_EQ(ref.low, std::floor(ref.low));
+    }
+    EXPECT_EQ(table.attention_factor(), static_cast<float>(ref.attention));
+    const size_t half = static_cast<size_t>(set.head_dim / 2);
+    ASSERT_EQ(table.inv_freq().size(), half);
+    // The float pipeline rounds pow, the reciprocal, factor * power, the ramp and the blend: a few float
+    // roundings, 2^-24 relative each, so 8 of them is a safe bound.
+    int in_ramp = 0;
+    for (size_t j = 0; j < half; ++j) {
+      EXPECT_NEAR(table.inv_freq()[j], ref.inv_freq[j], ref.inv_freq[j] * 8 * 0x1p-24) << "j " << j;
+      if (j > ref.low && j < ref.high) ++in_ramp;
+    }
+    EXPECT_GT(in_ramp, 0);  // the blend region is exercised, not only the two ends
+    // cos and sin to position 131072 (past the cached positions too). The angle inv * pos is a float
+    // product in transformers as here, so it carries the frequency's rounding times pos plus half an ulp of
+    // the angle: the bound follows that, and the concentration scales the result.
+    std::vector<int64_t> positions = {0, 1, 2, 31, 100, 4095, 4096, 4097, 32768, 65535, 100000, 131071, 131072};
+    SplitMix64 rng(77);
+    for (int i = 0; i < 40; ++i) positions.push_back(static_cast<int64_t>(rng.next() % 131073));
+    std::vector<float> c(half), s(half);
+    for (const int64_t pos : positions) {
+      table.cos_sin(pos, c.data(), s.data());
+      for (size_t j = 0; j < half; ++j) {
+        const double angle = ref.inv_freq[j] * static_cast<double>(pos);
+        const double d_angle = static_cast<double>(pos) * std::abs(table.inv_freq()[j] - ref.inv_freq[j]) + angle * 0x1p-24;
+        const double tol = ref.attention * d_angle + 4 * 0x1p-24;
+        EXPECT_NEAR(c[j], ref.attention * std::cos(angle), tol) << "pos " << pos << " j " << j;
+        EXPECT_NEAR(s[j], ref.attention * std::sin(angle), tol) << "pos " << pos << " j " << j;
+      }
+      // apply rotates with exactly these (scaled) cos and sin, cached or not.
+      const auto x = gaussian(2 * static_cast<size_t>(set.head_dim), 9 + static_cast<uint64_t>(pos));
+      auto got = x, want = x;
+      table.apply(got.data(), 2, pos);
+      apply_rope(RopeLayout::rotate_half, want.data(), 2, static_cast<size_t>(set.head_dim), static_cast<size_t>(set.head_dim),
+                 c.data(), s.data());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "pos " << pos;
+    }
+  }
+}
+
+TEST(Rope, YarnValidationAndExplicitAttentionFactor) {
+  RopeConfig config = rope_config(64, 0, 150000.0);
+  config.yarn = true;
+  config.yarn_scaling.attention_factor = 1.5;
+  EXPECT_EQ(RopeTable(config).attention_factor(), 1.5f);
+  RopeConfig bad = config;
+  bad.yarn_scaling.factor = 0.5;
+  expect_error_mentions([&] { RopeTable{bad}; }, "factor");
+  bad = config;
+  bad.yarn_scaling.beta_slow = 0;
+  expect_error_mentions([&] { RopeTable{bad}; }, "beta");
+  bad = config;
+  bad.llama3 = true;
+  expect_error_mentions([&] { RopeTable{bad}; }, "exclusive");
+  // Without scaling the factor is 1 and cos/sin are unchanged.
+  EXPECT_EQ(RopeTable(rope_config(64)).attention_factor(), 1.0f);
+}
 
 // ---------------------------------------------------------------- MXFP4
 

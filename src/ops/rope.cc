@@ -5,6 +5,7 @@
 // cos/sin for the angles) are evaluated in double and rounded once to float, i.e. correctly
 // rounded; torch's vectorised float pow/cos/sin are accurate to about 1 ulp, so an occasional
 // 1-ulp difference there is the only expected deviation.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -64,6 +65,52 @@ float llama3_scale(float inv_freq, const Llama3RopeScaling& s) {
   return from_low + from_high;
 }
 
+// transformers' _compute_yarn_parameters, reimplemented from its published formula. The correction
+// range is Python double arithmetic (math.log), the rest float32 tensor ops in this order:
+//   pos_freqs = base ** (arange(0, d, 2).float() / d)
+//   extrapolation = 1.0 / pos_freqs;  interpolation = 1.0 / (factor * pos_freqs)
+//   ramp = clamp((arange(d / 2).float() - low) / (high - low), 0, 1);  extra_factor = 1 - ramp
+//   inv_freq = interpolation * (1 - extra_factor) + extrapolation * extra_factor
+// (the Python scalars low and high - low meet the float32 tensor as float32).
+std::vector<float> yarn_inv_freq(double theta, int rotary_dim, const YarnRopeScaling& s) {
+  const double d = rotary_dim;
+  const auto correction_dim = [&](double rotations) {
+    return d * std::log(static_cast<double>(s.original_max_position_embeddings) / (rotations * 2.0 * 3.14159265358979323846)) /
+           (2.0 * std::log(theta));
+  };
+  double low = correction_dim(s.beta_fast);
+  double high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, d - 1.0);
+  if (low == high) high += 0.001;  // transformers: "prevent singularity"
+  const float low_f = static_cast<float>(low);
+  const float span_f = static_cast<float>(high - low);
+  const float factor = static_cast<float>(s.factor);
+  const float base = static_cast<float>(theta);
+
+  std::vector<float> inv_freq(static_cast<size_t>(rotary_dim / 2));
+  for (int j = 0; j < rotary_dim / 2; ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(rotary_dim);
+    const float power = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+    const float extrapolation = 1.0f / power;
+    const float interpolation = 1.0f / (factor * power);
+    const float ramp = std::clamp((static_cast<float>(j) - low_f) / span_f, 0.0f, 1.0f);
+    const float extra_factor = 1.0f - ramp;
+    inv_freq[static_cast<size_t>(j)] = interpolation * (1.0f - extra_factor) + extrapolation * extra_factor;
+  }
+  return inv_freq;
+}
+
+// transformers' get_mscale(factor) when the config gives no attention_factor.
+double yarn_attention_factor(const YarnRopeScaling& s) {
+  if (s.attention_factor != 0.0) return s.attention_factor;
+  return s.factor <= 1.0 ? 1.0 : 0.1 * std::log(s.factor) + 1.0;
+}
+
 }  // namespace
 
 // cos/sin of positions [0, kCachedPositions), computed a block of kBlockPositions at a time on
@@ -98,6 +145,19 @@ RopeTable::RopeTable(const RopeConfig& config) : config_(config), cache_(std::ma
              s.original_max_position_embeddings);
     for (float& f : inv_freq_) f = llama3_scale(f, s);
   }
+  if (config_.yarn) {
+    const YarnRopeScaling& s = config_.yarn_scaling;
+    TQ_CHECK(!config_.llama3, "RoPE: llama3 and yarn scaling are exclusive");
+    TQ_CHECK(std::isfinite(s.factor) && s.factor >= 1.0, "RoPE yarn scaling: factor must be finite and >= 1, got ", s.factor);
+    TQ_CHECK(std::isfinite(s.beta_fast) && std::isfinite(s.beta_slow) && s.beta_fast > 0 && s.beta_slow > 0,
+             "RoPE yarn scaling: beta_fast and beta_slow must be positive, got ", s.beta_fast, " and ", s.beta_slow);
+    TQ_CHECK(s.original_max_position_embeddings > 0, "RoPE yarn scaling: original_max_position_embeddings must be positive, got ",
+             s.original_max_position_embeddings);
+    TQ_CHECK(std::isfinite(s.attention_factor) && s.attention_factor >= 0,
+             "RoPE yarn scaling: attention_factor must be positive (or 0 for the default), got ", s.attention_factor);
+    inv_freq_ = yarn_inv_freq(config_.theta, config_.rotary_dim, s);
+    attention_factor_ = static_cast<float>(yarn_attention_factor(s));
+  }
 }
 
 void RopeTable::cos_sin(int64_t pos, float* cos, float* sin) const {
@@ -107,8 +167,8 @@ void RopeTable::cos_sin(int64_t pos, float* cos, float* sin) const {
   const float p = static_cast<float>(pos);
   for (size_t j = 0; j < inv_freq_.size(); ++j) {
     const float angle = inv_freq_[j] * p;
-    cos[j] = static_cast<float>(std::cos(static_cast<double>(angle)));
-    sin[j] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    cos[j] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_factor_;
+    sin[j] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_factor_;
   }
 }
 
