@@ -273,6 +273,13 @@ class CudaDevice final : public Device {
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
+  // Mixture of experts: not on CUDA yet (the one stub; both throw, naming it).
+  Moe moe_experts(const MoeWeights&, std::string_view what) override {
+    fail("mixture-of-experts layers (", what, ") are not implemented on CUDA yet");
+  }
+  void moe(const Moe&, const Tensor&, const Tensor&, const MoeOptions&) override {
+    fail("mixture-of-experts layers are not implemented on CUDA yet");
+  }
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                        const CacheCapacity& capacity) override;

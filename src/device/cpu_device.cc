@@ -1,6 +1,7 @@
 #include "device/cpu_device.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -217,6 +218,179 @@ void CpuDevice::attention(const LayerCache& cache, const Tensor& q, const Tensor
   // cache with either side compressed takes the path the settings chose (K f16 with V TurboQuant too).
   const bool dense = is_dense(c.k_format().type()) && is_dense(c.v_format().type());
   attend(c, requests, params, c.fused() || dense ? AttentionPath::fused : AttentionPath::standard, pool_, stats);
+}
+
+// ------------------------------------------------------------------ mixture of experts
+
+Moe CpuDevice::moe_experts(const MoeWeights& w, std::string_view what) {
+  MoeLayer layer;
+  layer.shape = check_moe_weights(w, what);
+  layer.router = w.router;
+  layer.router_bias.assign(w.router_bias.begin(), w.router_bias.end());
+  layer.gate.assign(w.gate.begin(), w.gate.end());
+  layer.up.assign(w.up.begin(), w.up.end());
+  layer.down.assign(w.down.begin(), w.down.end());
+  layer.gate_bias.assign(w.gate_bias.begin(), w.gate_bias.end());
+  layer.up_bias.assign(w.up_bias.begin(), w.up_bias.end());
+  layer.down_bias.assign(w.down_bias.begin(), w.down_bias.end());
+  weight_bytes_ += static_cast<int64_t>(w.router.rows * w.router.bytes_per_row());
+  for (size_t e = 0; e < layer.gate.size(); ++e)
+    for (const ops::WeightView* v : {&layer.gate[e], &layer.up[e], &layer.down[e]})
+      weight_bytes_ += static_cast<int64_t>(v->rows * v->bytes_per_row());
+  layer.shape.id = static_cast<int>(moes_.size());
+  moes_.push_back(std::move(layer));
+  return moes_.back().shape;
+}
+
+namespace {
+
+// The top k of logits[E] into chosen[k], largest first; the lower index first on ties, and NaN never before
+// a number. (torch.topk's CPU comparator orders by value only, so its order on ties is whatever its
+// partial sort leaves; a fixed rule keeps routing reproducible across batch sizes and backends.)
+void top_k(const float* logits, int E, int k, int32_t* chosen) {
+  for (int i = 0; i < k; ++i) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int j = 0; j < i; ++j) taken |= chosen[j] == e;
+      if (taken) continue;
+      // Strictly greater: an equal value later in the row never displaces the earlier one.
+      if (best < 0 || logits[e] > logits[best] || (std::isnan(logits[best]) && !std::isnan(logits[e]))) best = e;
+    }
+    chosen[i] = best;
+  }
+}
+
+// GPT-OSS's clamped SwiGLU on n values, in transformers' float order:
+//   g = min(g, limit); u = clamp(u, -limit, limit); h = (u + 1) * (g * sigmoid(g * alpha)), sigmoid(t) = 1 / (1 + exp(-t)).
+// h may equal g. NaN stays NaN (std::min / std::clamp return it, as torch.clamp does).
+void clamped_swiglu(float* g, const float* u, float* h, size_t n, float limit, float alpha) {
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = std::min(g[i], limit);
+    const float ui = std::clamp(u[i], -limit, limit);
+    const float sigmoid = 1.0f / (1.0f + std::exp(-(gi * alpha)));
+    h[i] = (ui + 1.0f) * (gi * sigmoid);
+  }
+}
+
+}  // namespace
+
+// Every row's k experts, then the experts one at a time over the rows routed to them: each expert's weights
+// are read once per call whatever the batch (a prompt's tokens share them), and one row alone (decode) runs
+// the products as GEMVs on the packed weights (matmul with n == 1 takes the matvec kernels; the results are
+// bit-identical either way, so a row's output does not depend on the batch it came in). The products run on
+// the pool; the routing and the activation are small and stay on this thread unless a prompt makes them big.
+void CpuDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, const MoeOptions& o) {
+  TQ_CHECK(handle.id >= 0 && static_cast<size_t>(handle.id) < moes_.size(), "moe: unknown experts handle ", handle.id);
+  const MoeLayer& L = moes_[static_cast<size_t>(handle.id)];
+  check_moe_call(L.shape, x, out, o);
+  const int64_t n = x.rows;
+  if (n == 0) return;
+  const int E = static_cast<int>(L.shape.experts), k = o.top_k;
+  const size_t H = static_cast<size_t>(L.shape.hidden), I = static_cast<size_t>(L.shape.intermediate);
+  MoeScratch& s = moe_;
+
+  // Input rows side by side, as the products read them.
+  const float* xp = x.f32();
+  if (x.stride != x.cols) {
+    s.x.resize(static_cast<size_t>(n) * H);
+    for (int64_t r = 0; r < n; ++r) std::memcpy(s.x.data() + static_cast<size_t>(r) * H, x.row(r), H * sizeof(float));
+    xp = s.x.data();
+  }
+  const auto x_row = [&](int64_t r) { return xp + static_cast<size_t>(r) * H; };
+
+  // Routing: logits, top k, softmax over the k chosen logits.
+  s.logits.resize(static_cast<size_t>(n) * static_cast<size_t>(E));
+  ops::matmul(L.router, xp, static_cast<size_t>(n), s.logits.data(), pool_, L.router_bias.empty() ? nullptr : L.router_bias.data());
+  std::vector<int32_t> chosen(static_cast<size_t>(n) * static_cast<size_t>(k));  // [rows][k]
+  std::vector<float> weight(static_cast<size_t>(n) * static_cast<size_t>(k));    // [rows][k]
+  s.offsets.assign(static_cast<size_t>(E) + 1, 0);
+  for (int64_t r = 0; r < n; ++r) {
+    int32_t* c = chosen.data() + static_cast<size_t>(r) * static_cast<size_t>(k);
+    float* w = weight.data() + static_cast<size_t>(r) * static_cast<size_t>(k);
+    const float* logits = s.logits.data() + static_cast<size_t>(r) * static_cast<size_t>(E);
+    top_k(logits, E, k, c);
+    for (int i = 0; i < k; ++i) w[i] = logits[c[i]];
+    ops::softmax(w, w, static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) ++s.offsets[static_cast<size_t>(c[i]) + 1];
+  }
+  // Group the (row, weight) pairs by expert, rows ascending within each.
+  for (int e = 0; e < E; ++e) s.offsets[static_cast<size_t>(e) + 1] += s.offsets[static_cast<size_t>(e)];
+  s.rows.resize(static_cast<size_t>(n) * static_cast<size_t>(k));
+  s.weights.resize(s.rows.size());
+  {
+    std::vector<int32_t> fill(s.offsets.begin(), s.offsets.end() - 1);  // [E]: next free slot per expert
+    for (int64_t r = 0; r < n; ++r)
+      for (int i = 0; i < k; ++i) {
+        const size_t at = static_cast<size_t>(r) * static_cast<size_t>(k) + static_cast<size_t>(i);
+        const int32_t slot = fill[static_cast<size_t>(chosen[at])]++;
+        s.rows[static_cast<size_t>(slot)] = static_cast<int32_t>(r);
+        s.weights[static_cast<size_t>(slot)] = weight[at];
+      }
+  }
+
+  const auto bias_of = [](const std::vector<float>& b, int e, size_t size) {
+    return b.empty() ? nullptr : b.data() + static_cast<size_t>(e) * size;
+  };
+  s.acc.assign(static_cast<size_t>(n) * H, 0.0f);
+  s.ye.resize(std::max<size_t>(static_cast<size_t>(n), 1) * H);
+  if (n == 1) {
+    // Decode: all k experts' gate and up GEMVs share the input, so they run as one parallel region.
+    s.gate.resize(static_cast<size_t>(k) * I);
+    s.up.resize(static_cast<size_t>(k) * I);
+    std::vector<ops::LinearPart> parts;
+    parts.reserve(2 * static_cast<size_t>(k));
+    std::vector<int> experts;  // [k]: the chosen experts in index order (the order of the sum)
+    for (int e = 0; e < E; ++e)
+      if (s.offsets[static_cast<size_t>(e) + 1] > s.offsets[static_cast<size_t>(e)]) experts.push_back(e);
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const int e = experts[i];
+      parts.push_back({L.gate[static_cast<size_t>(e)], s.gate.data() + i * I, 0, bias_of(L.gate_bias, e, I)});
+      parts.push_back({L.up[static_cast<size_t>(e)], s.up.data() + i * I, 0, bias_of(L.up_bias, e, I)});
+    }
+    ops::matmul_parts(parts, xp, 1, pool_);
+    clamped_swiglu(s.gate.data(), s.up.data(), s.gate.data(), experts.size() * I, o.limit, o.alpha);
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const int e = experts[i];
+      ops::matvec(L.down[static_cast<size_t>(e)], s.gate.data() + i * I, s.ye.data(), pool_, bias_of(L.down_bias, e, H));
+      const float w = s.weights[static_cast<size_t>(s.offsets[static_cast<size_t>(e)])];
+      for (size_t c = 0; c < H; ++c) s.acc[c] += w * s.ye[c];
+    }
+  } else {
+    s.xe.resize(static_cast<size_t>(n) * H);
+    s.gate.resize(static_cast<size_t>(n) * I);
+    s.up.resize(static_cast<size_t>(n) * I);
+    for (int e = 0; e < E; ++e) {
+      const int32_t b = s.offsets[static_cast<size_t>(e)], m = s.offsets[static_cast<size_t>(e) + 1] - b;
+      if (m == 0) continue;
+      const size_t rows = static_cast<size_t>(m);
+      for (size_t j = 0; j < rows; ++j)
+        std::memcpy(s.xe.data() + j * H, x_row(s.rows[static_cast<size_t>(b) + j]), H * sizeof(float));
+      const ops::LinearPart parts[] = {{L.gate[static_cast<size_t>(e)], s.gate.data(), 0, bias_of(L.gate_bias, e, I)},
+                                       {L.up[static_cast<size_t>(e)], s.up.data(), 0, bias_of(L.up_bias, e, I)}};
+      ops::matmul_parts(parts, s.xe.data(), rows, pool_);
+      for_rows(pool_, m, static_cast<int64_t>(I), [&](int64_t r0, int64_t r1) {
+        const size_t off = static_cast<size_t>(r0) * I, count = static_cast<size_t>(r1 - r0) * I;
+        clamped_swiglu(s.gate.data() + off, s.up.data() + off, s.gate.data() + off, count, o.limit, o.alpha);
+      });
+      ops::matmul(L.down[static_cast<size_t>(e)], s.gate.data(), rows, s.ye.data(), pool_, bias_of(L.down_bias, e, H));
+      // Experts in index order, so each row's sum runs over its experts in index order (as the decode path).
+      for (size_t j = 0; j < rows; ++j) {
+        float* a = s.acc.data() + static_cast<size_t>(s.rows[static_cast<size_t>(b) + j]) * H;
+        const float* y = s.ye.data() + j * H;
+        const float w = s.weights[static_cast<size_t>(b) + j];
+        for (size_t c = 0; c < H; ++c) a[c] += w * y[c];
+      }
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    float* o_row = out.row(r);
+    const float* a = s.acc.data() + static_cast<size_t>(r) * H;
+    if (o.accumulate)
+      ops::add(o_row, a, o_row, H);
+    else
+      std::memcpy(o_row, a, H * sizeof(float));
+  }
 }
 
 void CpuDevice::gather_output_rows(const Tensor& x, const Tensor& out) {

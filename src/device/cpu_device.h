@@ -22,6 +22,7 @@ class CpuDevice final : public Device {
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
+  Moe moe_experts(const MoeWeights& weights, std::string_view what) override;
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                        const CacheCapacity& capacity) override;
@@ -38,6 +39,7 @@ class CpuDevice final : public Device {
   void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                  AttentionStats* stats) override;
+  void moe(const Moe& experts, const Tensor& x, const Tensor& out, const MoeOptions& options) override;
   void gather_output_rows(const Tensor& x, const Tensor& out) override;
   void set_logits(const Tensor& logits) override { logits_ = logits; }
   void read_logits(float* host) override;
@@ -61,11 +63,35 @@ class CpuDevice final : public Device {
     size_t this_step_ = 0;
   };
   const KVCache& kv(const LayerCache& cache) const;
+  // A layer's experts: the views (the weights stay where they are) and copies of the biases.
+  struct MoeLayer {
+    Moe shape;
+    ops::WeightView router;                      // [E][H]
+    std::vector<float> router_bias;              // [E] or empty
+    std::vector<ops::WeightView> gate, up, down;  // [E]: [I][H], [I][H], [H][I]
+    std::vector<float> gate_bias, up_bias;       // [E][I] or empty
+    std::vector<float> down_bias;                // [E][H] or empty
+  };
+  // Working memory of moe(), kept between calls (sizes follow the largest call).
+  struct MoeScratch {
+    AlignedVector<float> x;        // [rows][H]: the input rows packed (when x has a stride)
+    AlignedVector<float> logits;   // [rows][E]
+    std::vector<int32_t> offsets;  // [E + 1]: expert e's (row, weight) pairs are [offsets[e], offsets[e + 1])
+    std::vector<int32_t> rows;     // [rows * k]: the rows routed to each expert, ascending, expert by expert
+    std::vector<float> weights;    // [rows * k]: their routing weights
+    AlignedVector<float> xe;       // [rows][H]: one expert's input rows, gathered
+    AlignedVector<float> gate;     // [rows][I] (decode: [k][I]), then the activation h in place
+    AlignedVector<float> up;       // [rows][I] (decode: [k][I])
+    AlignedVector<float> ye;       // [rows][H]: one expert's outputs
+    AlignedVector<float> acc;      // [rows][H]: the weighted sum
+  };
 
   ThreadPool pool_;
   std::vector<Matrix> matrices_;
   std::vector<std::vector<float>> vectors_;
   std::vector<std::unique_ptr<ops::RopeTable>> ropes_;
+  std::vector<MoeLayer> moes_;
+  MoeScratch moe_;
   int64_t weight_bytes_ = 0;
   Arena arena_;
   AlignedVector<float> product_;  // [rows][part rows]: a product whose output is a view or is added

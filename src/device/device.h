@@ -62,6 +62,37 @@ struct DeviceVector {  // float32 values: a norm weight, a bias, learned sinks
   bool empty() const { return id < 0; }
 };
 
+// A mixture-of-experts layer's weights as a model hands them to Device::moe_experts, not owned (the device
+// copies what it needs). E = experts, H = hidden size, I = each expert's intermediate size.
+struct MoeWeights {
+  ops::WeightView router;                   // [E][H]: the router's logits = x . router^T + router_bias
+  std::span<const float> router_bias;       // [E], or empty
+  std::span<const ops::WeightView> gate;    // [E], each [I][H] (any dtype; GPT-OSS: MXFP4, the even rows of gate_up)
+  std::span<const ops::WeightView> up;      // [E], each [I][H] (GPT-OSS: the odd rows of gate_up)
+  std::span<const ops::WeightView> down;    // [E], each [H][I]
+  std::span<const float> gate_bias;         // [E][I], or empty
+  std::span<const float> up_bias;           // [E][I], or empty
+  std::span<const float> down_bias;         // [E][H], or empty
+};
+struct Moe {  // a layer's experts on the device, by handle
+  int id = -1;
+  int64_t experts = 0, hidden = 0, intermediate = 0;
+};
+// The routing and the activation of Device::moe.
+struct MoeOptions {
+  int top_k = 0;          // experts per row, 1..E
+  float limit = 0;        // clamp: gate to (-inf, limit], up to [-limit, limit]; must be > 0 (infinity: none)
+  float alpha = 1.702f;   // the sigmoid's slope
+  bool accumulate = false;  // out += the layer's output (the residual) instead of out = it
+};
+
+// The shapes of a MoeWeights, checked (every view validated, the same H and I throughout, biases empty or of
+// their matrices' sizes), as a handle without an id. For Device::moe_experts's implementations.
+Moe check_moe_weights(const MoeWeights& w, std::string_view what);
+// The options of a moe() call on `m` with x [rows][H] into out [rows][H], checked (top_k in 1..E, limit > 0,
+// alpha finite, the shapes). For Device::moe's implementations.
+void check_moe_call(const Moe& m, const Tensor& x, const Tensor& out, const MoeOptions& options);
+
 // The rows of parts stacked into one matrix, each part validated (ops::WeightView::validate) and of the
 // same columns; `what` names the matrix in messages. For Device::linear's implementations.
 int64_t stacked_rows(std::span<const ops::WeightView> parts, std::string_view what);
@@ -115,7 +146,10 @@ class Device {
   virtual DeviceVector vector(std::span<const float> values) = 0;
   // RoPE frequencies; the handle is what rope() takes.
   virtual int rope_table(const ops::RopeConfig& config) = 0;
-  virtual int64_t weight_bytes() const = 0;  // what linear() and vector() hold on the device
+  // A mixture-of-experts layer's router and experts (shapes checked: same H and I everywhere, biases of their
+  // matrices' sizes); `what` names it in messages. The handle is what moe() takes.
+  virtual Moe moe_experts(const MoeWeights& weights, std::string_view what) = 0;
+  virtual int64_t weight_bytes() const = 0;  // what linear(), vector() and moe_experts() hold on the device
 
   // A layer's KV cache on this device (a KVCache on the CPU, a device cache on CUDA).
   virtual std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
@@ -153,6 +187,14 @@ class Device {
   // standard otherwise; `stats` counts what ran.
   virtual void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                          AttentionStats* stats) = 0;
+  // Mixture of experts over every row of x ([rows][H]) into out ([rows][H]; may not overlap x). Per row:
+  //   logits = x . router^T + router_bias; the top_k largest (lower index first on ties); w = softmax of those k
+  //   per chosen expert e: g = x . gate_e^T + gate_bias_e, u = x . up_e^T + up_bias_e,
+  //     g = min(g, limit), u = clamp(u, -limit, limit), h = (u + 1) * g * sigmoid(alpha * g),
+  //     y_e = h . down_e^T + down_bias_e
+  //   out = sum over the chosen experts in index order of w_e * y_e (+ out when accumulate).
+  // Works outside run_step too (it reads nothing of the step).
+  virtual void moe(const Moe& experts, const Tensor& x, const Tensor& out, const MoeOptions& options) = 0;
   // out[i] = x[step().output_rows[i]]: the rows whose logits are wanted.
   virtual void gather_output_rows(const Tensor& x, const Tensor& out) = 0;
   // The logits of this step ([output rows][vocab], float32), read after run_step.
