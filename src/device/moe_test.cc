@@ -96,7 +96,7 @@ Layer make_layer(int E, int H, int I, ops::DType dtype, uint64_t seed) {
   L.E = E, L.H = H, L.I = I, L.dtype = dtype;
   L.router.resize(static_cast<size_t>(E * H));
   for (auto& v : L.router) v = f32_to_bf16_bits(static_cast<float>(static_cast<int>(rng.next() % 7) - 3));
-  std::copy_n(L.router.begin() + H, H, L.router.begin() + 3 * H);
+  if (E >= 4) std::copy_n(L.router.begin() + H, H, L.router.begin() + 3 * H);
   const float bias_pattern[8] = {2.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.0f, -0.5f};
   for (int e = 0; e < E; ++e) L.router_bias.push_back(bias_pattern[e % 8]);
   random_matrix(dtype, static_cast<int64_t>(E) * 2 * I, H, rng, L.gate_up, L.gate_up_scales);
