@@ -273,7 +273,8 @@ class CudaDevice final : public Device {
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
-  // Mixture of experts: not on CUDA yet (the one stub; both throw, naming it).
+  // Mixture of experts has no CUDA kernels yet: a model that needs it is refused when it is built on this
+  // device (moe_experts), with an error that says so, instead of running a slow or untested path.
   Moe moe_experts(const MoeWeights&, std::string_view what) override {
     fail("mixture-of-experts layers (", what, ") are not implemented on CUDA yet");
   }
