@@ -295,6 +295,65 @@ class Target:
                 writer.close()
         return await asyncio.wait_for(go(), timeout)
 
+    async def get_text(self, path, timeout=10):
+        """Plain GET of a text body (/metrics): (status, text)."""
+        async def go():
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                writer.write(self.request_bytes("GET", path))
+                await writer.drain()
+                status, headers = await read_headers(reader)
+                body = b"".join([p async for p in body_pieces(reader, headers)])
+                return status, body.decode("utf-8", "replace")
+            finally:
+                writer.close()
+        return await asyncio.wait_for(go(), timeout)
+
+
+# Gauges and counters of turboquant-serve's /metrics that --watch-metrics follows during a level.
+WATCHED = ("requests_running", "requests_waiting", "kv_pool_usage_ratio", "kv_pool_bytes_in_use",
+           "kv_pool_blocks_in_use", "kv_pool_blocks_capacity", "kv_pool_bytes_capacity", "preemptions_total",
+           "kv_pool_waits_total")
+
+
+def parse_metrics(text):
+    """{name without the turboquant_ prefix: value} for the unlabelled samples of a Prometheus text body."""
+    values = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) == 2 and parts[0].startswith("turboquant_") and "{" not in parts[0]:
+            try:
+                values[parts[0][len("turboquant_"):]] = float(parts[1])
+            except ValueError:
+                pass
+    return values
+
+
+async def watch_metrics(target, interval, stop, peaks):
+    """Polls /metrics every interval seconds until stop is set; peaks[name] = the largest value seen, and
+    peaks['<name>_start'] the first (counters are reported as their growth over the level)."""
+    first = None
+    while not stop.is_set():
+        try:
+            status, text = await target.get_text("/metrics", timeout=5)
+            if status == 200:
+                v = parse_metrics(text)
+                if first is None:
+                    first = v
+                for k in WATCHED:
+                    if k in v:
+                        peaks[k] = max(peaks.get(k, v[k]), v[k])
+                        if k.endswith("_total"):
+                            peaks[k + "_during"] = v[k] - first.get(k, 0.0)
+        except (OSError, asyncio.TimeoutError, ResponseError):
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), interval)
+        except asyncio.TimeoutError:
+            pass
+
 
 async def one_stream(target, args, model, variant, prompt):
     """Sends one streaming request and checks it; returns a result dict (ok or error)."""
@@ -377,9 +436,18 @@ async def run_level(target, args, model, concurrency, prompts):
             started += 1
             results.append(await one_stream(target, args, model, variant, prompts[variant]))
 
+    peaks = {}
+    stop = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_metrics(target, args.watch_metrics, stop, peaks)) if args.watch_metrics else None
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    return summarize(concurrency, results, elapsed, args)
+    if watcher:
+        stop.set()
+        await watcher
+    r = summarize(concurrency, results, elapsed, args)
+    if watcher:
+        r["server_peaks"] = peaks
+    return r
 
 
 def summarize(concurrency, results, elapsed, args):
@@ -451,6 +519,11 @@ def fmt(v):
 def table(runs, markdown):
     multi = len({r.get("label") for r in runs}) > 1
     cols = ([("label", "run")] if multi else []) + COLUMNS
+    if any("server_peaks" in r for r in runs):
+        cols = cols + [("peak_running", "peak running"), ("peak_waiting", "peak waiting"), ("preemptions", "preempted")]
+        runs = [dict(r, peak_running=r.get("server_peaks", {}).get("requests_running"),
+                     peak_waiting=r.get("server_peaks", {}).get("requests_waiting"),
+                     preemptions=r.get("server_peaks", {}).get("preemptions_total_during")) for r in runs]
     rows = [[fmt(r.get(k)) for k, _ in cols] for r in runs]
     heads = [h for _, h in cols]
     if markdown:
@@ -562,6 +635,12 @@ async def main_async(args):
               file=sys.stderr)
         for e in r["error_examples"]:
             print("  error: " + e, file=sys.stderr)
+        if "server_peaks" in r:
+            pk = r["server_peaks"]
+            print("  server peaks: %s running, %s waiting, KV pool %s of %s blocks (ratio %s), %s preemptions" %
+                  (fmt(pk.get("requests_running")), fmt(pk.get("requests_waiting")), fmt(pk.get("kv_pool_blocks_in_use")),
+                   fmt(pk.get("kv_pool_blocks_capacity")), fmt(pk.get("kv_pool_usage_ratio")),
+                   fmt(pk.get("preemptions_total_during"))), file=sys.stderr)
     return runs, props, model
 
 
@@ -606,6 +685,9 @@ def parse_args(argv):
                         "the same prompt with another ending (what the prefix cache saves)")
     p.add_argument("--check-greedy", action="store_true",
                    help="at temperature 0, count answers that differ from the first to the same prompt as errors")
+    p.add_argument("--watch-metrics", type=float, default=0, metavar="SECONDS",
+                   help="poll the server's /metrics this often during each level and report the peaks (requests "
+                        "running and waiting, KV pool blocks in use, preemptions): how many sequences the pool held")
     p.add_argument("--label", help="name of this run in tables and charts (default: /props kv.describe)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
