@@ -1,6 +1,7 @@
 // The architecture table: which file builds which checkpoint.
 #include "core/error.h"
 #include "model/architecture.h"
+#include "model/gpt_oss.h"
 #include "model/llama.h"
 
 namespace tq {
@@ -11,7 +12,7 @@ std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device
     case ModelArch::mistral:
     case ModelArch::qwen2:
     case ModelArch::qwen3: return std::make_unique<Llama>(files, device);
-    case ModelArch::gpt_oss: break;  // config and MXFP4 expert weights load; the model file is not written yet
+    case ModelArch::gpt_oss: return std::make_unique<GptOss>(files, device);
   }
   fail(files.path, ": no architecture file builds '", files.config.architecture_class, "'");
 }

@@ -1,44 +1,9 @@
 #include "model/llama.h"
 
 #include "core/error.h"
+#include "model/device_weights.h"
 
 namespace tq {
-namespace {
-
-ops::DType to_ops(DType t) {
-  switch (t) {
-    case DType::f32: return ops::DType::F32;
-    case DType::f16: return ops::DType::F16;
-    case DType::bf16: return ops::DType::BF16;
-    case DType::q8_0: return ops::DType::Q8_0;
-    case DType::u8:
-    case DType::mxfp4: break;
-  }
-  fail("internal error: a ", dtype_name(t), " tensor is not a Llama-family matrix (validate_weights refuses it)");
-}
-
-ops::WeightView view(const TensorView* t) {
-  TQ_CHECK(t != nullptr, "internal error: a validated weight is missing");
-  return ops::WeightView::dense(to_ops(t->dtype), t->data, t->shape.size() == 1 ? 1 : t->rows(), t->row_length());
-}
-
-// The float values of the tensors, one after another (stacked biases); empty when all are absent.
-std::vector<float> floats(std::initializer_list<const TensorView*> tensors) {
-  std::vector<float> out;
-  for (const TensorView* t : tensors) {
-    if (!t) continue;
-    const std::vector<float> v = read_tensor_f32(*t);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-DeviceVector upload(Device& dev, std::initializer_list<const TensorView*> tensors) {
-  const std::vector<float> v = floats(tensors);
-  return v.empty() ? DeviceVector{} : dev.vector(v);
-}
-
-}  // namespace
 
 Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
   const ModelConfig& c = config_;
@@ -54,26 +19,26 @@ Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
   TQ_CHECK(c.hidden_act == "silu", files.path, ": hidden_act ", c.hidden_act, " is not supported (silu only)");
   TQ_CHECK(!c.rope_freq_factors, files.path, ": RoPE frequency factors stored as a tensor (rope_freqs.weight) are not supported yet");
 
-  embed_ = dev.linear(view(w.embed), "embed_tokens");
-  lm_head_ = w.lm_head == w.embed ? embed_ : dev.linear(view(w.lm_head), "lm_head");
-  final_norm_ = upload(dev, {w.final_norm});
+  embed_ = dev.linear(weight_view(w.embed), "embed_tokens");
+  lm_head_ = w.lm_head == w.embed ? embed_ : dev.linear(weight_view(w.lm_head), "lm_head");
+  final_norm_ = upload_floats(dev, {w.final_norm});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     Layer L;
-    L.attn_norm = upload(dev, {lw.attn_norm});
-    L.ffn_norm = upload(dev, {lw.ffn_norm});
-    L.q_norm = upload(dev, {lw.q_norm});
-    L.k_norm = upload(dev, {lw.k_norm});
-    const ops::WeightView qkv[] = {view(lw.wq), view(lw.wk), view(lw.wv)};
+    L.attn_norm = upload_floats(dev, {lw.attn_norm});
+    L.ffn_norm = upload_floats(dev, {lw.ffn_norm});
+    L.q_norm = upload_floats(dev, {lw.q_norm});
+    L.k_norm = upload_floats(dev, {lw.k_norm});
+    const ops::WeightView qkv[] = {weight_view(lw.wq), weight_view(lw.wk), weight_view(lw.wv)};
     L.wqkv = dev.linear(qkv, "q/k/v_proj");
-    L.bqkv = upload(dev, {lw.bq, lw.bk, lw.bv});
-    L.wo = dev.linear(view(lw.wo), "o_proj");
-    L.bo = upload(dev, {lw.bo});
-    const ops::WeightView gate_up[] = {view(lw.w_gate), view(lw.w_up)};
+    L.bqkv = upload_floats(dev, {lw.bq, lw.bk, lw.bv});
+    L.wo = dev.linear(weight_view(lw.wo), "o_proj");
+    L.bo = upload_floats(dev, {lw.bo});
+    const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
     L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
-    L.b_gate_up = upload(dev, {lw.b_gate, lw.b_up});
-    L.w_down = dev.linear(view(lw.w_down), "down_proj");
-    L.b_down = upload(dev, {lw.b_down});
+    L.b_gate_up = upload_floats(dev, {lw.b_gate, lw.b_up});
+    L.w_down = dev.linear(weight_view(lw.w_down), "down_proj");
+    L.b_down = upload_floats(dev, {lw.b_down});
     TQ_CHECK(L.bqkv.empty() || L.bqkv.size == L.wqkv.rows, files.path, ": layer ", l, " has biases on some of q/k/v_proj only");
     TQ_CHECK(L.b_gate_up.empty() || L.b_gate_up.size == L.w_gate_up.rows, files.path, ": layer ", l,
              " has a bias on one of gate/up_proj only");

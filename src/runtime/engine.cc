@@ -81,7 +81,9 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
       o.max_blocks = (capacity.max_tokens + (static_cast<int64_t>(options.max_sequences) - 1) * (T - 1) + T - 1) / T;
       layer_capacity.max_tokens = o.max_blocks * T;
     }
-    const bool fused = options.kv.fused && o.window == 0;
+    // A dense rotating cache attends on the fused path whatever the flag; a compressed one (--kv-swa-compress)
+    // follows it like the full layers.
+    const bool fused = options.kv.fused;
     caches_.push_back(dev.kv_cache(specs[l].n_kv_heads, specs[l].head_dim, o, fused, layer_capacity));
   }
   attention_.resize(caches_.size());

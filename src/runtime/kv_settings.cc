@@ -58,6 +58,7 @@ void KVSettings::resolve() {
   parse_distribution(codebook);
   if (!grid.empty()) parse_grid(grid);
   TQ_CHECK(!fused || compressed(), "--kv-fused needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
+  TQ_CHECK(!swa_compress || compressed(), "--kv-swa-compress needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
 }
 
 std::string KVSettings::resolved_k_type() const { return k_type.empty() ? "f16" : k_type; }
@@ -90,6 +91,7 @@ std::string KVSettings::describe() const {
   }
   if (min_tokens) os << ", first " << min_tokens << " positions FP16";
   if (compressed()) os << (fused ? ", fused attention" : ", standard attention (expand, then attend)");
+  if (swa_compress) os << ", sliding-window layers compressed";
   return os.str();
 }
 
@@ -105,7 +107,7 @@ KVCacheOptions KVSettings::cache_options(int default_block_tokens) const {
 KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_tokens) const {
   const KVCacheOptions full = cache_options(default_block_tokens);
   KVCacheOptions o;
-  if (!compressed()) {
+  if (!compressed() || swa_compress) {
     o.k = full.k;
     o.v = full.v;
   }
@@ -121,7 +123,7 @@ PromptCache build_prompt_cache(const std::vector<LayerSpec>& specs, const KVSett
     KVCacheOptions o = full;
     if (l.kind == LayerKind::sliding_attention) o = kv.sliding_cache_options(l.window);
     auto cache = std::make_unique<KVCache>(l.n_kv_heads, l.head_dim, o);
-    cache->set_fused(kv.fused);
+    cache->set_fused(kv.fused);  // a dense rotating cache attends on the fused path whatever the flag
     caches.push_back(std::move(cache));
   }
   return caches;

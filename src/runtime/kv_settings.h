@@ -7,6 +7,8 @@
 //   --kv-group-size G           values per scale: 32, 64 or 128
 //   --kv-fused                  attention reads the compressed cache directly (else: expand, then attend)
 //   --kv-fit / --kv-rotation    TurboQuant recipe knobs (scale fit; rotation over the head or per group)
+//   --kv-swa-compress           sliding-window layers' rotating caches compressed like the full layers'
+//                               (default: dense, their few positions are cheap)
 #pragma once
 
 #include <string>
@@ -22,6 +24,7 @@ struct KVSettings {
   int min_tokens = 0;
   int group_size = 64;
   bool fused = false;
+  bool swa_compress = false;    // --kv-swa-compress
   std::string fit = "norm_correction";  // plain, norm_correction, least_squares
   std::string rotation = "dim";         // dim (the head), group
   std::string codebook = "gaussian";    // gaussian, sphere
@@ -40,7 +43,8 @@ struct KVSettings {
   // block_tokens 0 takes default_block_tokens, the backend's (CPU: kDefaultBlockTokens).
   KVCacheOptions cache_options(int default_block_tokens = kDefaultBlockTokens) const;
   // Cache options for a sliding-window layer of `window` positions: a rotating dense cache (its few
-  // positions are not worth compressing), of the settings' type when that is dense, else FP16.
+  // positions are not worth compressing), of the settings' type when that is dense, else FP16; with
+  // swa_compress, the full layers' compressed types (no sink tier: those positions leave the window).
   KVCacheOptions sliding_cache_options(int window, int default_block_tokens = kDefaultBlockTokens) const;
 };
 

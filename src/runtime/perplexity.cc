@@ -86,10 +86,12 @@ KVSettings parse_kv_spec(const std::string& spec) {
       kv.grid = value;
     } else if (key == "fused") {
       kv.fused = true;
+    } else if (key == "swa") {
+      kv.swa_compress = true;
     } else if (key == "bt") {
       kv.block_tokens = parse_integer(value, "the bt (block size) of '" + spec + "'");
     } else {
-      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, fused)");
+      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, fused, swa)");
     }
   }
   kv.resolve();

@@ -45,7 +45,7 @@ std::vector<QualityReport> measure_quality(Model& model, std::span<const int32_t
 
 // A compact name for a KV configuration, also accepted by parse_kv_spec: "k8v3", "k8v3+mt128",
 // "q8_0/q4_0", "q4_0_rot/q4_0_rot", "k4v4+fit=plain+g=128", "f16", "k8v3+bt=256" (bt: positions per
-// cache page).
+// cache page), "k8v3+fused+swa" (swa: the sliding-window layers compressed too, --kv-swa-compress).
 KVSettings parse_kv_spec(const std::string& spec);
 
 }  // namespace tq

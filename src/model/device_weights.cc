@@ -1,0 +1,42 @@
+#include "model/device_weights.h"
+
+#include "core/error.h"
+
+namespace tq {
+namespace {
+
+ops::DType to_ops(DType t) {
+  switch (t) {
+    case DType::f32: return ops::DType::F32;
+    case DType::f16: return ops::DType::F16;
+    case DType::bf16: return ops::DType::BF16;
+    case DType::q8_0: return ops::DType::Q8_0;
+    case DType::u8:
+    case DType::mxfp4: break;
+  }
+  fail("internal error: a ", dtype_name(t), " tensor is not a dense matrix (validate_weights refuses it)");
+}
+
+}  // namespace
+
+ops::WeightView weight_view(const TensorView* t) {
+  TQ_CHECK(t != nullptr, "internal error: a validated weight is missing");
+  return ops::WeightView::dense(to_ops(t->dtype), t->data, t->shape.size() == 1 ? 1 : t->rows(), t->row_length());
+}
+
+std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensors) {
+  std::vector<float> out;
+  for (const TensorView* t : tensors) {
+    if (!t) continue;
+    const std::vector<float> v = read_tensor_f32(*t);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+DeviceVector upload_floats(Device& dev, std::initializer_list<const TensorView*> tensors) {
+  const std::vector<float> v = tensor_floats(tensors);
+  return v.empty() ? DeviceVector{} : dev.vector(v);
+}
+
+}  // namespace tq

@@ -1,0 +1,20 @@
+// Handing a checkpoint's tensors to a device, for the architecture files: a validated weight as an
+// ops::WeightView, and norms and biases as device vectors.
+#pragma once
+
+#include <initializer_list>
+#include <vector>
+
+#include "device/device.h"
+#include "model/tensor.h"
+
+namespace tq {
+
+// A validated matrix (or vector, as one row) in place; throws for a dtype no product reads.
+ops::WeightView weight_view(const TensorView* t);
+// The float values of the tensors, one after another (stacked biases); empty when all are absent.
+std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensors);
+// The same, on the device; an empty DeviceVector when all are absent.
+DeviceVector upload_floats(Device& dev, std::initializer_list<const TensorView*> tensors);
+
+}  // namespace tq
