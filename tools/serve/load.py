@@ -36,10 +36,14 @@ WORDS = (
 ).split()
 
 
-def build_prompt(approx_tokens, variant):
-    """A deterministic prompt of about approx_tokens words; variants differ from their first word on."""
+def build_prompt(approx_tokens, variant, shared_words=0):
+    """A deterministic prompt of about approx_tokens words; variants differ from their first word on, or
+    after a common opening of shared_words words (a long system prompt or document every request repeats)."""
     rng = random.Random(1000 + variant)
-    words = [rng.choice(WORDS) for _ in range(max(1, approx_tokens - 8))]
+    shared = random.Random(999)
+    n = max(1, approx_tokens - 8)
+    words = [shared.choice(WORDS) for _ in range(min(shared_words, n))]
+    words += [rng.choice(WORDS) for _ in range(n - len(words))]
     return "Continue this story: " + " ".join(words) + "."
 
 
@@ -619,7 +623,7 @@ async def main_async(args):
         with open(args.prompt_file, encoding="utf-8") as f:
             prompts = [f.read()]
     else:
-        prompts = [build_prompt(args.prompt_tokens, v) for v in range(args.prompt_variants)]
+        prompts = [build_prompt(args.prompt_tokens, v, args.shared_prefix) for v in range(args.prompt_variants)]
     label = args.label or (props or {}).get("kv", {}).get("describe") or ""
     if args.prefix_reuse:
         await prefix_reuse(target, args, model, prompts[0])
@@ -674,6 +678,8 @@ def parse_args(argv):
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (servers that know it generate max_tokens)")
     p.add_argument("--prompt-tokens", type=int, default=64, help="approximate prompt length in words (default %(default)s)")
     p.add_argument("--prompt-variants", type=int, default=16, help="distinct prompts, sent in turn (default %(default)s)")
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="WORDS",
+                   help="the prompts' first WORDS words are the same for every variant (what a prefix cache reuses)")
     p.add_argument("--prompt-file", help="send this file's text as every prompt instead")
     p.add_argument("--endpoint", choices=["auto", "chat", "completions"], default="auto",
                    help="auto (the default): chat, unless /props says the model has no chat template")
