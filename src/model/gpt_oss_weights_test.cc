@@ -491,18 +491,169 @@ TEST(GptOssWeights, BadFilesNameTheTensor) {
     expect_error([&] { open_model(dir.path()); },
                  {"model.layers.0.mlp.experts.down_proj_blocks", "intermediate_size 80 is not a multiple of 32"});
   }
-  // Experts that are not MXFP4 are refused by name for now.
+  // MXFP4 planes under a config without quantization_config: the message says what is missing.
   {
     ScratchDir dir("gptoss_bad");
     json c = tiny_config();
     c.erase("quantization_config");
     m.write_hf(dir.path(), c);
-    expect_error([&] { open_model(dir.path()); }, {"not MXFP4", "gate_up_proj", "not supported yet"});
+    expect_error([&] { open_model(dir.path()); },
+                 {"'model.layers.0.mlp.experts.gate_up_proj' is missing", "gate_up_proj_blocks' is there",
+                  "quantization_config"});
   }
   // The unedited model loads (so the failures above come from the edits).
   {
     ScratchDir dir("gptoss_ok");
     m.write_hf(dir.path());
+    EXPECT_NO_THROW(open_model(dir.path()));
+  }
+}
+
+// ---------------------------------------------------------------- unquantized (BF16) HF experts
+
+using RawTensors = std::map<std::string, std::tuple<std::string, std::vector<int64_t>, std::vector<uint8_t>>>;
+
+json unquantized_config() {
+  json c = tiny_config();
+  c.erase("quantization_config");
+  return c;
+}
+
+// transformers' GptOssExperts parameters as save_pretrained writes them (input-major, y = x @ W[e]):
+// gate_up_proj [E][H][2I] (columns: gate even, up odd) and down_proj [E][I][H], values as `dtype`
+// rounds them.
+struct DenseExperts {
+  std::vector<float> gate_up = random_floats(E * H * 2 * I, 21), down = random_floats(E * I * H, 22);
+  DType dtype = DType::bf16;
+  explicit DenseExperts(DType t) : dtype(t) {
+    gate_up = round(gate_up);
+    down = round(down);
+  }
+  std::vector<float> round(const std::vector<float>& v) const {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      out[i] = dtype == DType::bf16 ? bf16_bits_to_f32(f32_to_bf16_bits(v[i]))
+             : dtype == DType::f16  ? f16_bits_to_f32(f32_to_f16_bits(v[i]))
+                                    : v[i];
+    }
+    return out;
+  }
+  // Replaces the MXFP4 planes of every layer by these tensors.
+  void edit(RawTensors& t) const {
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string x = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      for (const char* plane : {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"}) {
+        t.erase(x + plane);
+      }
+      t[x + "gate_up_proj"] = {dtype_name(dtype), {E, H, 2 * I}, encode_values(dtype, gate_up)};
+      t[x + "down_proj"] = {dtype_name(dtype), {E, I, H}, encode_values(dtype, down)};
+    }
+  }
+};
+
+// Each expert's gate, up and down views hold the file's values transposed into [out][in] rows,
+// element by element, in the file's dtype.
+TEST(GptOssWeights, UnquantizedHfExpertsAreTransposedAtLoad) {
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    ScratchDir dir("gptoss_dense");
+    TinyModel m;
+    const DenseExperts d(dtype);
+    m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) { d.edit(t); });
+    const ModelFiles hf = open_model(dir.path());
+    EXPECT_FALSE(hf.config.experts_mxfp4);
+    ASSERT_NE(hf.weights.layers[1].gate_up_proj, nullptr);
+    EXPECT_EQ(hf.weights.layers[1].gate_up_blocks, nullptr);
+    EXPECT_EQ(hf.experts.repacked.size(), static_cast<size_t>(3 * L));  // gate, up, down per layer
+    const ops::DType want_dtype = dtype == DType::bf16 ? ops::DType::BF16 : dtype == DType::f16 ? ops::DType::F16 : ops::DType::F32;
+    std::vector<float> row(H > I ? H : I);
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerExperts& x = hf.experts.layers[l];
+      ASSERT_EQ(x.gate.size(), static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        ASSERT_EQ(x.gate[e].dtype, want_dtype);
+        ASSERT_EQ(x.gate[e].rows, I);
+        ASSERT_EQ(x.gate[e].cols, H);
+        ASSERT_EQ(x.down[e].rows, H);
+        ASSERT_EQ(x.down[e].cols, I);
+        for (int64_t i = 0; i < I; ++i) {
+          for (int part = 0; part < 2; ++part) {  // gate = even columns of gate_up, up = odd
+            ops::weight_row(part == 0 ? x.gate[e] : x.up[e], i, row.data());
+            for (int64_t h = 0; h < H; ++h) {
+              const float want = d.gate_up[static_cast<size_t>((e * H + h) * 2 * I + 2 * i + part)];
+              ASSERT_TRUE(same_bits(row[h], want)) << "layer " << l << " expert " << e << (part ? " up" : " gate")
+                                                   << " row " << i << " col " << h;
+            }
+          }
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          ops::weight_row(x.down[e], h, row.data());
+          for (int64_t i = 0; i < I; ++i) {
+            ASSERT_TRUE(same_bits(row[i], d.down[static_cast<size_t>((e * I + i) * H + h)]))
+                << "layer " << l << " expert " << e << " down row " << h << " col " << i;
+          }
+        }
+      }
+      EXPECT_EQ(x.up_bias[3], bf16_bits_to_f32(f32_to_bf16_bits(m.gate_up_bias[7])));  // up = odd columns
+      EXPECT_EQ(x.gate_bias[3], bf16_bits_to_f32(f32_to_bf16_bits(m.gate_up_bias[6])));
+    }
+    // A product over a view equals the sum over the file's column (x @ W).
+    ThreadPool pool(1);
+    const std::vector<float> in = random_floats(H, 98);
+    std::vector<float> y(I);
+    ops::matvec(hf.experts.layers[0].up[1], in.data(), y.data(), pool);
+    for (int64_t i = 0; i < I; i += 17) {
+      double want = 0;
+      for (int64_t h = 0; h < H; ++h) want += double(in[h]) * d.gate_up[static_cast<size_t>((1 * H + h) * 2 * I + 2 * i + 1)];
+      EXPECT_NEAR(y[i], want, 1e-4) << i;
+    }
+  }
+}
+
+TEST(GptOssWeights, UnquantizedHfExpertErrorsNameTheTensor) {
+  const std::string x = "model.layers.1.mlp.experts.";
+  const DenseExperts d(DType::bf16);
+  struct Case {
+    std::function<void(RawTensors&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      // Output-major ([E, 2I, H]) is not the layout transformers writes.
+      {[&](RawTensors& t) { std::get<1>(t[x + "gate_up_proj"]) = {E, 2 * I, H}; },
+       {"'" + x + "gate_up_proj' has shape [4, 192, 64], expected [4, 64, 192]", "y = x @ W"}},
+      {[&](RawTensors& t) { std::get<1>(t[x + "down_proj"]) = {E, H, I}; },
+       {"'" + x + "down_proj' has shape [4, 64, 96], expected [4, 96, 64]"}},
+      {[&](RawTensors& t) { t.erase(x + "down_proj"); }, {"'" + x + "down_proj' is missing", "expected shape [4, 96, 64]"}},
+      {[&](RawTensors& t) { t.erase(x + "gate_up_proj_bias"); }, {"'" + x + "gate_up_proj_bias' is missing"}},
+      {[&](RawTensors& t) { t[x + "down_proj_bias"] = {"BF16", {E, I}, encode_values(DType::bf16, random_floats(E * I, 5))}; },
+       {"'" + x + "down_proj_bias' has shape [4, 96], expected [4, 64]"}},
+      {[&](RawTensors& t) {
+         auto& [dtype, shape, data] = t[x + "gate_up_proj"];
+         dtype = "U8";
+         data.resize(data.size() / 2);
+       },
+       {x + "gate_up_proj", "is U8", "unquantized expert matrices must be F32, F16 or BF16"}},
+  };
+  TinyModel m;
+  for (const Case& k : cases) {
+    ScratchDir dir("gptoss_dense_bad");
+    m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) {
+      d.edit(t);
+      k.edit(t);
+    });
+    expect_error_all([&] { open_model(dir.path()); }, k.needles);
+  }
+  // Unquantized experts under an MXFP4 config.
+  {
+    ScratchDir dir("gptoss_dense_bad");
+    m.write_hf(dir.path(), tiny_config(), [&](RawTensors& t) { d.edit(t); });
+    expect_error_all([&] { open_model(dir.path()); },
+                     {"'model.layers.0.mlp.experts.gate_up_proj_blocks' is missing", "unquantized",
+                      "MXFP4 quantization_config"});
+  }
+  {
+    ScratchDir dir("gptoss_dense_ok");
+    m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) { d.edit(t); });
     EXPECT_NO_THROW(open_model(dir.path()));
   }
 }
