@@ -17,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/gguf_export.h"
 #include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
@@ -656,6 +657,149 @@ TEST(GptOssWeights, UnquantizedHfExpertErrorsNameTheTensor) {
     m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) { d.edit(t); });
     EXPECT_NO_THROW(open_model(dir.path()));
   }
+}
+
+// ---------------------------------------------------------------- HF -> GGUF export
+
+// The same bytes, shape and dtype.
+void expect_same_tensor(const TensorView* a, const TensorView* b, const std::string& what) {
+  ASSERT_NE(a, nullptr) << what;
+  ASSERT_NE(b, nullptr) << what;
+  EXPECT_EQ(a->shape, b->shape) << what;
+  EXPECT_EQ(a->dtype, b->dtype) << what;
+  ASSERT_EQ(a->nbytes, b->nbytes) << what;
+  EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << what;
+}
+
+// Every row of every expert view decodes to the same bits; the biases are equal.
+void expect_same_experts(const ExpertWeights& a, const ExpertWeights& b) {
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  std::vector<float> x(H > I ? H : I), y(x.size());
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    const LayerExperts &p = a.layers[l], &q = b.layers[l];
+    for (int role = 0; role < 3; ++role) {
+      const auto& pv = role == 0 ? p.gate : role == 1 ? p.up : p.down;
+      const auto& qv = role == 0 ? q.gate : role == 1 ? q.up : q.down;
+      ASSERT_EQ(pv.size(), static_cast<size_t>(E));
+      ASSERT_EQ(qv.size(), pv.size());
+      for (size_t e = 0; e < pv.size(); ++e) {
+        ASSERT_EQ(pv[e].dtype, qv[e].dtype);
+        ASSERT_EQ(pv[e].rows, qv[e].rows);
+        ASSERT_EQ(pv[e].cols, qv[e].cols);
+        for (int64_t r = 0; r < pv[e].rows; ++r) {
+          ops::weight_row(pv[e], r, x.data());
+          ops::weight_row(qv[e], r, y.data());
+          ASSERT_EQ(std::memcmp(x.data(), y.data(), static_cast<size_t>(pv[e].cols) * 4), 0)
+              << "layer " << l << " role " << role << " expert " << e << " row " << r;
+        }
+      }
+    }
+    EXPECT_EQ(p.gate_bias, q.gate_bias) << l;
+    EXPECT_EQ(p.up_bias, q.up_bias) << l;
+    EXPECT_EQ(p.down_bias, q.down_bias) << l;
+  }
+}
+
+// An HF folder (MXFP4 experts, then BF16 ones) written as GGUF and read back: the same config and
+// every weight the same, the experts through both loaders' views.
+TEST(GptOssGgufExport, KeepsTheConfigAndEveryWeight) {
+  for (bool mxfp4 : {true, false}) {
+    SCOPED_TRACE(mxfp4 ? "MXFP4 experts" : "BF16 experts");
+    ScratchDir dir("gptoss_export");
+    TinyModel m;
+    const DenseExperts d(DType::bf16);
+    json config = mxfp4 ? tiny_config() : unquantized_config();
+    // The BF16 case also has a layer pattern that is not llama.cpp's default (written as flags).
+    if (!mxfp4) config["layer_types"] = json::array({"full_attention", "sliding_attention"});
+    m.write_hf(dir.path(), config, [&](RawTensors& t) {
+      if (!mxfp4) d.edit(t);
+    });
+    const ModelFiles hf = open_model(dir.path());
+    write_gpt_oss_gguf(hf, dir.file("export.gguf"));
+    const ModelFiles gg = open_model(dir.file("export.gguf"));
+    ASSERT_EQ(gg.naming, WeightNaming::gguf);
+
+    const ModelConfig &a = hf.config, &b = gg.config;
+    EXPECT_EQ(b.arch, ModelArch::gpt_oss);
+    EXPECT_EQ(b.hidden_size, a.hidden_size);
+    EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+    EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers);
+    EXPECT_EQ(b.num_attention_heads, a.num_attention_heads);
+    EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads);
+    EXPECT_EQ(b.head_dim, a.head_dim);
+    EXPECT_EQ(b.vocab_size, a.vocab_size);
+    EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+    EXPECT_EQ(b.rope_theta, a.rope_theta);
+    EXPECT_EQ(b.rope_layout, RopeLayout::rotate_half);
+    EXPECT_EQ(a.rope_layout, RopeLayout::rotate_half);
+    EXPECT_FLOAT_EQ(static_cast<float>(b.rms_norm_eps), static_cast<float>(a.rms_norm_eps));
+    EXPECT_EQ(b.rope_scaling.type, RopeScalingType::yarn);
+    EXPECT_EQ(b.rope_scaling.factor, a.rope_scaling.factor);
+    EXPECT_EQ(b.rope_scaling.beta_fast, a.rope_scaling.beta_fast);
+    EXPECT_EQ(b.rope_scaling.beta_slow, a.rope_scaling.beta_slow);
+    EXPECT_EQ(b.rope_scaling.original_max_position_embeddings, a.rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(b.rope_scaling.truncate, a.rope_scaling.truncate);
+    EXPECT_EQ(b.rope_scaling.attention_factor, a.rope_scaling.attention_factor);
+    EXPECT_EQ(b.sliding_window, a.sliding_window);
+    EXPECT_EQ(b.sliding_layers, a.sliding_layers);
+    EXPECT_EQ(b.uses_sliding_window(0), mxfp4);
+    EXPECT_EQ(b.num_experts, a.num_experts);
+    EXPECT_EQ(b.num_experts_per_tok, a.num_experts_per_tok);
+    EXPECT_EQ(b.experts_mxfp4, a.experts_mxfp4);
+    EXPECT_EQ(b.experts_mxfp4, mxfp4);
+    EXPECT_EQ(b.swiglu_limit, a.swiglu_limit);
+    EXPECT_TRUE(b.qkv_bias && b.o_bias && b.attention_sinks);
+    EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+    EXPECT_EQ(b.eos_token_ids, a.eos_token_ids);
+    EXPECT_EQ(b.pad_token_id, a.pad_token_id);
+
+    const ModelWeights &p = hf.weights, &q = gg.weights;
+    expect_same_tensor(p.embed, q.embed, "embed");
+    expect_same_tensor(p.lm_head, q.lm_head, "lm_head");
+    expect_same_tensor(p.final_norm, q.final_norm, "final_norm");
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerWeights &x = p.layers[l], &y = q.layers[l];
+      const std::string at = " layer " + std::to_string(l);
+      expect_same_tensor(x.attn_norm, y.attn_norm, "attn_norm" + at);
+      expect_same_tensor(x.ffn_norm, y.ffn_norm, "post_attention_norm" + at);
+      expect_same_tensor(x.wq, y.wq, "wq" + at);
+      expect_same_tensor(x.wk, y.wk, "wk" + at);
+      expect_same_tensor(x.wv, y.wv, "wv" + at);
+      expect_same_tensor(x.wo, y.wo, "wo" + at);
+      expect_same_tensor(x.bq, y.bq, "bq" + at);
+      expect_same_tensor(x.bk, y.bk, "bk" + at);
+      expect_same_tensor(x.bv, y.bv, "bv" + at);
+      expect_same_tensor(x.bo, y.bo, "bo" + at);
+      expect_same_tensor(x.sinks, y.sinks, "sinks" + at);
+      expect_same_tensor(x.router, y.router, "router" + at);
+      expect_same_tensor(x.router_bias, y.router_bias, "router_bias" + at);
+      ASSERT_NE(y.gate_exps, nullptr);
+      EXPECT_EQ(y.gate_exps->dtype, mxfp4 ? DType::mxfp4 : DType::bf16);
+      EXPECT_EQ(y.down_exps->shape, (std::vector<int64_t>{E, H, I}));
+    }
+    expect_same_experts(hf.experts, gg.experts);
+    if (mxfp4) {
+      // The GGUF reader's own split-half decode gives transformers' values (gate = even HF rows).
+      const std::vector<float> gate = read_tensor_f32(*q.layers[1].gate_exps);  // [E][I][H]
+      for (int64_t c = 0; c < H; ++c) {
+        ASSERT_TRUE(same_bits(gate[static_cast<size_t>((2 * I + 7) * H + c)], transformers_value(m.gate_up, 2 * I, H, 2, 14, c)));
+      }
+    }
+  }
+}
+
+TEST(GptOssGgufExport, RefusesWhatGgufCannotSay) {
+  TinyModel m;
+  ScratchDir dir("gptoss_export_bad");
+  json c = tiny_config();
+  c["rope_scaling"]["truncate"] = true;
+  m.write_hf(dir.path(), c);
+  const ModelFiles hf = open_model(dir.path());
+  expect_error([&] { gpt_oss_gguf_bytes(hf); }, {"config.json", "yarn truncate true cannot be written to GGUF"});
+  ScratchDir dir2("gptoss_export_bad");
+  m.write_gguf(dir2.file("tiny.gguf"));
+  const ModelFiles gg = open_model(dir2.file("tiny.gguf"));
+  expect_error([&] { gpt_oss_gguf_bytes(gg); }, {"tiny.gguf", "is not a Hugging Face gpt_oss folder"});
 }
 
 TEST(GptOssWeights, GgufMetadataErrors) {
