@@ -1,5 +1,6 @@
 #include "model/experts.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -55,6 +56,40 @@ ops::WeightView hf_view(const TensorView& blocks, const TensorView& scales, int6
   return w;
 }
 
+// HF unquantized experts: t [E][K][N] is input-major (y = x @ W[e]), the opposite of what a view
+// reads ([out][in] rows, each output's inputs contiguous), so the file cannot be used in place: the
+// selected columns first, first + step, ... of each expert are copied out as rows. A byte copy in
+// t's own dtype (BF16 stays BF16, nothing is rounded).
+//   returns [E] views of [N / step][K], over a new buffer in `repacked`: [E][N / step][K] elements
+std::vector<ops::WeightView> transposed_views(const TensorView& t, int64_t first, int64_t step,
+                                              std::vector<std::vector<uint8_t>>& repacked) {
+  const int64_t E = t.shape[0], K = t.shape[1], N = t.shape[2], rows = N / step;
+  const size_t es = static_cast<size_t>(dtype_block_bytes(t.dtype));  // bytes per element (F32, F16, BF16)
+  const size_t matrix = static_cast<size_t>(rows * K) * es;           // one expert's copy
+  std::vector<uint8_t>& buf = repacked.emplace_back(static_cast<size_t>(E) * matrix);  // [E][rows][K]
+  const uint8_t* src = static_cast<const uint8_t*>(t.data);                           // [E][K][N]
+  uint8_t* dst = buf.data();
+  // Tiles of kTile x kTile keep both the reads (along N) and the writes (along K) within cache lines.
+  constexpr int64_t kTile = 32;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+      for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+          for (int64_t k = k0; k < std::min(K, k0 + kTile); ++k) {
+            std::memcpy(dst + static_cast<size_t>((e * rows + r) * K + k) * es,
+                        src + static_cast<size_t>((e * K + k) * N + first + r * step) * es, es);
+          }
+        }
+      }
+    }
+  }
+  std::vector<ops::WeightView> views;
+  for (int64_t e = 0; e < E; ++e) {
+    views.push_back(ops::WeightView::dense(to_ops_matrix(t.dtype), dst + static_cast<size_t>(e) * matrix, rows, K));
+  }
+  return views;
+}
+
 // GGUF: the views of every expert of t [E][rows][cols], repacking MXFP4 into `out`.
 std::vector<ops::WeightView> gguf_views(const TensorView& t, std::vector<std::vector<uint8_t>>& repacked) {
   const int64_t E = t.shape[0], rows = t.shape[1], cols = t.shape[2];
@@ -106,7 +141,14 @@ ExpertWeights build_expert_weights(const ModelConfig& c, const ModelWeights& w, 
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     LayerExperts& X = out.layers[l];
-    if (naming == WeightNaming::hf) {
+    if (naming == WeightNaming::hf && L.gate_up_proj != nullptr) {
+      // Unquantized: gate = even columns of gate_up [E][H][2I], up = odd; down [E][I][H].
+      X.gate = transposed_views(*L.gate_up_proj, 0, 2, out.repacked);
+      X.up = transposed_views(*L.gate_up_proj, 1, 2, out.repacked);
+      X.down = transposed_views(*L.down_proj, 0, 1, out.repacked);
+      deinterleave(*L.gate_up_bias, X.gate_bias, X.up_bias);
+      X.down_bias = read_tensor_f32(*L.down_bias);
+    } else if (naming == WeightNaming::hf) {
       check_scales(static_cast<const uint8_t*>(L.gate_up_scales->data), L.gate_up_scales->nbytes, *L.gate_up_scales,
                    L.gate_up_scales->shape[2]);
       check_scales(static_cast<const uint8_t*>(L.down_scales->data), L.down_scales->nbytes, *L.down_scales,

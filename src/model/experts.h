@@ -8,6 +8,9 @@
 // A GGUF's ggml MXFP4 tensors (17-byte blocks: scale, then split-half nibbles) are repacked into
 // the two planes at load: a byte permutation that keeps every value (never requantized). Other
 // GGUF expert types (F32/F16/BF16/Q8_0) are used in place.
+// Unquantized HF experts (F32/F16/BF16 gate_up_proj [E, H, 2I], down_proj [E, I, H]) are stored
+// input-major (y = x @ W[e]) where a view needs [out][in] rows, so each expert's gate (even columns),
+// up (odd columns) and down are copied, transposed, into `repacked` at load, in their own dtype.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +34,9 @@ struct LayerExperts {
 
 struct ExpertWeights {
   std::vector<LayerExperts> layers;  // [num_hidden_layers]
-  // Planes repacked from GGUF MXFP4, which the views of `layers` point into: per repacked tensor,
-  // codes [E][rows][cols / 2] then scales [E][rows][cols / 32]. Moving the object keeps them valid.
+  // Buffers made at load, which the views of `layers` point into. Per GGUF MXFP4 tensor: codes
+  // [E][rows][cols / 2] then scales [E][rows][cols / 32]. Per unquantized HF gate, up or down: the
+  // transposed matrices [E][out][in] in the file's dtype. Moving the object keeps them valid.
   std::vector<std::vector<uint8_t>> repacked;
 };
 

@@ -17,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/gguf_export.h"
 #include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
@@ -491,13 +492,15 @@ TEST(GptOssWeights, BadFilesNameTheTensor) {
     expect_error([&] { open_model(dir.path()); },
                  {"model.layers.0.mlp.experts.down_proj_blocks", "intermediate_size 80 is not a multiple of 32"});
   }
-  // Experts that are not MXFP4 are refused by name for now.
+  // MXFP4 planes under a config without quantization_config: the message says what is missing.
   {
     ScratchDir dir("gptoss_bad");
     json c = tiny_config();
     c.erase("quantization_config");
     m.write_hf(dir.path(), c);
-    expect_error([&] { open_model(dir.path()); }, {"not MXFP4", "gate_up_proj", "not supported yet"});
+    expect_error([&] { open_model(dir.path()); },
+                 {"'model.layers.0.mlp.experts.gate_up_proj' is missing", "gate_up_proj_blocks' is there",
+                  "quantization_config"});
   }
   // The unedited model loads (so the failures above come from the edits).
   {
@@ -505,6 +508,298 @@ TEST(GptOssWeights, BadFilesNameTheTensor) {
     m.write_hf(dir.path());
     EXPECT_NO_THROW(open_model(dir.path()));
   }
+}
+
+// ---------------------------------------------------------------- unquantized (BF16) HF experts
+
+using RawTensors = std::map<std::string, std::tuple<std::string, std::vector<int64_t>, std::vector<uint8_t>>>;
+
+json unquantized_config() {
+  json c = tiny_config();
+  c.erase("quantization_config");
+  return c;
+}
+
+// transformers' GptOssExperts parameters as save_pretrained writes them (input-major, y = x @ W[e]):
+// gate_up_proj [E][H][2I] (columns: gate even, up odd) and down_proj [E][I][H], values as `dtype`
+// rounds them.
+struct DenseExperts {
+  std::vector<float> gate_up = random_floats(E * H * 2 * I, 21), down = random_floats(E * I * H, 22);
+  DType dtype = DType::bf16;
+  explicit DenseExperts(DType t) : dtype(t) {
+    gate_up = round(gate_up);
+    down = round(down);
+  }
+  std::vector<float> round(const std::vector<float>& v) const {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      out[i] = dtype == DType::bf16 ? bf16_bits_to_f32(f32_to_bf16_bits(v[i]))
+             : dtype == DType::f16  ? f16_bits_to_f32(f32_to_f16_bits(v[i]))
+                                    : v[i];
+    }
+    return out;
+  }
+  // Replaces the MXFP4 planes of every layer by these tensors.
+  void edit(RawTensors& t) const {
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string x = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      for (const char* plane : {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"}) {
+        t.erase(x + plane);
+      }
+      t[x + "gate_up_proj"] = {dtype_name(dtype), {E, H, 2 * I}, encode_values(dtype, gate_up)};
+      t[x + "down_proj"] = {dtype_name(dtype), {E, I, H}, encode_values(dtype, down)};
+    }
+  }
+};
+
+// Each expert's gate, up and down views hold the file's values transposed into [out][in] rows,
+// element by element, in the file's dtype.
+TEST(GptOssWeights, UnquantizedHfExpertsAreTransposedAtLoad) {
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    ScratchDir dir("gptoss_dense");
+    TinyModel m;
+    const DenseExperts d(dtype);
+    m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) { d.edit(t); });
+    const ModelFiles hf = open_model(dir.path());
+    EXPECT_FALSE(hf.config.experts_mxfp4);
+    ASSERT_NE(hf.weights.layers[1].gate_up_proj, nullptr);
+    EXPECT_EQ(hf.weights.layers[1].gate_up_blocks, nullptr);
+    EXPECT_EQ(hf.experts.repacked.size(), static_cast<size_t>(3 * L));  // gate, up, down per layer
+    const ops::DType want_dtype = dtype == DType::bf16 ? ops::DType::BF16 : dtype == DType::f16 ? ops::DType::F16 : ops::DType::F32;
+    std::vector<float> row(H > I ? H : I);
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerExperts& x = hf.experts.layers[l];
+      ASSERT_EQ(x.gate.size(), static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        ASSERT_EQ(x.gate[e].dtype, want_dtype);
+        ASSERT_EQ(x.gate[e].rows, I);
+        ASSERT_EQ(x.gate[e].cols, H);
+        ASSERT_EQ(x.down[e].rows, H);
+        ASSERT_EQ(x.down[e].cols, I);
+        for (int64_t i = 0; i < I; ++i) {
+          for (int part = 0; part < 2; ++part) {  // gate = even columns of gate_up, up = odd
+            ops::weight_row(part == 0 ? x.gate[e] : x.up[e], i, row.data());
+            for (int64_t h = 0; h < H; ++h) {
+              const float want = d.gate_up[static_cast<size_t>((e * H + h) * 2 * I + 2 * i + part)];
+              ASSERT_TRUE(same_bits(row[h], want)) << "layer " << l << " expert " << e << (part ? " up" : " gate")
+                                                   << " row " << i << " col " << h;
+            }
+          }
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          ops::weight_row(x.down[e], h, row.data());
+          for (int64_t i = 0; i < I; ++i) {
+            ASSERT_TRUE(same_bits(row[i], d.down[static_cast<size_t>((e * I + i) * H + h)]))
+                << "layer " << l << " expert " << e << " down row " << h << " col " << i;
+          }
+        }
+      }
+      EXPECT_EQ(x.up_bias[3], bf16_bits_to_f32(f32_to_bf16_bits(m.gate_up_bias[7])));  // up = odd columns
+      EXPECT_EQ(x.gate_bias[3], bf16_bits_to_f32(f32_to_bf16_bits(m.gate_up_bias[6])));
+    }
+    // A product over a view equals the sum over the file's column (x @ W).
+    ThreadPool pool(1);
+    const std::vector<float> in = random_floats(H, 98);
+    std::vector<float> y(I);
+    ops::matvec(hf.experts.layers[0].up[1], in.data(), y.data(), pool);
+    for (int64_t i = 0; i < I; i += 17) {
+      double want = 0;
+      for (int64_t h = 0; h < H; ++h) want += double(in[h]) * d.gate_up[static_cast<size_t>((1 * H + h) * 2 * I + 2 * i + 1)];
+      EXPECT_NEAR(y[i], want, 1e-4) << i;
+    }
+  }
+}
+
+TEST(GptOssWeights, UnquantizedHfExpertErrorsNameTheTensor) {
+  const std::string x = "model.layers.1.mlp.experts.";
+  const DenseExperts d(DType::bf16);
+  struct Case {
+    std::function<void(RawTensors&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      // Output-major ([E, 2I, H]) is not the layout transformers writes.
+      {[&](RawTensors& t) { std::get<1>(t[x + "gate_up_proj"]) = {E, 2 * I, H}; },
+       {"'" + x + "gate_up_proj' has shape [4, 192, 64], expected [4, 64, 192]", "y = x @ W"}},
+      {[&](RawTensors& t) { std::get<1>(t[x + "down_proj"]) = {E, H, I}; },
+       {"'" + x + "down_proj' has shape [4, 64, 96], expected [4, 96, 64]"}},
+      {[&](RawTensors& t) { t.erase(x + "down_proj"); }, {"'" + x + "down_proj' is missing", "expected shape [4, 96, 64]"}},
+      {[&](RawTensors& t) { t.erase(x + "gate_up_proj_bias"); }, {"'" + x + "gate_up_proj_bias' is missing"}},
+      {[&](RawTensors& t) { t[x + "down_proj_bias"] = {"BF16", {E, I}, encode_values(DType::bf16, random_floats(E * I, 5))}; },
+       {"'" + x + "down_proj_bias' has shape [4, 96], expected [4, 64]"}},
+      {[&](RawTensors& t) {
+         auto& [dtype, shape, data] = t[x + "gate_up_proj"];
+         dtype = "U8";
+         data.resize(data.size() / 2);
+       },
+       {x + "gate_up_proj", "is U8", "unquantized expert matrices must be F32, F16 or BF16"}},
+  };
+  TinyModel m;
+  for (const Case& k : cases) {
+    ScratchDir dir("gptoss_dense_bad");
+    m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) {
+      d.edit(t);
+      k.edit(t);
+    });
+    expect_error_all([&] { open_model(dir.path()); }, k.needles);
+  }
+  // Unquantized experts under an MXFP4 config.
+  {
+    ScratchDir dir("gptoss_dense_bad");
+    m.write_hf(dir.path(), tiny_config(), [&](RawTensors& t) { d.edit(t); });
+    expect_error_all([&] { open_model(dir.path()); },
+                     {"'model.layers.0.mlp.experts.gate_up_proj_blocks' is missing", "unquantized",
+                      "MXFP4 quantization_config"});
+  }
+  {
+    ScratchDir dir("gptoss_dense_ok");
+    m.write_hf(dir.path(), unquantized_config(), [&](RawTensors& t) { d.edit(t); });
+    EXPECT_NO_THROW(open_model(dir.path()));
+  }
+}
+
+// ---------------------------------------------------------------- HF -> GGUF export
+
+// The same bytes, shape and dtype.
+void expect_same_tensor(const TensorView* a, const TensorView* b, const std::string& what) {
+  ASSERT_NE(a, nullptr) << what;
+  ASSERT_NE(b, nullptr) << what;
+  EXPECT_EQ(a->shape, b->shape) << what;
+  EXPECT_EQ(a->dtype, b->dtype) << what;
+  ASSERT_EQ(a->nbytes, b->nbytes) << what;
+  EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << what;
+}
+
+// Every row of every expert view decodes to the same bits; the biases are equal.
+void expect_same_experts(const ExpertWeights& a, const ExpertWeights& b) {
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  std::vector<float> x(H > I ? H : I), y(x.size());
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    const LayerExperts &p = a.layers[l], &q = b.layers[l];
+    for (int role = 0; role < 3; ++role) {
+      const auto& pv = role == 0 ? p.gate : role == 1 ? p.up : p.down;
+      const auto& qv = role == 0 ? q.gate : role == 1 ? q.up : q.down;
+      ASSERT_EQ(pv.size(), static_cast<size_t>(E));
+      ASSERT_EQ(qv.size(), pv.size());
+      for (size_t e = 0; e < pv.size(); ++e) {
+        ASSERT_EQ(pv[e].dtype, qv[e].dtype);
+        ASSERT_EQ(pv[e].rows, qv[e].rows);
+        ASSERT_EQ(pv[e].cols, qv[e].cols);
+        for (int64_t r = 0; r < pv[e].rows; ++r) {
+          ops::weight_row(pv[e], r, x.data());
+          ops::weight_row(qv[e], r, y.data());
+          ASSERT_EQ(std::memcmp(x.data(), y.data(), static_cast<size_t>(pv[e].cols) * 4), 0)
+              << "layer " << l << " role " << role << " expert " << e << " row " << r;
+        }
+      }
+    }
+    EXPECT_EQ(p.gate_bias, q.gate_bias) << l;
+    EXPECT_EQ(p.up_bias, q.up_bias) << l;
+    EXPECT_EQ(p.down_bias, q.down_bias) << l;
+  }
+}
+
+// An HF folder (MXFP4 experts, then BF16 ones) written as GGUF and read back: the same config and
+// every weight the same, the experts through both loaders' views.
+TEST(GptOssGgufExport, KeepsTheConfigAndEveryWeight) {
+  for (bool mxfp4 : {true, false}) {
+    SCOPED_TRACE(mxfp4 ? "MXFP4 experts" : "BF16 experts");
+    ScratchDir dir("gptoss_export");
+    TinyModel m;
+    const DenseExperts d(DType::bf16);
+    json config = mxfp4 ? tiny_config() : unquantized_config();
+    // The BF16 case also has a layer pattern that is not llama.cpp's default (written as flags).
+    if (!mxfp4) config["layer_types"] = json::array({"full_attention", "sliding_attention"});
+    m.write_hf(dir.path(), config, [&](RawTensors& t) {
+      if (!mxfp4) d.edit(t);
+    });
+    const ModelFiles hf = open_model(dir.path());
+    write_gpt_oss_gguf(hf, dir.file("export.gguf"));
+    const ModelFiles gg = open_model(dir.file("export.gguf"));
+    ASSERT_EQ(gg.naming, WeightNaming::gguf);
+
+    const ModelConfig &a = hf.config, &b = gg.config;
+    EXPECT_EQ(b.arch, ModelArch::gpt_oss);
+    EXPECT_EQ(b.hidden_size, a.hidden_size);
+    EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+    EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers);
+    EXPECT_EQ(b.num_attention_heads, a.num_attention_heads);
+    EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads);
+    EXPECT_EQ(b.head_dim, a.head_dim);
+    EXPECT_EQ(b.vocab_size, a.vocab_size);
+    EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+    EXPECT_EQ(b.rope_theta, a.rope_theta);
+    EXPECT_EQ(b.rope_layout, RopeLayout::rotate_half);
+    EXPECT_EQ(a.rope_layout, RopeLayout::rotate_half);
+    EXPECT_FLOAT_EQ(static_cast<float>(b.rms_norm_eps), static_cast<float>(a.rms_norm_eps));
+    EXPECT_EQ(b.rope_scaling.type, RopeScalingType::yarn);
+    EXPECT_EQ(b.rope_scaling.factor, a.rope_scaling.factor);
+    EXPECT_EQ(b.rope_scaling.beta_fast, a.rope_scaling.beta_fast);
+    EXPECT_EQ(b.rope_scaling.beta_slow, a.rope_scaling.beta_slow);
+    EXPECT_EQ(b.rope_scaling.original_max_position_embeddings, a.rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(b.rope_scaling.truncate, a.rope_scaling.truncate);
+    EXPECT_EQ(b.rope_scaling.attention_factor, a.rope_scaling.attention_factor);
+    EXPECT_EQ(b.sliding_window, a.sliding_window);
+    EXPECT_EQ(b.sliding_layers, a.sliding_layers);
+    EXPECT_EQ(b.uses_sliding_window(0), mxfp4);
+    EXPECT_EQ(b.num_experts, a.num_experts);
+    EXPECT_EQ(b.num_experts_per_tok, a.num_experts_per_tok);
+    EXPECT_EQ(b.experts_mxfp4, a.experts_mxfp4);
+    EXPECT_EQ(b.experts_mxfp4, mxfp4);
+    EXPECT_EQ(b.swiglu_limit, a.swiglu_limit);
+    EXPECT_TRUE(b.qkv_bias && b.o_bias && b.attention_sinks);
+    EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+    EXPECT_EQ(b.eos_token_ids, a.eos_token_ids);
+    EXPECT_EQ(b.pad_token_id, a.pad_token_id);
+
+    const ModelWeights &p = hf.weights, &q = gg.weights;
+    expect_same_tensor(p.embed, q.embed, "embed");
+    expect_same_tensor(p.lm_head, q.lm_head, "lm_head");
+    expect_same_tensor(p.final_norm, q.final_norm, "final_norm");
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerWeights &x = p.layers[l], &y = q.layers[l];
+      const std::string at = " layer " + std::to_string(l);
+      expect_same_tensor(x.attn_norm, y.attn_norm, "attn_norm" + at);
+      expect_same_tensor(x.ffn_norm, y.ffn_norm, "post_attention_norm" + at);
+      expect_same_tensor(x.wq, y.wq, "wq" + at);
+      expect_same_tensor(x.wk, y.wk, "wk" + at);
+      expect_same_tensor(x.wv, y.wv, "wv" + at);
+      expect_same_tensor(x.wo, y.wo, "wo" + at);
+      expect_same_tensor(x.bq, y.bq, "bq" + at);
+      expect_same_tensor(x.bk, y.bk, "bk" + at);
+      expect_same_tensor(x.bv, y.bv, "bv" + at);
+      expect_same_tensor(x.bo, y.bo, "bo" + at);
+      expect_same_tensor(x.sinks, y.sinks, "sinks" + at);
+      expect_same_tensor(x.router, y.router, "router" + at);
+      expect_same_tensor(x.router_bias, y.router_bias, "router_bias" + at);
+      ASSERT_NE(y.gate_exps, nullptr);
+      EXPECT_EQ(y.gate_exps->dtype, mxfp4 ? DType::mxfp4 : DType::bf16);
+      EXPECT_EQ(y.down_exps->shape, (std::vector<int64_t>{E, H, I}));
+    }
+    expect_same_experts(hf.experts, gg.experts);
+    if (mxfp4) {
+      // The GGUF reader's own split-half decode gives transformers' values (gate = even HF rows).
+      const std::vector<float> gate = read_tensor_f32(*q.layers[1].gate_exps);  // [E][I][H]
+      for (int64_t c = 0; c < H; ++c) {
+        ASSERT_TRUE(same_bits(gate[static_cast<size_t>((2 * I + 7) * H + c)], transformers_value(m.gate_up, 2 * I, H, 2, 14, c)));
+      }
+    }
+  }
+}
+
+TEST(GptOssGgufExport, RefusesWhatGgufCannotSay) {
+  TinyModel m;
+  ScratchDir dir("gptoss_export_bad");
+  json c = tiny_config();
+  c["rope_scaling"]["truncate"] = true;
+  m.write_hf(dir.path(), c);
+  const ModelFiles hf = open_model(dir.path());
+  expect_error([&] { gpt_oss_gguf_bytes(hf); }, {"config.json", "yarn truncate true cannot be written to GGUF"});
+  ScratchDir dir2("gptoss_export_bad");
+  m.write_gguf(dir2.file("tiny.gguf"));
+  const ModelFiles gg = open_model(dir2.file("tiny.gguf"));
+  expect_error([&] { gpt_oss_gguf_bytes(gg); }, {"tiny.gguf", "is not a Hugging Face gpt_oss folder"});
 }
 
 TEST(GptOssWeights, GgufMetadataErrors) {

@@ -28,8 +28,9 @@ std::string layer_name(const char* pattern, int64_t layer) {
 enum class Kind {
   vector,   // norms, biases: F32, F16, BF16
   matrix,   // linear weights: F32, F16, BF16, Q8_0
-  plane,    // an HF MXFP4 plane (*_blocks, *_scales): U8
-  experts,  // a GGUF stack of expert matrices: F32, F16, BF16, Q8_0, MXFP4
+  plane,       // an HF MXFP4 plane (*_blocks, *_scales): U8
+  experts,     // a GGUF stack of expert matrices: F32, F16, BF16, Q8_0, MXFP4
+  hf_experts,  // an HF stack of unquantized expert matrices: F32, F16, BF16
 };
 
 bool allowed(Kind k, DType t) {
@@ -38,6 +39,7 @@ bool allowed(Kind k, DType t) {
     case Kind::matrix: return allowed(Kind::vector, t) || t == DType::q8_0;
     case Kind::plane: return t == DType::u8;
     case Kind::experts: return allowed(Kind::matrix, t) || t == DType::mxfp4;
+    case Kind::hf_experts: return allowed(Kind::vector, t);
   }
   return false;
 }
@@ -48,6 +50,9 @@ const char* allowed_names(Kind k) {
     case Kind::matrix: return "matrices must be F32, F16, BF16 or Q8_0";
     case Kind::plane: return "MXFP4 blocks and scales must be U8";
     case Kind::experts: return "expert matrices must be F32, F16, BF16, Q8_0 or MXFP4";
+    case Kind::hf_experts:
+      return "unquantized expert matrices must be F32, F16 or BF16 (MXFP4 ones are *_blocks / *_scales with a "
+             "quantization_config)";
   }
   return "";
 }
@@ -127,9 +132,32 @@ void validate_experts(const ModelConfig& c, Checker& ck, WeightNaming naming, in
   const std::string ei = e_why + " x 2 x intermediate_size " + std::to_string(I);
   if (hf) {
     const std::string prefix = layer_name("model.layers.#.mlp.experts.", l);
+    const std::string eh = e_why + " x hidden_size " + std::to_string(H);
+    auto biases = [&] {
+      L.gate_up_bias = ck.require(prefix + "gate_up_proj_bias", {E, 2 * I}, false, ei);
+      L.down_bias = ck.require(prefix + "down_proj_bias", {E, H}, false, eh);
+    };
+    // The config decides the storage; a file of the other kind gets a message that says so.
+    const bool has_dense = ck.tensors().contains(prefix + "gate_up_proj");
+    const bool has_planes = ck.tensors().contains(prefix + "gate_up_proj_blocks");
+    TQ_CHECK(c.experts_mxfp4 || has_dense || !has_planes, "'", ck.tensors().source(), "': tensor '", prefix,
+             "gate_up_proj' is missing, but '", prefix, "gate_up_proj_blocks' is there: MXFP4 experts need ",
+             "quantization_config {\"quant_method\": \"mxfp4\"} in ", c.source);
+    TQ_CHECK(!c.experts_mxfp4 || has_planes || !has_dense, "'", ck.tensors().source(), "': tensor '", prefix,
+             "gate_up_proj_blocks' is missing, but the unquantized '", prefix, "gate_up_proj' is there while ",
+             c.source, " has an MXFP4 quantization_config");
     if (!c.experts_mxfp4) {
-      fail("'", ck.tensors().source(), "': layer ", l, ": GPT-OSS experts that are not MXFP4 ('", prefix,
-           "gate_up_proj', quantization_config absent) are not supported yet; only MXFP4 checkpoints load");
+      // No quantization_config: the experts are plain parameters, stored as transformers' GptOssExperts
+      // holds them (input-major, y = x @ W[e]; the BF16 checkpoints on the hub and save_pretrained).
+      // A layout stored the other way round would be a second branch here and in build_expert_weights.
+      const std::string hint = " (unquantized experts, y = x @ W: transformers' GptOssExperts layout)";
+      L.gate_up_proj = ck.require(prefix + "gate_up_proj", {E, H, 2 * I}, Kind::hf_experts,
+                                  eh + " x 2 x intermediate_size " + std::to_string(I) + hint);
+      L.down_proj = ck.require(prefix + "down_proj", {E, I, H}, Kind::hf_experts,
+                               e_why + " x intermediate_size " + std::to_string(I) + " x hidden_size " +
+                                   std::to_string(H) + hint);
+      biases();
+      return;
     }
     whole_blocks(prefix + "gate_up_proj_blocks", "hidden_size", H);
     whole_blocks(prefix + "down_proj_blocks", "intermediate_size", I);
@@ -137,13 +165,11 @@ void validate_experts(const ModelConfig& c, Checker& ck, WeightNaming naming, in
                                   ei + " x hidden_size / 32 blocks x 16 bytes");
     L.gate_up_scales = ck.require(prefix + "gate_up_proj_scales", {E, 2 * I, H / 32}, Kind::plane,
                                   ei + " x hidden_size / 32 E8M0 scales");
-    L.gate_up_bias = ck.require(prefix + "gate_up_proj_bias", {E, 2 * I}, false, ei);
-    const std::string eh = e_why + " x hidden_size " + std::to_string(H);
     L.down_blocks = ck.require(prefix + "down_proj_blocks", {E, H, I / 32, 16}, Kind::plane,
                                eh + " x intermediate_size / 32 blocks x 16 bytes");
     L.down_scales = ck.require(prefix + "down_proj_scales", {E, H, I / 32}, Kind::plane,
                                eh + " x intermediate_size / 32 E8M0 scales");
-    L.down_bias = ck.require(prefix + "down_proj_bias", {E, H}, false, eh);
+    biases();
     return;
   }
   const std::string up_why = e_why + " x intermediate_size " + std::to_string(I) + " x hidden_size " + std::to_string(H);

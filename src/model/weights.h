@@ -40,12 +40,19 @@ struct LayerWeights {
   const TensorView* sinks = nullptr;        // [heads]                (attention_sinks)
   const TensorView* router = nullptr;       // [E, H]
   const TensorView* router_bias = nullptr;  // [E]
-  // HF MXFP4 (model.layers.N.mlp.experts.*): rows of gate_up interleave gate (even) and up (odd).
+  // HF MXFP4 (model.layers.N.mlp.experts.*, quantization_config mxfp4): [E, out, in] planes whose
+  // rows of gate_up interleave gate (even) and up (odd).
   const TensorView* gate_up_blocks = nullptr;  // [E, 2I, H/32, 16] U8
   const TensorView* gate_up_scales = nullptr;  // [E, 2I, H/32] U8 (E8M0)
-  const TensorView* gate_up_bias = nullptr;    // [E, 2I], interleaved the same way
   const TensorView* down_blocks = nullptr;     // [E, H, I/32, 16] U8
   const TensorView* down_scales = nullptr;     // [E, H, I/32] U8
+  // HF unquantized (no quantization_config; F32, F16 or BF16): input-major stacks, y = x @ W[e], as
+  // transformers' GptOssExperts holds them (4.x and 5.x); the columns of gate_up interleave gate
+  // (even) and up (odd).
+  const TensorView* gate_up_proj = nullptr;    // [E, H, 2I]
+  const TensorView* down_proj = nullptr;       // [E, I, H]
+  // HF biases of either storage.
+  const TensorView* gate_up_bias = nullptr;    // [E, 2I], interleaved like gate_up
   const TensorView* down_bias = nullptr;       // [E, H]
   // GGUF (blk.N.ffn_*_exps): gate and up apart, MXFP4 (type 39) or any matrix type.
   const TensorView* gate_exps = nullptr;       // [E, I, H]
@@ -68,7 +75,8 @@ struct ModelWeights {
 
 // Finds every tensor the config needs and checks its shape and dtype. Matrices may be F32, F16,
 // BF16 or Q8_0 (GGUF); norms, biases and rope_freqs F32, F16 or BF16; MXFP4 experts U8 planes
-// (HF) or ggml MXFP4 (GGUF), with dimensions that are multiples of 32. Tied embeddings are found
+// (HF) or ggml MXFP4 (GGUF), with dimensions that are multiples of 32; unquantized HF experts
+// F32, F16 or BF16. Tied embeddings are found
 // under either name (model.embed_tokens.weight or lm_head.weight; token_embd.weight for GGUF, where
 // a missing output.weight means tied), including through aliases. A missing tensor or a wrong shape
 // or dtype throws tq::Error naming the file, the tensor, the expected and the actual shape.
