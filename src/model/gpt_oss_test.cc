@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/gguf_export.h"
+#include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
 #include "runtime/perplexity.h"
@@ -334,6 +336,22 @@ TEST_F(GptOssModel, SinksAndWindowMatter) {
   std::vector<float> base(want.begin(), want.end());
   EXPECT_GT(worst_relative_error(base, no_sinks.forward(tokens)), 1e-2);
   EXPECT_GT(worst_relative_error(base, shifted.forward(tokens)), 1e-2);
+}
+
+// The same model read from the HF folder and from the GGUF written from it gives the same logits.
+TEST_F(GptOssModel, GgufWrittenFromTheFolderGivesTheSameLogits) {
+  const std::string gguf = dir_.file("model.gguf");
+  {
+    const ModelFiles hf = open_model(dir_.path());
+    write_gpt_oss_gguf(hf, gguf);
+  }
+  const std::vector<int32_t> tokens = random_tokens(19, 4);
+  testing_util::CpuModel from_hf(dir_.path(), 2), from_gguf(gguf, 2);
+  EXPECT_EQ(from_gguf.model->config().arch, ModelArch::gpt_oss);
+  auto a = testing_util::dense_engine(*from_hf.model, "f32"), b = testing_util::dense_engine(*from_gguf.model, "f32");
+  const std::vector<float> la = testing_util::feed_all(*a, a->add_sequence(), tokens, 5);
+  const std::vector<float> lb = testing_util::feed_all(*b, b->add_sequence(), tokens, 5);
+  EXPECT_EQ(la, lb);
 }
 
 // Several sequences in one batch, with compressed caches on the full layer (the sliding layer keeps its
