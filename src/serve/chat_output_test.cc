@@ -6,8 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "chat/chat_template.h"
 
 #include "core/rng.h"
 #include "runtime/generate.h"
@@ -183,6 +188,32 @@ TEST(ChatOutput, PlainTextIsContentWithStopStrings) {
   cut.add("abc ST");
   cut.take();
   EXPECT_EQ(cut.flush().content, "ST");  // the generation ended: a partial stop string is text
+}
+
+// gpt-oss's own template (../shared/chat-templates, skipped when absent) with a request's fields: the
+// reasoning effort is the one asked for, chat_template_kwargs reach it, and the prompt ends in
+// `<|start|>assistant`, where OutputFilter's parser expects the output to start (inside a header).
+TEST(ChatOutput, GptOssTemplateTakesTheRequestsReasoningEffort) {
+  const std::filesystem::path path = std::filesystem::path(TQ_SHARED_DIR) / "chat-templates" / "gpt-oss.jinja";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no gpt-oss chat template at " << path;
+  std::ifstream in(path);
+  std::stringstream source;
+  source << in.rdbuf();
+  const ChatTemplate tpl(source.str());
+  auto render = [&](const std::string& fields) {
+    const GenerationRequest r = parse_generation_request(R"({"messages": [{"role": "user", "content": "What is 2+2?"}])" + fields + "}",
+                                                         Endpoint::chat, SamplingParams{}, 100);
+    return apply_chat_template(tpl, r.messages, true, "<|startoftext|>", "<|return|>", r.template_vars);
+  };
+  const std::string plain = render("");
+  EXPECT_NE(plain.find("Reasoning: medium"), std::string::npos) << plain;  // the template's default
+  EXPECT_TRUE(plain.ends_with("<|start|>assistant")) << plain;
+  const std::string high = render(R"(, "reasoning_effort": "high")");
+  EXPECT_NE(high.find("Reasoning: high"), std::string::npos) << high;
+  EXPECT_EQ(high.find("Reasoning: medium"), std::string::npos) << high;
+  const std::string custom = render(R"(, "chat_template_kwargs": {"reasoning_effort": "low", "model_identity": "You are TQ."})");
+  EXPECT_NE(custom.find("Reasoning: low"), std::string::npos) << custom;
+  EXPECT_NE(custom.find("You are TQ."), std::string::npos) << custom;
 }
 
 TEST(ChatOutput, ChunksAndMessageShapes) {
