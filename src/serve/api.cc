@@ -168,6 +168,28 @@ void parse_prompt(const json& body, int32_t vocab_size, GenerationRequest& r) {
   r.prompt_is_tokens = true;
 }
 
+// chat_template_kwargs and reasoning_effort: what the template reads beside the messages.
+void parse_template_vars(const json& body, GenerationRequest& r) {
+  if (const json* k = field(body, "chat_template_kwargs")) {
+    if (!k->is_object()) wrong_type("chat_template_kwargs", "an object of template variables", *k);
+    for (const auto& [key, value] : k->items()) {
+      // The server renders the messages and the generation prompt itself: a template made to render
+      // something else would produce a prompt whose answer the server reads wrongly.
+      if (key == "messages" || key == "add_generation_prompt")
+        bad_request("chat_template_kwargs", "invalid_value",
+                    "'chat_template_kwargs." + key + "' is set by the server and cannot be given");
+      r.template_vars[key] = value;
+    }
+  }
+  if (const json* e = field(body, "reasoning_effort")) {
+    if (!e->is_string()) wrong_type("reasoning_effort", "a string (low, medium or high)", *e);
+    const std::string effort = e->get<std::string>();
+    if (effort != "low" && effort != "medium" && effort != "high")
+      bad_request("reasoning_effort", "invalid_value", "'reasoning_effort' must be low, medium or high, got '" + effort + "'");
+    r.template_vars["reasoning_effort"] = effort;
+  }
+}
+
 }  // namespace
 
 json parse_object(std::string_view body) {
@@ -254,6 +276,7 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
     if (top && !want) bad_request("top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
     if (want) r.logprobs = static_cast<int>(top.value_or(0));
     r.messages = parse_messages(j);
+    parse_template_vars(j, r);
   } else {
     // The legacy API: logprobs is the number of alternatives (0..5 at OpenAI; up to 20 here).
     if (const json* l = field(j, "logprobs"); l && l->is_boolean()) {
@@ -361,10 +384,21 @@ json usage_chunk(const ResponseHead& h, bool chat, const Usage& u) {
   return j;
 }
 
-json chat_response(const ResponseHead& h, const std::string& content, const json& logprobs, const std::string& finish_reason,
-                   const Usage& u, const Timings& t) {
+std::vector<json> chat_delta_chunks(const ResponseHead& h, const std::string& reasoning, const std::string& content,
+                                    const json& logprobs) {
+  std::vector<json> out;
+  if (!reasoning.empty()) out.push_back(chat_chunk(h, json{{"reasoning_content", reasoning}}, logprobs, ""));
+  if (!content.empty() || (out.empty() && !logprobs.is_null()))
+    out.push_back(chat_chunk(h, json{{"content", content}}, out.empty() ? logprobs : json(nullptr), ""));
+  return out;
+}
+
+json chat_response(const ResponseHead& h, const std::string& content, const std::string& reasoning, const json& logprobs,
+                   const std::string& finish_reason, const Usage& u, const Timings& t) {
   json j = head_json(h, "chat.completion");
-  json message{{"role", "assistant"}, {"content", content}, {"refusal", nullptr}};
+  json message{{"role", "assistant"}, {"content", content}};
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  message["refusal"] = nullptr;
   j["choices"] = json::array({json{{"index", 0}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", reason(finish_reason)}}});
   j["usage"] = usage_json(u);
   j["timings"] = timings_json(t);

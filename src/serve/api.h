@@ -62,6 +62,10 @@ struct GenerationRequest {
   bool ignore_eos = false;         // vLLM's and llama-server's extension: EOS is an ordinary token
   // chat: the messages, each {"role", "content": string}, content parts joined.
   json messages;
+  // chat: variables for the chat template beside messages: chat_template_kwargs (llama-server's and
+  // vLLM's extension), and reasoning_effort ("low", "medium", "high"; gpt-oss's template reads it),
+  // which wins over a reasoning_effort in chat_template_kwargs.
+  json template_vars = json::object();
   // completion: the prompt as text, or as token ids when prompt_is_tokens.
   std::string prompt_text;
   std::vector<int32_t> prompt_tokens;
@@ -118,8 +122,15 @@ json chat_chunk(const ResponseHead& h, const json& delta, const json& logprobs, 
 json completion_chunk(const ResponseHead& h, const std::string& text, const json& logprobs, const std::string& finish_reason);
 // The usage chunk after the last one: empty choices.
 json usage_chunk(const ResponseHead& h, bool chat, const Usage& u);
-json chat_response(const ResponseHead& h, const std::string& content, const json& logprobs, const std::string& finish_reason,
-                   const Usage& u, const Timings& t);
+// The chunks of one streamed piece of a chat answer: one with delta.reasoning_content, then one with
+// delta.content, each only when it has text; the logprobs go with the first. With neither text but
+// logprobs (tokens whose text is held back), one chunk of empty content carries them; else none.
+std::vector<json> chat_delta_chunks(const ResponseHead& h, const std::string& reasoning, const std::string& content,
+                                    const json& logprobs);
+// message.reasoning_content is there only when the reasoning is not empty (a model that does not reason
+// answers exactly as before).
+json chat_response(const ResponseHead& h, const std::string& content, const std::string& reasoning, const json& logprobs,
+                   const std::string& finish_reason, const Usage& u, const Timings& t);
 json completion_response(const ResponseHead& h, const std::string& text, const json& logprobs, const std::string& finish_reason,
                          const Usage& u, const Timings& t);
 

@@ -52,6 +52,22 @@ TEST(Api, ChatRequestFieldsAreRead) {
   EXPECT_TRUE(r.include_usage);
 }
 
+// reasoning_effort and chat_template_kwargs become the chat template's variables; the top-level
+// reasoning_effort wins over one in chat_template_kwargs; null is "not set".
+TEST(Api, TemplateVariablesFromReasoningEffortAndKwargs) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_EQ(chat("{" + msgs + "}").template_vars, json::object());
+  EXPECT_EQ(chat("{" + msgs + R"(, "reasoning_effort": null, "chat_template_kwargs": null})").template_vars, json::object());
+  for (const char* effort : {"low", "medium", "high"})
+    EXPECT_EQ(chat("{" + msgs + R"(, "reasoning_effort": ")" + effort + R"("})").template_vars, (json{{"reasoning_effort", effort}}));
+  const GenerationRequest r = chat("{" + msgs + R"(, "chat_template_kwargs": {"enable_thinking": false, "builtin_tools": ["browser"],
+      "reasoning_effort": "low"}, "reasoning_effort": "high"})");
+  EXPECT_EQ(r.template_vars["enable_thinking"], false);
+  EXPECT_EQ(r.template_vars["builtin_tools"], json::array({"browser"}));
+  EXPECT_EQ(r.template_vars["reasoning_effort"], "high");
+  EXPECT_EQ(chat("{" + msgs + R"(, "chat_template_kwargs": {"reasoning_effort": "low"}})").template_vars["reasoning_effort"], "low");
+}
+
 TEST(Api, CompletionPromptsAsTextOrTokens) {
   EXPECT_EQ(completion(R"({"prompt": "abc"})").prompt_text, "abc");
   EXPECT_EQ(completion(R"({"prompt": ["abc"]})").prompt_text, "abc");
@@ -91,6 +107,13 @@ TEST(Api, WrongTypesAndValuesNameTheField) {
       {Endpoint::chat, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages[0].content[0].type"},
       {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
       {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 3})", "presence_penalty"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": 2})", "reasoning_effort"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"})", "reasoning_effort"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": ["low"]})", "reasoning_effort"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "x"})", "chat_template_kwargs"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]})", "chat_template_kwargs"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}})", "chat_template_kwargs"},
+      {Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": false}})", "chat_template_kwargs"},
   };
   for (const Case& c : cases) {
     const ApiError e = refusal(c.e, c.body);

@@ -23,8 +23,9 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 Job::Job(JobSpec spec, const Tokenizer& tokenizer)
     : spec_(std::move(spec)),
       sampler_(spec_.sampling),
-      decoder_(tokenizer, /*skip_special_tokens=*/true, spec_.text_start),
-      stops_(spec_.stop) {
+      // Harmony needs the markers (<|channel|>, <|end|>, ...) in the text to tell the channels apart.
+      decoder_(tokenizer, /*skip_special_tokens=*/!spec_.harmony, spec_.text_start),
+      output_(spec_.stop, spec_.harmony) {
   tokens_ = spec_.prompt;
   prompt_len_ = static_cast<int>(spec_.prompt.size());
   arrival_ = clock::now();
@@ -32,7 +33,7 @@ Job::Job(JobSpec spec, const Tokenizer& tokenizer)
 
 JobOutput Job::next(std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, wait, [&] { return out_.done || !out_.text.empty() || !out_.tokens.empty(); });
+  cv_.wait_for(lock, wait, [&] { return out_.done || !out_.text.empty() || !out_.reasoning.empty() || !out_.tokens.empty(); });
   JobOutput got = std::move(out_);
   out_ = JobOutput{};
   out_.done = got.done;  // done stays visible to later calls
@@ -57,11 +58,12 @@ Timings Job::timings() const {
   return timings_;
 }
 
-void Job::emit(std::string text, std::optional<TokenOut> token) {
+void Job::emit(OutputText text, std::optional<TokenOut> token) {
   if (text.empty() && !token) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    out_.text += text;
+    out_.reasoning += text.reasoning;
+    out_.text += text.content;
     if (token) out_.tokens.push_back(std::move(*token));
   }
   cv_.notify_all();
@@ -487,11 +489,11 @@ void Scheduler::on_token(Job& job, int32_t id, const Logprobs* logprobs) {
   job.tokens_.push_back(id);
   ++job.generated_;
   metrics_.generated_tokens++;
-  const bool stopped = job.stops_.add(job.decoder_.push(id));
+  const bool stopped = job.output_.add(job.decoder_.push(id));
   TokenOut t;
   t.id = id;
   if (logprobs) t.logprobs = *logprobs;
-  job.emit(job.stops_.take(), std::move(t));
+  job.emit(job.output_.take(), std::move(t));
   if (stopped) {
     metrics_.finished_stop++;
     complete(job, "stop string");
@@ -504,8 +506,8 @@ void Scheduler::on_token(Job& job, int32_t id, const Logprobs* logprobs) {
 
 void Scheduler::complete(Job& job, const std::string& reason) {
   if (reason != "stop string") {
-    job.stops_.add(job.decoder_.flush());
-    job.emit(job.stops_.flush(), std::nullopt);
+    job.output_.add(job.decoder_.flush());
+    job.emit(job.output_.flush(), std::nullopt);
   }
   release(job, /*keep_prefix=*/true);
   metrics_.e2e.observe(std::chrono::duration<double>(Job::clock::now() - job.arrival_).count());

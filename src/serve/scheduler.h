@@ -32,8 +32,8 @@
 
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
-#include "runtime/stop_filter.h"
 #include "serve/api.h"
+#include "serve/chat_output.h"
 #include "serve/metrics.h"
 #include "serve/prefix_cache.h"
 #include "text/tokenizer.h"
@@ -57,6 +57,9 @@ struct JobSpec {
   int logprobs = -1;             // -1: none; else alternatives per token
   bool ignore_eos = false;       // EOS is an ordinary token (benchmarks that want max_tokens tokens)
   bool text_start = false;       // the output starts a text (chat: drop a SentencePiece leading space)
+  // Chat on a gpt-oss model: the output is decoded with its special tokens written out and split by
+  // harmony channel into reasoning and content (serve/chat_output.h); stop strings see the content only.
+  bool harmony = false;
   std::string prompt_field = "prompt";  // the request field errors about the prompt name ("messages" in chat)
 };
 
@@ -68,7 +71,8 @@ struct TokenOut {
 
 // Output since the handler's last look.
 struct JobOutput {
-  std::string text;              // final text (complete UTF-8, never a possible start of a stop string)
+  std::string text;              // final content (complete UTF-8, never a possible start of a stop string)
+  std::string reasoning;         // harmony: final reasoning (analysis and commentary channels); it precedes `text`
   std::vector<TokenOut> tokens;  // generated tokens (EOS excluded)
   bool done = false;
   std::string finish_reason;     // on done: "stop" or "length" ("" with an error)
@@ -93,7 +97,7 @@ class Job : public std::enable_shared_from_this<Job> {
  private:
   friend class Scheduler;
   using clock = std::chrono::steady_clock;
-  void emit(std::string text, std::optional<TokenOut> token);
+  void emit(OutputText text, std::optional<TokenOut> token);
   // The request ends (the scheduler thread): usage and timings are final; deliver() then tells the handler.
   void finish(const std::string& reason, int error_status = 0, const std::string& error = "");
   void deliver();
@@ -120,7 +124,7 @@ class Job : public std::enable_shared_from_this<Job> {
   bool finished_ = false;
   Sampler sampler_;
   StreamDecoder decoder_;
-  StopFilter stops_;
+  OutputFilter output_;  // stop strings (and harmony channels) over the decoded text
   clock::time_point arrival_, admitted_, first_token_, last_token_;
   bool have_token_ = false;
 };

@@ -132,6 +132,11 @@ void Server::load(std::unique_ptr<Device> device) {
   tokenizer_ = load_model_tokenizer(model_->files());
   const std::string tpl = !options_.chat_template.empty() ? options_.chat_template : find_chat_template(model_->files());
   if (!tpl.empty()) template_ = std::make_unique<ChatTemplate>(tpl);
+  // gpt-oss writes its reasoning and its answer on harmony channels; chat answers split them. The test is
+  // turboquant-generate's: a tokenizer with harmony's special tokens, and a chat template (gpt-oss's
+  // ends the prompt in <|start|>assistant, where the parser starts). /v1/completions gives the raw text,
+  // special tokens dropped, as for any model.
+  harmony_ = template_ && is_harmony_tokenizer(*tokenizer_);
   if (!options_.alias.empty()) {
     model_name_ = options_.alias;
   } else {
@@ -376,7 +381,8 @@ JobSpec Server::job_spec(const GenerationRequest& r) {
     try {
       std::lock_guard<std::mutex> lock(template_mu_);
       const auto name = [&](int32_t id) { return id >= 0 ? tokenizer_->id_to_token(id) : std::string(); };
-      text = apply_chat_template(*template_, r.messages, /*add_generation_prompt=*/true, name(tokenizer_->bos_id()), name(tokenizer_->eos_id()));
+      text = apply_chat_template(*template_, r.messages, /*add_generation_prompt=*/true, name(tokenizer_->bos_id()), name(tokenizer_->eos_id()),
+                                 r.template_vars);
     } catch (const TemplateError& e) {
       bad_request("messages", "invalid_value", std::string("the chat template refused the messages: ") + e.what());
     }
@@ -385,6 +391,7 @@ JobSpec Server::job_spec(const GenerationRequest& r) {
     spec.prompt = tokenizer_->encode(text, eo);
     spec.text_start = true;
     spec.prompt_field = "messages";
+    spec.harmony = harmony_;
   } else if (r.prompt_is_tokens) {
     spec.prompt = r.prompt_tokens;
   } else {
@@ -414,19 +421,20 @@ std::vector<TokenReport> Server::reports(const std::vector<TokenOut>& tokens) co
 
 void Server::whole_response(const GenerationRequest& r, Job& job, const ResponseHead& head, httplib::Response& res) {
   const bool chat = r.endpoint == Endpoint::chat;
-  std::string text;
+  std::string text, reasoning;
   std::vector<TokenOut> tokens;  // every generated token, for logprobs
   JobOutput o;
   do {
     o = job.next(std::chrono::milliseconds(1000));
     text += o.text;
+    reasoning += o.reasoning;
     for (auto& t : o.tokens) tokens.push_back(std::move(t));
   } while (!o.done);
   if (o.error_status) throw ApiError(o.error_status, o.error_status >= 500 ? "server_error" : "invalid_request_error", "", o.error);
   json lp = nullptr;
   if (r.logprobs >= 0) lp = chat ? chat_logprobs_json(reports(tokens)) : completion_logprobs_json(reports(tokens), 0);
   send_json(res, 200,
-            chat ? chat_response(head, text, lp, o.finish_reason, job.usage(), job.timings())
+            chat ? chat_response(head, text, reasoning, lp, o.finish_reason, job.usage(), job.timings())
                  : completion_response(head, text, lp, o.finish_reason, job.usage(), job.timings()));
 }
 
@@ -461,20 +469,22 @@ void Server::stream_response(const GenerationRequest& r, std::shared_ptr<Job> jo
           }
         }
         JobOutput o = st->job->next(std::chrono::milliseconds(250));
-        // Tokens whose text is held back (part of a character, a possible stop string) make a chunk
-        // only when their logprobs are asked for.
-        if (!o.text.empty() || (st->logprobs >= 0 && !o.tokens.empty())) {
+        // Tokens whose text is held back (part of a character, a possible stop string, a harmony marker
+        // or header) make a chunk only when their logprobs are asked for.
+        if (!o.text.empty() || !o.reasoning.empty() || (st->logprobs >= 0 && !o.tokens.empty())) {
           json lp = nullptr;
           if (st->logprobs >= 0) {
             const auto reps = reports(o.tokens);
             lp = st->chat ? chat_logprobs_json(reps) : completion_logprobs_json(reps, st->text_offset);
             for (const auto& rep : reps) st->text_offset += rep.text.size();
           }
-          const json chunk = st->chat ? chat_chunk(st->head, json{{"content", o.text}}, lp, "") : completion_chunk(st->head, o.text, lp, "");
-          if (!send(with_usage_null(chunk))) {
-            st->job->cancel();
-            return false;
-          }
+          const std::vector<json> chunks = st->chat ? chat_delta_chunks(st->head, o.reasoning, o.text, lp)
+                                                    : std::vector<json>{completion_chunk(st->head, o.text, lp, "")};
+          for (const json& chunk : chunks)
+            if (!send(with_usage_null(chunk))) {
+              st->job->cancel();
+              return false;
+            }
         }
         if (!o.done) return true;
         bool ok = true;

@@ -109,6 +109,7 @@ class Server {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> template_;
+  bool harmony_ = false;              // chat answers are harmony channels (gpt-oss): reasoning_content beside content
   std::mutex template_mu_;            // rendering is serialized (the interpreter's thread safety is not promised)
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -409,6 +409,61 @@ TEST(Serve, BadRequestsAreRefusedAndTheServerGoesOn) {
   EXPECT_EQ(post(s, "/detokenize", json{{"tokens", t["tokens"]}})["content"], "Once upon a time");
 }
 
+// reasoning_effort and chat_template_kwargs reach the chat template: the prompt the server computes is
+// the text the template makes of them (the same tokens as /tokenize of that text, and the same greedy
+// continuation as /v1/completions of those tokens). The demo model does not reason: its answers have no
+// reasoning_content. Wrong types are refused with the field named.
+TEST(Serve, ReasoningEffortAndTemplateKwargsReachTheChatTemplate) {
+  ServerOptions o;
+  o.chat_template =
+      "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+      "{% if style is defined %}Style: {{ style }}\n{% endif %}"
+      "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+  TestServer s(o);
+  const json messages = json::array({json{{"role", "user"}, {"content", "Once upon a time"}}});
+  auto chat = [&](const json& extra) {
+    json body{{"messages", messages}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}};
+    for (const auto& [k, v] : extra.items()) body[k] = v;
+    return post(s, "/v1/chat/completions", body);
+  };
+  auto tokens_of = [&](const std::string& text) { return post(s, "/tokenize", json{{"content", text}})["tokens"]; };
+  struct Case {
+    json extra;
+    std::string rendered;
+  } cases[] = {
+      {json::object(), "user: Once upon a time\nassistant:"},
+      {json{{"reasoning_effort", "high"}}, "Reasoning: high\nuser: Once upon a time\nassistant:"},
+      {json{{"reasoning_effort", "low"}, {"chat_template_kwargs", json{{"style", "terse"}, {"reasoning_effort", "medium"}}}},
+       "Reasoning: low\nStyle: terse\nuser: Once upon a time\nassistant:"},
+  };
+  for (const Case& c : cases) {
+    const json w = chat(c.extra);
+    const json want = tokens_of(c.rendered);
+    EXPECT_EQ(w["usage"]["prompt_tokens"], want.size()) << c.rendered;
+    EXPECT_FALSE(w["choices"][0]["message"].contains("reasoning_content"));
+    const json l = post(s, "/v1/completions", json{{"prompt", want}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 0}});
+    std::vector<std::string> from_chat;
+    for (const json& t : w["choices"][0]["logprobs"]["content"]) from_chat.push_back(t["token"]);
+    EXPECT_EQ(json(from_chat), l["choices"][0]["logprobs"]["tokens"]) << c.rendered;
+  }
+  // Streamed: no chunk has reasoning_content for a model that does not reason.
+  auto r = s.client()->Post("/v1/chat/completions",
+                            dump(json{{"messages", messages}, {"max_tokens", 6}, {"stream", true}, {"reasoning_effort", "high"}}),
+                            "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body.find("reasoning_content"), std::string::npos);
+
+  for (const auto& [field, value] : {std::pair<const char*, json>{"reasoning_effort", 3}, {"reasoning_effort", "maximal"},
+                                     {"chat_template_kwargs", "style=terse"}, {"chat_template_kwargs", json{{"messages", json::array()}}}}) {
+    int status = 0;
+    const json e = post(s, "/v1/chat/completions", json{{"messages", messages}, {field, value}}, &status);
+    EXPECT_EQ(status, 400) << field << " = " << value.dump();
+    EXPECT_EQ(e["error"]["param"], field) << e.dump();
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  }
+}
+
 TEST(Serve, AClientStallingInItsHeadersIsTimedOut) {
   ServerOptions o;
   o.timeout_seconds = 1;
