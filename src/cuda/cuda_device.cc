@@ -253,6 +253,7 @@ class OpProfile {
 
 struct RopeOnDevice {
   DeviceBuffer inv_freq;  // F32 [rotary_dim / 2]
+  float attention_factor = 1.0f;  // YaRN's factor on cos and sin (ops::RopeTable::attention_factor)
   int head_dim = 0, rotary_dim = 0;
   bool interleaved = false;
 };
@@ -458,11 +459,11 @@ DeviceVector CudaDevice::vector(std::span<const float> values) {
 }
 
 int CudaDevice::rope_table(const ops::RopeConfig& config) {
+  // The frequencies (after any llama3 or YaRN scaling) and YaRN's factor on cos and sin come from the CPU's
+  // table, so both devices rotate by the same numbers.
   const ops::RopeTable table(config);
-  // The CUDA rope kernel rotates with cos/sin of inv_freq alone; YaRN's factor on cos and sin is not in it.
-  TQ_CHECK(table.attention_factor() == 1.0f, "RoPE with a YaRN attention factor (", table.attention_factor(),
-           ") is not implemented on CUDA yet");
   RopeOnDevice r;
+  r.attention_factor = table.attention_factor();
   r.head_dim = table.head_dim();
   r.rotary_dim = table.rotary_dim();
   r.interleaved = table.layout() == ops::RopeLayout::interleaved;
@@ -710,7 +711,7 @@ void CudaDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, 
   Timed timed(*this, "rope");
   if (launching())
     ops_kernels::rope(q.f32(), q.stride, q_heads, k.f32(), k.stride, k_heads, static_cast<int>(q.rows), r.head_dim, r.rotary_dim, r.interleaved,
-                      r.inv_freq.as<float>(), positions_dev_, stream_);
+                      r.inv_freq.as<float>(), r.attention_factor, positions_dev_, stream_);
 }
 
 void CudaDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
