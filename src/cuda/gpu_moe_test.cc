@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <limits>
@@ -328,6 +330,59 @@ TEST(GpuMoe, DecodeGraphReplaysTheEagerCall) {
   const auto once = gpu_moe(*gpu, m, x, 3, k, ActType::f32);
   const auto thrice = dout.read();
   for (size_t i = 0; i < once.size(); ++i) EXPECT_EQ(thrice[i], (0.0f + once[i]) + once[i] + once[i]) << i;
+}
+
+// GPT-OSS-20B's layer shape (32 MXFP4 experts of 2880 x 2880, top 4): decode steps of 1-64 sequences replayed
+// from graphs (the device's replay timing) and prompts of 512 and 2048 rows launched eagerly, printed with
+// the experts' bytes per second. The check is only that a prompt's row is not dramatically slower than a
+// decode row (under twice its time; the grouped kernels read each expert once per tile of rows, the decode
+// ones once per row, so a prompt row is expected to be faster); the times are for the record (RecordProperty).
+TEST(GpuMoe, Gpt20bShapeSpeed) {
+  TQ_REQUIRE_GPU();
+  const int E = 32, k = 4, H = 2880, I = 2880;
+  const Layer L = make_layer(E, H, I, ops::DType::MXFP4, 99);
+  auto gpu = make_cuda_device();
+  const Moe m = gpu->moe_experts(L.weights(), "experts");
+  const double expert_bytes = 3.0 * H * I * 17.0 / 32.0;
+  double decode_row_seconds = 0;
+  for (const int sequences : {1, 4, 8, 64}) {
+    const auto x = grid_input(sequences, H, 3);
+    const DeviceRows dx(x, sequences, H, ActType::bf16), dout(std::vector<float>(static_cast<size_t>(sequences * H), 0.0f), sequences, H, ActType::f32);
+    StepLayout step;
+    for (int s = 0; s < sequences; ++s) {
+      const int32_t token = 1;
+      step.add(s, std::span<const int32_t>(&token, 1), 100);
+    }
+    const auto forward = [&] { gpu->moe(m, dx.tensor, dout.tensor, options(k, true)); };
+    for (int i = 0; i < 3; ++i) gpu->run_step(step, forward);  // recorded, warm
+    const int replays = 50;
+    gpu->run_step(step, forward);  // settles the warm-up's last replay
+    const StepStats before = gpu->step_stats();
+    for (int i = 0; i < replays; ++i) gpu->run_step(step, forward);
+    // Each step settles the previous one's replay: the steps above timed the replays from the one before them on.
+    const StepStats after = gpu->step_stats();
+    const double seconds = (after.device_seconds - before.device_seconds) / replays;
+    const double bytes = expert_bytes * std::min(sequences * k, E);
+    std::printf("moe decode %2d sequences: %8.1f us  (experts read at most %.0f MB: %.0f GB/s)\n", sequences, seconds * 1e6, bytes * 1e-6,
+                bytes / seconds * 1e-9);
+    RecordProperty("decode_us_" + std::to_string(sequences), std::to_string(seconds * 1e6));
+    if (sequences == 1) decode_row_seconds = seconds;
+  }
+  for (const int rows : {512, 2048}) {
+    const auto x = grid_input(rows, H, 4);
+    const DeviceRows dx(x, rows, H, ActType::bf16), dout(std::vector<float>(static_cast<size_t>(rows) * H, 0.0f), rows, H, ActType::f32);
+    const int calls = 5;
+    gpu->moe(m, dx.tensor, dout.tensor, options(k, true));
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) gpu->moe(m, dx.tensor, dout.tensor, options(k, true));
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    const double flops = 2.0 * rows * k * 3.0 * H * I;
+    std::printf("moe prompt %4d rows: %8.1f us, %.2f us per row (%.1f TFLOP/s)\n", rows, seconds * 1e6, seconds / rows * 1e6, flops / seconds * 1e-12);
+    RecordProperty("prompt_us_" + std::to_string(rows), std::to_string(seconds * 1e6));
+    EXPECT_LT(seconds / rows, 2 * decode_row_seconds) << rows << " rows";
+  }
 }
 
 // RoPE with a YaRN table (GPT-OSS's settings: attention factor 1 + 0.1 ln 32) against the CPU's table: the
