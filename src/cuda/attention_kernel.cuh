@@ -790,7 +790,6 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   if (tid == 0 && it.part >= 0) sm_og = og_early;
   TQ_ATTN_MARK(9);
   if (main_tier) {
-    const TierParams& tp = p.main;
 #pragma unroll
     for (int j = 0; j < kPagesPerThread; ++j)
       if (tid + j * kAttnThreads < page_count) sm_pages[tid + j * kAttnThreads] = page_ids[j];

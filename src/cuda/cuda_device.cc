@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -17,6 +18,7 @@
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/device_cache_impl.h"
+#include "cuda/moe_kernels.h"
 #include "cuda/ops_kernels.h"
 #include "cuda/plan.h"
 
@@ -253,8 +255,40 @@ class OpProfile {
 
 struct RopeOnDevice {
   DeviceBuffer inv_freq;  // F32 [rotary_dim / 2]
+  float attention_factor = 1.0f;  // YaRN's factor on cos and sin (ops::RopeTable::attention_factor)
   int head_dim = 0, rotary_dim = 0;
   bool interleaved = false;
+};
+
+// A mixture-of-experts layer on the device (moe_kernels.h). The experts' matrices are repacked into one
+// contiguous plane per kind (every expert's right after the previous one's; gate and up rows interleaved, gate
+// row i at row 2i, up row i at 2i + 1, whatever the strides of the model's views), so that the kernels find
+// a row by arithmetic. MXFP4 stays MXFP4 (4.25 bits per weight, read block by block); dense types go up as
+// BF16, as the other products' weights. Absent biases are uploaded as zeros (adding 0 changes no value).
+struct MoeOnDevice {
+  Moe shape;
+  moe_kernels::ExpertFormat format = moe_kernels::ExpertFormat::bf16;
+  DeviceBuffer router;                   // F32 [E][H] (exact for every weight type: routing as the CPU's)
+  DeviceBuffer router_bias;              // F32 [E]
+  DeviceBuffer gate_up, gate_up_scales;  // [E][2I][H] BF16, or MXFP4 codes [E][2I][H / 2] and scales [E][2I][H / 32]
+  DeviceBuffer down, down_scales;        // [E][H][I] BF16, or MXFP4 codes [E][H][I / 2] and scales [E][H][I / 32]
+  DeviceBuffer gate_bias, up_bias;       // F32 [E][I]
+  DeviceBuffer down_bias;                // F32 [E][H]
+
+  moe_kernels::MoeLayer params() const {
+    moe_kernels::MoeLayer p;
+    p.experts = static_cast<int>(shape.experts);
+    p.hidden = static_cast<int>(shape.hidden);
+    p.intermediate = static_cast<int>(shape.intermediate);
+    p.router = router.as<float>();
+    p.router_bias = router_bias.as<float>();
+    p.gate_up = {format, gate_up.get(), gate_up_scales.as<uint8_t>(), 2 * shape.intermediate, shape.hidden};
+    p.down = {format, down.get(), down_scales.as<uint8_t>(), shape.hidden, shape.intermediate};
+    p.gate_bias = gate_bias.as<float>();
+    p.up_bias = up_bias.as<float>();
+    p.down_bias = down_bias.as<float>();
+    return p;
+  }
 };
 
 struct RecordedStep {
@@ -273,14 +307,8 @@ class CudaDevice final : public Device {
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
-  // Mixture of experts has no CUDA kernels yet: a model that needs it is refused when it is built on this
-  // device (moe_experts), with an error that says so, instead of running a slow or untested path.
-  Moe moe_experts(const MoeWeights&, std::string_view what) override {
-    fail("mixture-of-experts layers (", what, ") are not implemented on CUDA yet");
-  }
-  void moe(const Moe&, const Tensor&, const Tensor&, const MoeOptions&) override {
-    fail("mixture-of-experts layers are not implemented on CUDA yet");
-  }
+  Moe moe_experts(const MoeWeights& weights, std::string_view what) override;
+  void moe(const Moe& experts, const Tensor& x, const Tensor& out, const MoeOptions& options) override;
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                        const CacheCapacity& capacity) override;
@@ -332,6 +360,7 @@ class CudaDevice final : public Device {
   std::vector<DeviceMatrix> matrices_;
   std::vector<DeviceBuffer> vectors_;
   std::vector<RopeOnDevice> ropes_;
+  std::vector<MoeOnDevice> moes_;
   int64_t weight_bytes_ = 0;
   std::shared_ptr<int> standard_caches_ = std::make_shared<int>(0);
   PlanMemo plan_memo_;  // every layer's attention plans a step the same way: planned once
@@ -458,11 +487,11 @@ DeviceVector CudaDevice::vector(std::span<const float> values) {
 }
 
 int CudaDevice::rope_table(const ops::RopeConfig& config) {
+  // The frequencies (after any llama3 or YaRN scaling) and YaRN's factor on cos and sin come from the CPU's
+  // table, so both devices rotate by the same numbers.
   const ops::RopeTable table(config);
-  // The CUDA rope kernel rotates with cos/sin of inv_freq alone; YaRN's factor on cos and sin is not in it.
-  TQ_CHECK(table.attention_factor() == 1.0f, "RoPE with a YaRN attention factor (", table.attention_factor(),
-           ") is not implemented on CUDA yet");
   RopeOnDevice r;
+  r.attention_factor = table.attention_factor();
   r.head_dim = table.head_dim();
   r.rotary_dim = table.rotary_dim();
   r.interleaved = table.layout() == ops::RopeLayout::interleaved;
@@ -471,6 +500,97 @@ int CudaDevice::rope_table(const ops::RopeConfig& config) {
   TQ_CUDA_CHECK(cudaDeviceSynchronize());
   ropes_.push_back(std::move(r));
   return static_cast<int>(ropes_.size()) - 1;
+}
+
+Moe CudaDevice::moe_experts(const MoeWeights& w, std::string_view what) {
+  MoeOnDevice m;
+  m.shape = check_moe_weights(w, what);
+  const int64_t E = m.shape.experts, H = m.shape.hidden, I = m.shape.intermediate;
+  TQ_CHECK(E <= moe_kernels::kMaxExperts, what, ": ", E, " experts; the CUDA kernels take at most ", moe_kernels::kMaxExperts);
+  TQ_CHECK(H % 32 == 0 && I % 32 == 0, what, ": the CUDA expert kernels need a hidden size (", H, ") and an intermediate size (", I,
+           ") that are multiples of 32");
+  // One format for the whole layer: the kernels are instantiated per format, and a layer mixing MXFP4 with
+  // dense experts would have to be dequantized, which is the one thing not to do with them.
+  int64_t mxfp4 = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (const ops::WeightView* v : {&w.gate[e], &w.up[e], &w.down[e]}) mxfp4 += v->dtype == ops::DType::MXFP4;
+  TQ_CHECK(mxfp4 == 0 || mxfp4 == 3 * E, what, ": ", mxfp4, " of its ", 3 * E,
+           " expert matrices are MXFP4; the CUDA kernels take a layer whose experts are all MXFP4 or all dense");
+  m.format = mxfp4 > 0 ? moe_kernels::ExpertFormat::mxfp4 : moe_kernels::ExpertFormat::bf16;
+
+  const auto upload = [&](DeviceBuffer& b, const void* host, size_t bytes, size_t offset) {
+    b.upload(host, bytes, nullptr, offset);
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host copy is refilled next
+  };
+  const auto floats = [&](DeviceBuffer& b, std::span<const float> values, int64_t size) {
+    const std::vector<float> v = values.empty() ? std::vector<float>(static_cast<size_t>(size), 0.0f) : std::vector<float>(values.begin(), values.end());
+    b.reserve(v.size() * sizeof(float));
+    upload(b, v.data(), v.size() * sizeof(float), 0);
+  };
+  {
+    std::vector<float> router(static_cast<size_t>(E * H));  // F32 [E][H]
+    for (int64_t e = 0; e < E; ++e) ops::weight_row(w.router, e, router.data() + e * H);
+    floats(m.router, router, E * H);
+  }
+  floats(m.router_bias, w.router_bias, E);
+  floats(m.gate_bias, w.gate_bias, E * I);
+  floats(m.up_bias, w.up_bias, E * I);
+  floats(m.down_bias, w.down_bias, E * H);
+
+  // The experts one at a time through a host copy of one expert's matrix: row `to` of it is row `from` of a
+  // view, copied as it is (MXFP4 codes and scales) or as BF16.
+  if (m.format == moe_kernels::ExpertFormat::mxfp4) {
+    std::vector<uint8_t> codes, scales;
+    const auto pack = [&](DeviceBuffer& dc, DeviceBuffer& ds, int64_t rows, int64_t cols, const auto& row_of) {
+      const size_t code_row = static_cast<size_t>(cols / 2), scale_row = static_cast<size_t>(cols / 32);  // bytes
+      const size_t code_bytes = static_cast<size_t>(rows) * code_row, scale_bytes = static_cast<size_t>(rows) * scale_row;
+      dc.reserve(static_cast<size_t>(E) * code_bytes);
+      ds.reserve(static_cast<size_t>(E) * scale_bytes);
+      codes.resize(code_bytes);
+      scales.resize(scale_bytes);
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto [view, from] = row_of(e, r);
+          std::memcpy(codes.data() + static_cast<size_t>(r) * code_row, view->row_bytes(from), code_row);
+          std::memcpy(scales.data() + static_cast<size_t>(r) * scale_row, view->scale_row(from), scale_row);
+        }
+        upload(dc, codes.data(), code_bytes, static_cast<size_t>(e) * code_bytes);
+        upload(ds, scales.data(), scale_bytes, static_cast<size_t>(e) * scale_bytes);
+      }
+    };
+    pack(m.gate_up, m.gate_up_scales, 2 * I, H, [&](int64_t e, int64_t r) { return std::pair{r % 2 ? &w.up[e] : &w.gate[e], r / 2}; });
+    pack(m.down, m.down_scales, H, I, [&](int64_t e, int64_t r) { return std::pair{&w.down[e], r}; });
+  } else {
+    std::vector<uint16_t> bits;  // BF16 [rows][cols]: one expert
+    std::vector<float> row;      // [cols]
+    const auto pack = [&](DeviceBuffer& d, int64_t rows, int64_t cols, const auto& row_of) {
+      const size_t bytes = static_cast<size_t>(rows * cols) * 2;
+      d.reserve(static_cast<size_t>(E) * bytes);
+      bits.resize(static_cast<size_t>(rows * cols));
+      row.resize(static_cast<size_t>(cols));
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto [view, from] = row_of(e, r);
+          uint16_t* to = bits.data() + r * cols;
+          if (view->dtype == ops::DType::BF16) {
+            std::memcpy(to, view->row_bytes(from), static_cast<size_t>(cols) * 2);
+            continue;
+          }
+          ops::weight_row(*view, from, row.data());
+          for (int64_t c = 0; c < cols; ++c) to[c] = f32_to_bf16_bits(row[static_cast<size_t>(c)]);
+        }
+        upload(d, bits.data(), bytes, static_cast<size_t>(e) * bytes);
+      }
+    };
+    pack(m.gate_up, 2 * I, H, [&](int64_t e, int64_t r) { return std::pair{r % 2 ? &w.up[e] : &w.gate[e], r / 2}; });
+    pack(m.down, H, I, [&](int64_t e, int64_t r) { return std::pair{&w.down[e], r}; });
+  }
+  for (const DeviceBuffer* b : {&m.router, &m.router_bias, &m.gate_up, &m.gate_up_scales, &m.down, &m.down_scales, &m.gate_bias, &m.up_bias,
+                                &m.down_bias})
+    weight_bytes_ += static_cast<int64_t>(b->bytes());
+  m.shape.id = static_cast<int>(moes_.size());
+  moes_.push_back(std::move(m));
+  return moes_.back().shape;
 }
 
 std::unique_ptr<LayerCache> CudaDevice::kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
@@ -710,7 +830,7 @@ void CudaDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, 
   Timed timed(*this, "rope");
   if (launching())
     ops_kernels::rope(q.f32(), q.stride, q_heads, k.f32(), k.stride, k_heads, static_cast<int>(q.rows), r.head_dim, r.rotary_dim, r.interleaved,
-                      r.inv_freq.as<float>(), positions_dev_, stream_);
+                      r.inv_freq.as<float>(), r.attention_factor, positions_dev_, stream_);
 }
 
 void CudaDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
@@ -773,6 +893,64 @@ void CudaDevice::attention(const LayerCache& cache, const Tensor& q, const Tenso
     Timed timed(*this, path == AttentionPath::fused ? "attention (fused)" : "attention (standard)", c.cache.describe());
     c.eager_attention.run(stream_);
   }
+}
+
+namespace {
+// check_moe_call (device.cc) checks a call with float32 input, the CPU's; this device's products also read
+// BF16 (matmul_input(), what the model's RMSNorm writes), so the same checks are made here for either type,
+// with the input's own element size in the overlap test. The kernels read input rows in 16-byte pieces.
+void check_cuda_moe_call(const Moe& m, const Tensor& x, const Tensor& out, const MoeOptions& o) {
+  if (x.type == ActType::f32) {
+    check_moe_call(m, x, out, o);
+  } else {
+    TQ_CHECK(o.top_k >= 1 && o.top_k <= m.experts, "moe: top_k ", o.top_k, " must be in 1..", m.experts, " (the layer's experts)");
+    TQ_CHECK(o.limit > 0, "moe: the clamp limit must be positive (infinity for none), got ", o.limit);
+    TQ_CHECK(std::isfinite(o.alpha), "moe: alpha must be finite, got ", o.alpha);
+    TQ_CHECK(x.cols == m.hidden && out.cols == m.hidden && out.rows == x.rows, "moe: input ", x.rows, " x ", x.cols, " and output ", out.rows,
+             " x ", out.cols, " for experts of hidden size ", m.hidden);
+    TQ_CHECK(out.type == ActType::f32, "moe: the output is float32");
+    const auto* xb = static_cast<const char*>(x.data);
+    const auto* ob = static_cast<const char*>(out.data);
+    const auto span = [](const Tensor& t) {
+      return t.rows == 0 ? 0 : ((t.rows - 1) * t.stride + t.cols) * static_cast<int64_t>(t.element_bytes());
+    };
+    TQ_CHECK(x.rows == 0 || ob + span(out) <= xb || xb + span(x) <= ob, "moe: the output may not overlap the input");
+  }
+  TQ_CHECK(x.rows == 0 || (reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && (x.stride * static_cast<int64_t>(x.element_bytes())) % 16 == 0),
+           "moe: the CUDA kernels read input rows at 16-byte boundaries; got rows ", x.stride, " elements apart from an address ",
+           reinterpret_cast<uintptr_t>(x.data) % 16, " bytes past one");
+}
+}  // namespace
+
+void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, const MoeOptions& o) {
+  TQ_CHECK(handle.id >= 0 && static_cast<size_t>(handle.id) < moes_.size(), "moe: unknown experts handle ", handle.id);
+  const MoeOnDevice& m = moes_[static_cast<size_t>(handle.id)];
+  check_cuda_moe_call(m.shape, x, out, o);
+  if (x.rows == 0) return;
+  const moe_kernels::MoeLayer layer = m.params();
+  const int rows = static_cast<int>(x.rows);
+  // The routing, the tiles and the activations of this call: scratch of the step (the same addresses when a
+  // decode step is planned, then recorded).
+  void* scratch = arena_.take(moe_kernels::scratch_bytes(layer, rows, o.top_k));
+  note_tensor(x);
+  note(x.type);
+  note_tensor(out);
+  note(scratch);
+  note(handle.id);
+  note(o.top_k);
+  note(o.limit);
+  note(o.alpha);
+  note(o.accumulate);
+  // The profile's bandwidth counts the experts as if every chosen one were different (at most E of them).
+  const double expert_bytes = static_cast<double>(3 * m.shape.hidden * m.shape.intermediate) *
+                              (m.format == moe_kernels::ExpertFormat::mxfp4 ? 17.0 / 32.0 : 2.0);
+  const std::string shape = profiling_step_ ? std::to_string(m.shape.experts) + "x" + std::to_string(m.shape.hidden) + "x" +
+                                                  std::to_string(m.shape.intermediate) + " k=" + std::to_string(o.top_k) + " n=" + std::to_string(rows)
+                                            : std::string();
+  Timed timed(*this, "moe", shape, expert_bytes * static_cast<double>(std::min<int64_t>(int64_t{rows} * o.top_k, m.shape.experts)));
+  if (launching())
+    moe_kernels::moe(layer, x.data, x.type == ActType::bf16, x.stride, rows, out.f32(), out.stride, o.top_k, o.limit, o.alpha, o.accumulate,
+                     scratch, stream_);
 }
 
 void CudaDevice::gather_output_rows(const Tensor& x, const Tensor& out) {

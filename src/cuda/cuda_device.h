@@ -7,7 +7,9 @@
 // FP32 between them, rounded to BF16 where a product reads them (norms and SwiGLU write BF16 directly).
 // KV caches are DeviceKVCache (paged, with fork and truncate) behind the LayerCache interface; attention
 // is DeviceAttention over all of a step's sequences in one launch, fused for dense caches and caches
-// marked fused, standard otherwise.
+// marked fused, standard otherwise. Mixture-of-experts layers (moe_kernels.h) keep MXFP4 experts as MXFP4
+// (dense ones as BF16) and route on the device: a few rows run each chosen expert as GEMVs, more rows are
+// grouped by expert first; no step synchronizes with the host, so MoE decode steps are replayed too.
 //
 // Decode steps (every sequence one token) are replayed from CUDA graphs, one per batch size: a step
 // launches a few kernels per layer, and launched one by one (~5 us each) the step would be bound by the

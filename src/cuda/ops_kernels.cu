@@ -122,7 +122,7 @@ __global__ void to_bf16_kernel(const float* x, int64_t x_stride, int cols, __nv_
 
 // One block per (row, head) of q, then of k; a thread per frequency pair.
 __global__ void rope_kernel(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim,
-                            int rotary_dim, bool interleaved, const float* inv_freq, const int32_t* positions) {
+                            int rotary_dim, bool interleaved, const float* inv_freq, float attention_factor, const int32_t* positions) {
   const int q_blocks = n * q_heads;
   const bool is_q = static_cast<int>(blockIdx.x) < q_blocks;
   const int b = is_q ? blockIdx.x : blockIdx.x - q_blocks, heads = is_q ? q_heads : k_heads;
@@ -132,7 +132,7 @@ __global__ void rope_kernel(float* q, int64_t q_stride, int q_heads, float* k, i
   const float pos = static_cast<float>(positions[row]);
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     const double angle = static_cast<double>(__fmul_rn(inv_freq[j], pos));
-    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
+    const float c = __fmul_rn(static_cast<float>(cos(angle)), attention_factor), s = __fmul_rn(static_cast<float>(sin(angle)), attention_factor);
     const int ia = interleaved ? 2 * j : j, ib = interleaved ? 2 * j + 1 : j + half;
     const float a = xh[ia], b2 = xh[ib];
     // Products rounded, then the sum (no fused multiply-add), as ops::apply_rope.
@@ -409,11 +409,11 @@ void to_bf16(const float* x, int64_t x_stride, int64_t rows, int cols, uint16_t*
 }
 
 void rope(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim, int rotary_dim,
-          bool interleaved, const float* inv_freq, const int32_t* positions, void* stream) {
+          bool interleaved, const float* inv_freq, float attention_factor, const int32_t* positions, void* stream) {
   const int blocks = n * (q_heads + k_heads);
   if (blocks == 0) return;
   rope_kernel<<<static_cast<unsigned>(blocks), 64, 0, as_stream(stream)>>>(q, q_stride, q_heads, k, k_stride, k_heads, n, head_dim,
-                                                                           rotary_dim, interleaved, inv_freq, positions);
+                                                                           rotary_dim, interleaved, inv_freq, attention_factor, positions);
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -23,9 +23,10 @@ void to_bf16(const float* x, int64_t x_stride, int64_t rows, int cols, uint16_t*
 // Rotates q[n][q_heads][head_dim] and k[n][k_heads][head_dim] (one launch), row r at position positions[r]
 // (device [n]), with inv_freq[rotary_dim / 2] (device), in the layout of ops::RopeLayout (interleaved:
 // pairs (2j, 2j+1); else (j, j + rotary_dim/2)). The angle is the float product inv_freq[j] * float(pos);
-// its cosine and sine are evaluated in double and rounded to float (as the CPU).
+// its cosine and sine are evaluated in double, rounded to float and multiplied by attention_factor in float
+// (YaRN's factor; 1 otherwise, exact), as ops::RopeTable::cos_sin.
 void rope(float* q, int64_t q_stride, int q_heads, float* k, int64_t k_stride, int k_heads, int n, int head_dim, int rotary_dim,
-          bool interleaved, const float* inv_freq, const int32_t* positions, void* stream);
+          bool interleaved, const float* inv_freq, float attention_factor, const int32_t* positions, void* stream);
 // Small-batch matrix product, the decode step's: y[t][r] = sum_k W[r][k] x[t][k] (+ bias[r]) (+ y[t][r] when
 // accumulate), for t < n <= kMaxProductRows, W BF16 [rows][cols] (row-major, cols a multiple of 8, rows 16-byte
 // aligned), x float (x_bf16 false) or BF16 rows x_stride elements apart (16-byte aligned), y float. Reads W once

@@ -1,0 +1,440 @@
+// The CUDA device's mixture-of-experts layer (moe_kernels.h) against the scalar double reference of
+// device/moe_test_util.h and against CpuDevice::moe, on random GPT-OSS-style layers (MXFP4 experts with the
+// gate/up rows interleaved as the checkpoint has them, and BF16 experts); the same call recorded into a decode
+// step's graph; and the RoPE with a YaRN table against the CPU's. Part of cuda_model_test; skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "core/rng.h"
+#include "cuda/check.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_device.h"
+#include "cuda/device_cache_impl.h"
+#include "device/cpu_device.h"
+#include "device/moe_test_util.h"
+#include "ops/ops.h"
+
+namespace tq::cuda {
+namespace {
+
+using namespace moe_test;
+
+#define TQ_REQUIRE_GPU()                                                                                    \
+  do {                                                                                                      \
+    std::string why;                                                                                        \
+    if (!device_available(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): the GPU MoE tests need one"; \
+  } while (0)
+
+// Error bound, as the CPU test's (moe_test.cc): the CUDA kernels round nothing to BF16 on the way (the
+// products, the activation and the sums are float32 over the exactly decoded weights), and the inputs lie on
+// a grid of 1/16 in [-2, 2], exact in BF16 too, so either input type is the same float input. What differs
+// from the double reference is float rounding in another order (a few hundred roundings of 2^-24 along any
+// path), against the row's largest output; a wrong expert, weight, clamp or bias moves outputs by 1e-3 or more.
+constexpr double kTolerance = 1e-5;
+
+// Host rows [rows][cols] in a device buffer, as a float32 or BF16 tensor of `stride` elements per row.
+struct DeviceRows {
+  DeviceBuffer buffer;
+  Tensor tensor;
+  DeviceRows(const std::vector<float>& host, int64_t rows, int64_t cols, ActType type, int64_t stride = 0) {
+    if (stride == 0) stride = cols;
+    const size_t element = type == ActType::f32 ? 4 : 2;
+    std::vector<uint8_t> bytes(static_cast<size_t>(std::max<int64_t>(1, rows * stride)) * element, 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = host[static_cast<size_t>(r * cols + c)];
+        uint8_t* at = bytes.data() + static_cast<size_t>(r * stride + c) * element;
+        if (type == ActType::f32) {
+          std::memcpy(at, &v, 4);
+        } else {
+          const uint16_t b = f32_to_bf16_bits(v);
+          std::memcpy(at, &b, 2);
+        }
+      }
+    buffer.reserve(bytes.size());
+    buffer.upload(bytes.data(), bytes.size());
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    tensor.data = buffer.get();
+    tensor.type = type;
+    tensor.rows = rows;
+    tensor.cols = cols;
+    tensor.stride = stride;
+  }
+  // Rows of float32 values (type f32, stride == cols).
+  std::vector<float> read() const {
+    std::vector<float> host(static_cast<size_t>(tensor.rows * tensor.cols));
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    TQ_CUDA_CHECK(cudaMemcpy(host.data(), tensor.data, host.size() * 4, cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+MoeOptions options(int k, bool accumulate = false) {
+  MoeOptions o;
+  o.top_k = k;
+  o.limit = kLimit;
+  o.alpha = kAlpha;
+  o.accumulate = accumulate;
+  return o;
+}
+
+// out = moe(x) on the GPU (out starts as `base`, or NaN everywhere: every value must be written).
+std::vector<float> gpu_moe(Device& dev, const Moe& m, const std::vector<float>& x, int rows, int k, ActType type, bool accumulate = false,
+                           std::vector<float> base = {}, int64_t x_stride = 0) {
+  if (base.empty()) base.assign(static_cast<size_t>(rows * m.hidden), std::numeric_limits<float>::quiet_NaN());
+  const DeviceRows dx(x, rows, m.hidden, type, x_stride), dout(base, rows, m.hidden, ActType::f32);
+  dev.moe(m, dx.tensor, dout.tensor, options(k, accumulate));
+  return dout.read();
+}
+
+std::vector<float> cpu_moe(CpuDevice& dev, const Moe& m, std::vector<float> x, int rows, int k) {
+  std::vector<float> out(x.size());
+  Tensor tx{x.data(), ActType::f32, rows, m.hidden, m.hidden}, tout{out.data(), ActType::f32, rows, m.hidden, m.hidden};
+  dev.moe(m, tx, tout, options(k));
+  return out;
+}
+
+// The largest error of row t against `want`, over the row's largest |want|.
+template <typename T>
+double row_error(const std::vector<float>& got, const std::vector<T>& want, int t, int H) {
+  double scale = 0, err = 0;
+  for (int j = 0; j < H; ++j) {
+    const size_t at = static_cast<size_t>(t * H + j);
+    scale = std::max(scale, std::abs(static_cast<double>(want[at])));
+    err = std::max(err, std::abs(static_cast<double>(got[at]) - static_cast<double>(want[at])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+struct Shape {
+  int E, k, H, I;
+};
+
+// Every format, expert count, top k and shape of the brief through both paths (1 and 3 rows: the decode
+// kernels; 64: grouped by expert), float32 and BF16 input, with and without the residual. The layers have the
+// routing ties of make_layer (experts 1 and 3 alike; zero rows decided by the biases' ties) and gates biased
+// to -20, which must not be clipped.
+TEST(GpuMoe, MatchesTheScalarReferenceAndTheCpu) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  CpuDevice cpu(2);
+  int cases = 0;
+  for (const ops::DType dtype : {ops::DType::MXFP4, ops::DType::BF16}) {
+    for (const Shape s : {Shape{4, 2, 64, 64}, Shape{32, 4, 64, 64}, Shape{4, 2, 128, 96}, Shape{32, 4, 128, 96}, Shape{32, 2, 128, 96}}) {
+      const Layer L = make_layer(s.E, s.H, s.I, dtype, 2000 + static_cast<uint64_t>(s.E * 100 + s.H + s.k) + (dtype == ops::DType::MXFP4));
+      const Moe g = gpu->moe_experts(L.weights(), "layer 0 experts");
+      const Moe c = cpu.moe_experts(L.weights(), "layer 0 experts");
+      EXPECT_EQ(g.experts, s.E);
+      EXPECT_EQ(g.hidden, s.H);
+      EXPECT_EQ(g.intermediate, s.I);
+      for (const int rows : {1, 3, 64}) {
+        const auto x = grid_input(rows, s.H, 31 + static_cast<uint64_t>(rows));
+        const auto want = reference_moe(L, x, rows, s.k);
+        const auto on_cpu = cpu_moe(cpu, c, x, rows, s.k);
+        std::vector<float> residual(static_cast<size_t>(rows * s.H));
+        SplitMix64 rng(static_cast<uint64_t>(rows));
+        for (auto& v : residual) v = static_cast<float>(rng.normal());
+        for (const ActType type : {ActType::f32, ActType::bf16}) {
+          for (const bool accumulate : {false, true}) {
+            SCOPED_TRACE(std::string(ops::dtype_name(dtype)) + " E " + std::to_string(s.E) + " k " + std::to_string(s.k) + " H " +
+                         std::to_string(s.H) + " I " + std::to_string(s.I) + " rows " + std::to_string(rows) +
+                         (type == ActType::bf16 ? " bf16 x" : " f32 x") + (accumulate ? " accumulate" : ""));
+            ++cases;
+            const auto got = gpu_moe(*gpu, g, x, rows, s.k, type, accumulate, accumulate ? residual : std::vector<float>{});
+            // With the residual: against residual + the reference (one more float rounding, of a sum of order 1-100).
+            std::vector<double> want_out(want), cpu_out(on_cpu.begin(), on_cpu.end());
+            if (accumulate)
+              for (size_t i = 0; i < want_out.size(); ++i) want_out[i] += residual[i], cpu_out[i] += residual[i];
+            for (int t = 0; t < rows; ++t) {
+              EXPECT_LE(row_error(got, want_out, t, s.H), kTolerance) << "row " << t << " against the double reference";
+              EXPECT_LE(row_error(got, cpu_out, t, s.H), kTolerance) << "row " << t << " against the CPU";
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 2 * 5 * 3 * 2 * 2);
+}
+
+// A row's output does not depend on the batch it comes in or on the path: 64 rows (grouped by expert) give
+// the bits of each row alone (the decode kernels), as on the CPU; an input that is columns of a wider tensor
+// gives the same bits as a packed one.
+TEST(GpuMoe, RowsAloneEqualTheBatchBitForBit) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  for (const ops::DType dtype : {ops::DType::MXFP4, ops::DType::BF16}) {
+    const int E = 32, k = 4, H = 128, I = 96, rows = 64;
+    const Layer L = make_layer(E, H, I, dtype, 77);
+    const Moe m = gpu->moe_experts(L.weights(), "experts");
+    const auto x = grid_input(rows, H, 5);
+    for (const ActType type : {ActType::f32, ActType::bf16}) {
+      SCOPED_TRACE(std::string(ops::dtype_name(dtype)) + (type == ActType::bf16 ? " bf16 x" : " f32 x"));
+      const auto batch = gpu_moe(*gpu, m, x, rows, k, type);
+      for (int t = 0; t < rows; ++t) {
+        const std::vector<float> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
+        const auto alone = gpu_moe(*gpu, m, xt, 1, k, type);
+        EXPECT_EQ(std::memcmp(alone.data(), batch.data() + t * H, static_cast<size_t>(H) * 4), 0) << "row " << t;
+      }
+      for (const int n : {3, rows}) {  // decode and grouped, rows H + 32 elements apart
+        const std::vector<float> xn(x.begin(), x.begin() + n * H);
+        const auto strided = gpu_moe(*gpu, m, xn, n, k, type, false, {}, H + 32);
+        EXPECT_EQ(std::memcmp(strided.data(), batch.data(), static_cast<size_t>(n * H) * 4), 0) << n << " rows";
+      }
+    }
+  }
+}
+
+// Ties go to the lower index and the weights are a softmax over the chosen logits only: experts that only add
+// their down bias, one-hot per expert, so the output shows who was chosen with which weight (moe_test.cc's
+// case, on the GPU, through both paths).
+TEST(GpuMoe, TiesGoToTheLowerIndex) {
+  TQ_REQUIRE_GPU();
+  const int E = 8, H = 32, I = 32;
+  Layer L = make_layer(E, H, I, ops::DType::BF16, 5);
+  std::fill(L.gate_up.begin(), L.gate_up.end(), 0);
+  std::fill(L.down.begin(), L.down.end(), 0);
+  std::fill(L.down_bias.begin(), L.down_bias.end(), 0.0f);
+  for (int e = 0; e < E; ++e) L.down_bias[static_cast<size_t>(e * H + e)] = 1.0f;
+  auto gpu = make_cuda_device();
+  const Moe m = gpu->moe_experts(L.weights(), "experts");
+  // Zero inputs: logits = biases {2, 1, 1, 1, 1, 1, 0, -0.5}; the top 4 are expert 0 then the first three of the tie.
+  for (const int rows : {1, 9}) {
+    const auto out = gpu_moe(*gpu, m, std::vector<float>(static_cast<size_t>(rows * H), 0.0f), rows, 4, ActType::f32);
+    const double e2 = std::exp(2.0), e1 = std::exp(1.0), sum = e2 + 3 * e1;
+    const double want[E] = {e2 / sum, e1 / sum, e1 / sum, e1 / sum, 0, 0, 0, 0};
+    for (int t = 0; t < rows; ++t) {
+      for (int e = 0; e < E; ++e) EXPECT_NEAR(out[static_cast<size_t>(t * H + e)], want[e], 1e-7) << rows << " rows, row " << t << ", expert " << e;
+      for (int j = E; j < H; ++j) EXPECT_EQ(out[static_cast<size_t>(t * H + j)], 0.0f);
+    }
+  }
+}
+
+// The activation on chosen values (moe_test.cc's case): identity gate, the up value in its bias, identity down.
+TEST(GpuMoe, ClampedActivation) {
+  TQ_REQUIRE_GPU();
+  const int H = 32, I = 32;
+  Layer L = make_layer(1, H, I, ops::DType::BF16, 6);
+  std::fill(L.gate_up.begin(), L.gate_up.end(), 0);
+  std::fill(L.down.begin(), L.down.end(), 0);
+  const uint16_t one = f32_to_bf16_bits(1.0f);
+  for (int i = 0; i < I; ++i) {
+    std::memcpy(L.gate_up.data() + (static_cast<size_t>(2 * i) * H + i) * 2, &one, 2);  // gate row i = e_i
+    std::memcpy(L.down.data() + (static_cast<size_t>(i) * I + i) * 2, &one, 2);         // down = identity
+  }
+  std::fill(L.gate_bias.begin(), L.gate_bias.end(), 0.0f);
+  std::fill(L.down_bias.begin(), L.down_bias.end(), 0.0f);
+  const float gates[] = {-20, -7.5, -1, 0, 0.5, 6.5, 7, 8, 100};
+  const float ups[] = {-20, -8, -7, -1, 0, 0.5, 7, 8, 20};
+  std::vector<float> x(H, 0.0f);
+  for (int i = 0; i < 9; ++i) {
+    x[static_cast<size_t>(i)] = gates[i];
+    L.up_bias[static_cast<size_t>(i)] = ups[i];
+  }
+  auto gpu = make_cuda_device();
+  const Moe m = gpu->moe_experts(L.weights(), "experts");
+  const auto out = gpu_moe(*gpu, m, x, 1, 1, ActType::f32);
+  for (int i = 0; i < 9; ++i) {
+    const double g = std::min<double>(gates[i], 7), u = std::clamp<double>(ups[i], -7, 7);
+    const double want = (u + 1) * g / (1 + std::exp(-1.702 * g));
+    EXPECT_NEAR(out[static_cast<size_t>(i)], want, 1e-6 * std::max(1.0, std::abs(want)) + 1e-20) << "gate " << gates[i] << " up " << ups[i];
+  }
+  // A gate of -20 is not clipped to -7: about -20 * e^-34 times (up + 1), not -7 * e^-11.9.
+  EXPECT_LT(std::abs(out[0]), 1e-12);
+  EXPECT_GT(std::abs(out[0]), 0);
+}
+
+TEST(GpuMoe, BadInputIsAnError) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  const Layer L = make_layer(4, 64, 32, ops::DType::BF16, 10);
+  const Moe m = gpu->moe_experts(L.weights(), "layer 3 experts");
+  const std::vector<float> x(static_cast<size_t>(2 * 64), 0.5f);
+  const auto mentions = [](auto&& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  mentions([&] { gpu_moe(*gpu, m, x, 2, 5, ActType::bf16); }, "top_k 5 must be in 1..4");
+  mentions([&] { gpu_moe(*gpu, m, x, 2, 2, ActType::f32, false, {}, 65); }, "16-byte");
+  MoeWeights w = L.weights();
+  std::vector<ops::WeightView> down = L.dn;
+  std::vector<uint8_t> codes(static_cast<size_t>(64 * 32 / 2)), scales(static_cast<size_t>(64 * 32 / 32), 127);
+  down[1] = ops::WeightView::mxfp4(codes.data(), scales.data(), 64, 32);
+  w.down = down;
+  mentions([&] { gpu->moe_experts(w, "layer 3 experts"); }, "all MXFP4 or all dense");
+}
+
+// The MoE inside a decode step recorded into a CUDA graph: the replay writes what the call outside run_step
+// writes, bit for bit, through the decode kernels (1 and 3 sequences) and the grouped ones (8), and a second
+// step replays the graph without recording it again.
+TEST(GpuMoe, DecodeGraphReplaysTheEagerCall) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  const int E = 32, k = 4, H = 128, I = 96;
+  const Layer L = make_layer(E, H, I, ops::DType::MXFP4, 12);
+  const Moe m = gpu->moe_experts(L.weights(), "experts");
+  for (const int sequences : {1, 3, 8}) {
+    SCOPED_TRACE(std::to_string(sequences) + " sequences");
+    const auto x = grid_input(sequences, H, 40 + static_cast<uint64_t>(sequences));
+    const auto eager = gpu_moe(*gpu, m, x, sequences, k, ActType::bf16);
+    StepLayout step;
+    for (int s = 0; s < sequences; ++s) {
+      const int32_t token = 1;
+      step.add(s, std::span<const int32_t>(&token, 1), 10 + s);
+    }
+    ASSERT_TRUE(step.decode_only());
+    const DeviceRows dx(x, sequences, H, ActType::bf16);
+    const StepStats before = gpu->step_stats();
+    for (int replay = 0; replay < 2; ++replay) {
+      const DeviceRows dout(std::vector<float>(static_cast<size_t>(sequences * H), std::numeric_limits<float>::quiet_NaN()), sequences, H,
+                            ActType::f32);
+      // The output buffer is a new one each time (a new address: recorded again) unless it lands where the
+      // last one was; the count below allows either, the bits must match regardless.
+      gpu->run_step(step, [&] { gpu->moe(m, dx.tensor, dout.tensor, options(k)); });
+      const auto replayed = dout.read();
+      EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * 4), 0) << "replay " << replay;
+    }
+    const StepStats after = gpu->step_stats();
+    EXPECT_EQ(after.replays - before.replays, 2);
+    EXPECT_GE(after.captures - before.captures, 1);
+    EXPECT_EQ(after.eager_steps - before.eager_steps, 0);
+  }
+  // The same step with the output kept: recorded once, then replayed.
+  const auto x = grid_input(3, H, 43);
+  const DeviceRows dx(x, 3, H, ActType::f32), dout(std::vector<float>(static_cast<size_t>(3 * H), 0.0f), 3, H, ActType::f32);
+  StepLayout step;
+  for (int s = 0; s < 3; ++s) {
+    const int32_t token = 1;
+    step.add(s, std::span<const int32_t>(&token, 1), 20);
+  }
+  const StepStats before = gpu->step_stats();
+  for (int i = 0; i < 3; ++i) gpu->run_step(step, [&] { gpu->moe(m, dx.tensor, dout.tensor, options(k, /*accumulate=*/true)); });
+  const StepStats after = gpu->step_stats();
+  EXPECT_EQ(after.replays - before.replays, 3);
+  EXPECT_EQ(after.captures - before.captures, 1);
+  // Three replays accumulated three times the layer's output onto zeros.
+  const auto once = gpu_moe(*gpu, m, x, 3, k, ActType::f32);
+  const auto thrice = dout.read();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_EQ(thrice[i], (0.0f + once[i]) + once[i] + once[i]) << i;
+}
+
+// GPT-OSS-20B's layer shape (32 MXFP4 experts of 2880 x 2880, top 4): decode steps of 1-64 sequences replayed
+// from graphs (the device's replay timing) and prompts of 512 and 2048 rows launched eagerly, printed with
+// the experts' bytes per second. The check is only that a prompt's row is not dramatically slower than a
+// decode row (under twice its time; the grouped kernels read each expert once per tile of rows, the decode
+// ones once per row, so a prompt row is expected to be faster); the times are for the record (RecordProperty).
+TEST(GpuMoe, Gpt20bShapeSpeed) {
+  TQ_REQUIRE_GPU();
+  const int E = 32, k = 4, H = 2880, I = 2880;
+  const Layer L = make_layer(E, H, I, ops::DType::MXFP4, 99);
+  auto gpu = make_cuda_device();
+  const Moe m = gpu->moe_experts(L.weights(), "experts");
+  const double expert_bytes = 3.0 * H * I * 17.0 / 32.0;
+  double decode_row_seconds = 0;
+  for (const int sequences : {1, 4, 8, 64}) {
+    const auto x = grid_input(sequences, H, 3);
+    const DeviceRows dx(x, sequences, H, ActType::bf16), dout(std::vector<float>(static_cast<size_t>(sequences * H), 0.0f), sequences, H, ActType::f32);
+    StepLayout step;
+    for (int s = 0; s < sequences; ++s) {
+      const int32_t token = 1;
+      step.add(s, std::span<const int32_t>(&token, 1), 100);
+    }
+    const auto forward = [&] { gpu->moe(m, dx.tensor, dout.tensor, options(k, true)); };
+    for (int i = 0; i < 3; ++i) gpu->run_step(step, forward);  // recorded, warm
+    const int replays = 50;
+    gpu->run_step(step, forward);  // settles the warm-up's last replay
+    const StepStats before = gpu->step_stats();
+    for (int i = 0; i < replays; ++i) gpu->run_step(step, forward);
+    // Each step settles the previous one's replay: the steps above timed the replays from the one before them on.
+    const StepStats after = gpu->step_stats();
+    const double seconds = (after.device_seconds - before.device_seconds) / replays;
+    const double bytes = expert_bytes * std::min(sequences * k, E);
+    std::printf("moe decode %2d sequences: %8.1f us  (experts read at most %.0f MB: %.0f GB/s)\n", sequences, seconds * 1e6, bytes * 1e-6,
+                bytes / seconds * 1e-9);
+    RecordProperty("decode_us_" + std::to_string(sequences), std::to_string(seconds * 1e6));
+    if (sequences == 1) decode_row_seconds = seconds;
+  }
+  for (const int rows : {512, 2048}) {
+    const auto x = grid_input(rows, H, 4);
+    const DeviceRows dx(x, rows, H, ActType::bf16), dout(std::vector<float>(static_cast<size_t>(rows) * H, 0.0f), rows, H, ActType::f32);
+    const int calls = 5;
+    gpu->moe(m, dx.tensor, dout.tensor, options(k, true));
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) gpu->moe(m, dx.tensor, dout.tensor, options(k, true));
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    const double flops = 2.0 * rows * k * 3.0 * H * I;
+    std::printf("moe prompt %4d rows: %8.1f us, %.2f us per row (%.1f TFLOP/s)\n", rows, seconds * 1e6, seconds / rows * 1e6, flops / seconds * 1e-12);
+    RecordProperty("prompt_us_" + std::to_string(rows), std::to_string(seconds * 1e6));
+    EXPECT_LT(seconds / rows, 2 * decode_row_seconds) << rows << " rows";
+  }
+}
+
+// RoPE with a YaRN table (GPT-OSS's settings: attention factor 1 + 0.1 ln 32) against the CPU's table: the
+// same frequencies, the same float angles, cos and sin in double rounded to float and scaled by the factor in
+// float, the products rounded then summed: the same bits but for a cosine or sine whose double lies within
+// an ulp of a float rounding boundary (CUDA's double cos and sin are within 2 ulp): a float ulp of it times values
+// below 7, within 2e-6.
+TEST(GpuRope, YarnMatchesTheCpu) {
+  TQ_REQUIRE_GPU();
+  ops::RopeConfig config;
+  config.head_dim = 64;
+  config.rotary_dim = 64;
+  config.theta = 150000.0;
+  config.yarn = true;
+  config.yarn_scaling.factor = 32.0;
+  config.yarn_scaling.beta_fast = 32.0;
+  config.yarn_scaling.beta_slow = 1.0;
+  config.yarn_scaling.original_max_position_embeddings = 4096;
+  config.yarn_scaling.truncate = false;
+  for (const ops::RopeLayout layout : {ops::RopeLayout::rotate_half, ops::RopeLayout::interleaved}) {
+    config.layout = layout;
+    const ops::RopeTable table(config);
+    ASSERT_NE(table.attention_factor(), 1.0f);
+    auto gpu = make_cuda_device();
+    const int rope = gpu->rope_table(config);
+    const int n = 5, q_heads = 4, k_heads = 2, D = config.head_dim;
+    SplitMix64 rng(9);
+    std::vector<float> q(static_cast<size_t>(n * q_heads * D)), k(static_cast<size_t>(n * k_heads * D));
+    for (auto& v : q) v = static_cast<float>(rng.normal());
+    for (auto& v : k) v = static_cast<float>(rng.normal());
+    for (const int pos0 : {0, 3000, 100000}) {
+      SCOPED_TRACE(std::string(layout == ops::RopeLayout::interleaved ? "interleaved" : "rotate_half") + " from position " + std::to_string(pos0));
+      const DeviceRows dq(q, n, q_heads * D, ActType::f32), dk(k, n, k_heads * D, ActType::f32);
+      StepLayout step;
+      const std::vector<int32_t> tokens(static_cast<size_t>(n), 1);
+      step.add(0, tokens, pos0);
+      gpu->run_step(step, [&] { gpu->rope(rope, dq.tensor, q_heads, dk.tensor, k_heads); });
+      const auto gq = dq.read(), gk = dk.read();
+      std::vector<float> cq = q, ck = k;
+      for (int r = 0; r < n; ++r) {
+        table.apply(cq.data() + static_cast<size_t>(r * q_heads * D), static_cast<size_t>(q_heads), pos0 + r);
+        table.apply(ck.data() + static_cast<size_t>(r * k_heads * D), static_cast<size_t>(k_heads), pos0 + r);
+      }
+      for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(gq[i], cq[i], 2e-6) << "q " << i;
+      for (size_t i = 0; i < k.size(); ++i) ASSERT_NEAR(gk[i], ck[i], 2e-6) << "k " << i;
+      // The factor is there: |rotated pair| = factor * |pair|.
+      double before = 0, after = 0;
+      for (size_t i = 0; i < q.size(); ++i) before += static_cast<double>(q[i]) * q[i], after += static_cast<double>(gq[i]) * gq[i];
+      EXPECT_NEAR(std::sqrt(after / before), table.attention_factor(), 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tq::cuda
