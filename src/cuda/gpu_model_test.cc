@@ -172,15 +172,16 @@ class GoldenModels : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GoldenModels, LogitsMatchTransformers) {
   TQ_REQUIRE_GPU();
-  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-hd64/" + GetParam();
-  if (!std::filesystem::exists(dir + "/logits.json")) GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpu-shapes)";
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
+  if (!std::filesystem::exists(dir + "/logits.json"))
+    GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpu-shapes, or --gpt-oss)";
   const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
   GpuModel gpu(dir);
   const KVSettings kv = parse_kv_spec("f16");
   const int64_t V = gpu.model->vocab_size();
   // BF16 weights of a tiny random model: qwen3 measured 0.025 on the H200 at one position (27 of 33), where
   // the per-head q/k norms make attention sharp; each model's largest error is a test property.
-  const double tolerance = std::string(GetParam()) == "qwen3" ? 3e-2 : kTolerance;
+  const double tolerance = std::string(GetParam()) == "golden-hd64/qwen3" ? 3e-2 : kTolerance;
   double worst = 0;
   auto check = [&](const std::vector<float>& logits, size_t row, const nlohmann::json& want, const std::string& what) {
     std::vector<float> w(static_cast<size_t>(V));
@@ -211,7 +212,16 @@ TEST_P(GoldenModels, LogitsMatchTransformers) {
   std::printf("  %s: largest relative error %.4f\n", GetParam(), worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels, ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3"));
+// golden-gptoss: GPT-OSS with BF16 and with MXFP4 experts (sinks, a sliding window of 4, YaRN, the MoE).
+INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels,
+                         ::testing::Values("golden-hd64/llama", "golden-hd64/llama3", "golden-hd64/mistral", "golden-hd64/qwen2",
+                                           "golden-hd64/qwen3", "golden-gptoss/gpt_oss_bf16", "golden-gptoss/gpt_oss_mxfp4"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           for (char& c : n)
+                             if (c == '/' || c == '-') c = '_';
+                           return n;
+                         });
 
 // A prompt of n_prompt tokens in one call (all logits), then n_decode tokens one at a time, on the CPU
 // (float32 weights as stored) and on the GPU with the same KV settings, every row of logits compared.
