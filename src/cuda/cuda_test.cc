@@ -346,6 +346,32 @@ TEST_F(Cuda, SlidingWindow) {
   }
 }
 
+// GPT-OSS's attention: learned sinks and a sliding window together, head_dim 64, over a prompt's block of
+// queries (each with its own window) and one decode query; dense FP16 (the sliding layers' rotating cache)
+// and K8/V3. The tiny golden model's shape (4/2 heads, window 4) and the 20B's (64/8, window 128).
+TEST_F(Cuda, SinksAndSlidingWindowTogether) {
+  ThreadPool pool(4);
+  struct Shape {
+    int n_heads, n_kv, window, length;
+  };
+  for (const Shape& sh : {Shape{4, 2, 4, 33}, Shape{64, 8, 128, 700}}) {
+    for (KVType dense : {KVType::f16, KVType::turboquant}) {
+      for (int n_q : {1, 5, 33}) {
+        Case c;
+        c.n_heads = sh.n_heads;
+        c.n_kv = sh.n_kv;
+        c.dim = 64;
+        c.window = sh.window;
+        c.sinks = true;
+        c.dense = dense;
+        c.lengths = {sh.length};
+        c.n_q = n_q;
+        check_case(c, pool);
+      }
+    }
+  }
+}
+
 TEST_F(Cuda, SeveralSequencesOfDifferentLengthsInOneLaunch) {
   ThreadPool pool(4);
   for (const auto& sh : kShapes) {

@@ -212,6 +212,35 @@ TEST_P(GoldenModels, LogitsMatchTransformers) {
   std::printf("  %s: largest relative error %.4f\n", GetParam(), worst);
 }
 
+// GPT-OSS's golden prompt of 33 tokens fed in chunks of each size: where the error against transformers
+// comes from (the experts' decode path takes up to 4 rows, the grouped one more; attention's query blocks).
+TEST(GpuModelDiagnostics, GptOssPromptInChunks) {
+  TQ_REQUIRE_GPU();
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-gptoss/gpt_oss_bf16";
+  if (!std::filesystem::exists(dir + "/logits.json")) GTEST_SKIP() << dir << " is absent";
+  const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
+  GpuModel gpu(dir);
+  testing_util::CpuModel cpu(dir, 4);
+  const KVSettings kv = parse_kv_spec("f16");
+  const int64_t V = gpu.model->vocab_size();
+  const auto& prompt = golden["prompts"][2];
+  const std::vector<int32_t> ids = prompt["ids"].get<std::vector<int32_t>>();
+  auto cpu_engine = testing_util::dense_engine(*cpu.model, "f32");
+  const std::vector<float> cpu_logits = testing_util::feed_all(*cpu_engine, cpu_engine->add_sequence(), ids, ids.size());
+  for (size_t chunk : {size_t{1}, size_t{2}, size_t{4}, size_t{5}, size_t{8}, size_t{16}, ids.size()}) {
+    const auto logits = testing_util::alone_logits(*gpu.model, kv, ids, chunk, 64);
+    std::printf("  chunks of %2zu:", chunk);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<float> w(static_cast<size_t>(V));
+      for (int64_t j = 0; j < V; ++j) w[static_cast<size_t>(j)] = prompt["logits"][i][static_cast<size_t>(j)].get<float>();
+      const double golden_err = relative_error(logits.data() + i * V, w.data(), V);
+      const double cpu_err = relative_error(logits.data() + i * V, cpu_logits.data() + i * V, V);
+      std::printf(" %zu:%.3f/%.3f", i, golden_err, cpu_err);
+    }
+    std::printf("\n");
+  }
+}
+
 // golden-gptoss: GPT-OSS with BF16 and with MXFP4 experts (sinks, a sliding window of 4, YaRN, the MoE).
 INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels,
                          ::testing::Values("golden-hd64/llama", "golden-hd64/llama3", "golden-hd64/mistral", "golden-hd64/qwen2",
