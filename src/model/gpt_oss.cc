@@ -94,6 +94,9 @@ void GptOss::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cach
   const Tensor k = qkv.columns(q_dim_, kv_dim_);            // [n][kv_heads][head_dim]
   const Tensor v = qkv.columns(q_dim_ + kv_dim_, kv_dim_);  // [n][kv_heads][head_dim]
   const Tensor att = dev.scratch(n, q_dim_);                // [n][heads][head_dim]
+  // The MoE's input stays float32 on every device: the router's top-k is discontinuous, and rounding its
+  // input to BF16 (the CUDA products' input type) switched experts where two logits nearly tie.
+  const Tensor hm = dev.scratch(n, hidden_);                // [n][hidden]: the MoE block's normed input
 
   dev.embed(embed_, x);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -107,8 +110,8 @@ void GptOss::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cach
     dev.attention(cache, q, att, L.attention, attention ? &(*attention)[l] : nullptr);
     dev.matmul(L.wo, att, x, L.bo, /*accumulate=*/true);
     // x += sum over the routed experts of w_e * expert_e(h),  h = RMSNorm(x) * post_attention_norm
-    dev.rms_norm(x, L.moe_norm, eps_, h);
-    dev.moe(L.experts, h, x, moe_options_);
+    dev.rms_norm(x, L.moe_norm, eps_, hm);
+    dev.moe(L.experts, hm, x, moe_options_);
   }
 
   // logits = (RMSNorm(x) * final_norm) . Wlm^T, for the rows asked for
