@@ -153,7 +153,19 @@ void Server::load(std::unique_ptr<Device> device) {
   if (options_.repetition_penalty) defaults_.repetition_penalty = *options_.repetition_penalty;
   defaults_.validate();
 
-  const int entries = options_.prefix_cache ? (options_.prefix_cache_entries > 0 ? options_.prefix_cache_entries : options_.parallel) : 0;
+  // Entries are finished sequences truncated back to a block boundary: a rotating (sliding-window) cache
+  // has dropped what such a truncation needs, and a recurrent state cannot go back at all, so for models
+  // with those layers the cache stays off, and says so (the design's next step: fork at the boundary).
+  bool prefix_cache = options_.prefix_cache;
+  prefix_cache_state_ = prefix_cache ? "on" : "off";
+  for (const LayerSpec& l : model_->layer_specs())
+    if (prefix_cache && l.kind != LayerKind::full_attention) {
+      prefix_cache = false;
+      prefix_cache_state_ = l.kind == LayerKind::sliding_attention
+                                ? "off (asked for, but this model's sliding-window layers cannot go back to a block boundary)"
+                                : "off (asked for, but this model's recurrent layers cannot go back to a block boundary)";
+    }
+  const int entries = prefix_cache ? (options_.prefix_cache_entries > 0 ? options_.prefix_cache_entries : options_.parallel) : 0;
   EngineOptions eo;
   eo.kv = options_.kv;
   eo.max_sequences = options_.parallel + entries;
@@ -170,7 +182,7 @@ void Server::load(std::unique_ptr<Device> device) {
   SchedulerOptions so;
   so.parallel = options_.parallel;
   so.batch_tokens = options_.batch_tokens;
-  so.prefix_cache = options_.prefix_cache;
+  so.prefix_cache = prefix_cache;
   so.prefix_cache_entries = entries;
   so.eos = eos_ids(model_->files(), *tokenizer_);
   const KVCacheOptions co = options_.kv.cache_options(device_->default_block_tokens());
@@ -286,7 +298,8 @@ void Server::routes() {
                    {"parallel", options_.parallel},
                    {"kv_pool", pool},
                    {"batch_tokens", options_.batch_tokens},
-                   {"prefix_cache", options_.prefix_cache},
+                   {"prefix_cache", prefix_cache_state_ == "on"},
+                   {"prefix_cache_state", prefix_cache_state_},
                    {"chat_template", template_ != nullptr},
                    {"requests_running", g.running},
                    {"requests_waiting", g.waiting},

@@ -86,6 +86,8 @@ class Server {
   Engine& engine() { return *engine_; }
   const Metrics& metrics() const { return metrics_; }
   const std::string& model_name() const { return model_name_; }
+  // "on", "off", or "off (why)" when asked for but this model's caches cannot give it (after load()).
+  const std::string& prefix_cache_state() const { return prefix_cache_state_; }
 
  private:
   void routes();
@@ -115,6 +117,7 @@ class Server {
   std::unique_ptr<Scheduler> scheduler_;
   SamplingParams defaults_;
   std::string model_name_;
+  std::string prefix_cache_state_ = "off";
   int64_t created_ = 0;               // Unix seconds when the model was loaded
 };
 

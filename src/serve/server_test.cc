@@ -550,6 +550,9 @@ TEST(Serve, AFullKvPoolQueuesRequestsAndEveryOneIsAnsweredExactly) {
   EXPECT_GT(props["kv_pool"]["bytes_capacity"].get<int64_t>(), 0);
   EXPECT_LE(props["kv_pool"]["bytes_capacity"].get<int64_t>(), 2 * 600 * 4096);
   EXPECT_EQ(props["kv"]["describe"], "K f16, V f16");
+  // The demo model has full-attention layers only: its prefix cache is on as asked (a model with
+  // sliding-window or recurrent layers reports "off (asked for, but ...)").
+  EXPECT_EQ(props["prefix_cache_state"], props["prefix_cache"].get<bool>() ? "on" : "off");
 }
 
 }  // namespace

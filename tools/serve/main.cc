@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "turboquant-serve: ready: model %s on %s, KV %s, context %lld, parallel %d, batch %d tokens, prefix cache %s\n",
                  server.model_name().c_str(), server.engine().model().device().name().c_str(), o.kv.describe().c_str(),
-                 static_cast<long long>(server.engine().ctx_size()), o.parallel, o.batch_tokens, o.prefix_cache ? "on" : "off");
+                 static_cast<long long>(server.engine().ctx_size()), o.parallel, o.batch_tokens, server.prefix_cache_state().c_str());
     http.join();
     return 0;
   } catch (const std::exception& e) {
