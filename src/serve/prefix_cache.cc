@@ -53,22 +53,33 @@ std::vector<uint64_t> PrefixCache::chain(std::span<const int32_t> tokens, size_t
 PrefixCache::Match PrefixCache::lookup(std::span<const int32_t> prompt, size_t limit) const {
   Match best;
   const std::vector<uint64_t> h = chain(prompt, limit);
-  // Walk from the longest candidate down: the first verified hit is the longest.
+  // Walk from the longest candidate down: the first verified length is the longest. Among the entries
+  // that hold it, one that ends there wins (its fork needs no truncation, which a rotating cache may not
+  // be able to do).
   for (size_t k = h.size(); k-- > 0;) {
     const auto [lo, hi] = index_.equal_range(h[k]);
+    const size_t len = static_cast<size_t>(first_) + (k + 1) * static_cast<size_t>(block_tokens_);
     for (auto it = lo; it != hi; ++it) {
       const auto& [id, block] = it->second;
       if (block != static_cast<int>(k)) continue;
       const Entry& e = entries_.at(id);
-      const size_t len = static_cast<size_t>(first_) + (k + 1) * static_cast<size_t>(block_tokens_);
       if (e.tokens.size() >= len && std::equal(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(len), e.tokens.begin())) {
-        best.entry = id;
-        best.length = static_cast<int>(len);
-        return best;
+        if (best.entry < 0 || e.tokens.size() == len) {
+          best.entry = id;
+          best.length = static_cast<int>(len);
+        }
+        if (e.tokens.size() == len) return best;
       }
     }
+    if (best.entry >= 0) return best;
   }
   return best;
+}
+
+int PrefixCache::holding(std::span<const int32_t> tokens) const {
+  for (const auto& [id, e] : entries_)
+    if (e.tokens.size() == tokens.size() && std::equal(tokens.begin(), tokens.end(), e.tokens.begin())) return id;
+  return -1;
 }
 
 int PrefixCache::covering(std::span<const int32_t> tokens) const {
@@ -77,11 +88,11 @@ int PrefixCache::covering(std::span<const int32_t> tokens) const {
   return -1;
 }
 
-std::vector<int> PrefixCache::insert(int seq, std::vector<int32_t> tokens) {
+std::vector<int> PrefixCache::insert(int seq, std::vector<int32_t> tokens, bool drop_prefixes) {
   TQ_CHECK(!tokens.empty() && boundary(static_cast<int>(tokens.size())) == static_cast<int>(tokens.size()),
            "prefix cache: an entry must hold whole blocks, got ", tokens.size(), " positions");
   std::vector<int> redundant;
-  for (auto it = entries_.begin(); it != entries_.end();) {
+  for (auto it = entries_.begin(); drop_prefixes && it != entries_.end();) {
     const Entry& e = it->second;
     if (e.tokens.size() <= tokens.size() && std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin())) {
       redundant.push_back(e.seq);

@@ -39,8 +39,8 @@ class PrefixCache {
     int length = 0;   // positions that can be reused (a block boundary)
   };
   // The longest cached prefix of prompt[0, limit) at a block boundary (limit: at most prompt.size();
-  // a request must compute at least its last prompt token, so the scheduler passes size - 1). The
-  // caller touches the entry it uses.
+  // a request must compute at least its last prompt token, so the scheduler passes size - 1), from an
+  // entry that ends there when there is one. The caller touches the entry it uses.
   Match lookup(std::span<const int32_t> prompt, size_t limit) const;
 
   // The largest block boundary <= length (0: none).
@@ -48,10 +48,14 @@ class PrefixCache {
 
   // Whether an entry already holds `tokens` as a prefix of its own (inserting them would add nothing).
   int covering(std::span<const int32_t> tokens) const;
+  // An entry holding exactly `tokens` (-1: none). For caches whose forks cannot be truncated (a
+  // sliding window), only such an entry serves a match of that length.
+  int holding(std::span<const int32_t> tokens) const;
   // Adds an entry for engine sequence `seq` holding `tokens` (a whole number of blocks: boundary(size)
   // == size). Returns the engine sequences of entries that the new one makes redundant (their tokens
   // are a prefix of the new ones; they are dropped from the cache, the caller removes the sequences).
-  std::vector<int> insert(int seq, std::vector<int32_t> tokens);
+  // drop_prefixes false keeps them (a shorter entry is not redundant when forks cannot be truncated).
+  std::vector<int> insert(int seq, std::vector<int32_t> tokens, bool drop_prefixes = true);
   // Marks an entry as just used.
   void touch(int entry);
   // Drops an entry; returns its engine sequence (the caller removes it).

@@ -68,6 +68,26 @@ TEST(PrefixCache, LongerEntriesReplaceTheirPrefixesAndLruGoesFirst) {
   EXPECT_EQ(c.lookup(iota(20, 100), 19).entry, -1);
 }
 
+// For forks that cannot be truncated (sliding windows): a shorter entry kept beside a longer one, and a
+// match served by the entry that ends there.
+TEST(PrefixCache, KeepsShorterEntriesAndPrefersTheOneEndingAtTheMatch) {
+  PrefixCache c(0, 16, 4);
+  c.insert(1, iota(32));
+  EXPECT_TRUE(c.insert(2, iota(64), /*drop_prefixes=*/false).empty());
+  EXPECT_EQ(c.size(), 2);
+  EXPECT_EQ(c.seq_of(c.holding(iota(32))), 1);
+  EXPECT_EQ(c.holding(iota(48)), -1);  // covered by entry 2, held by none
+  EXPECT_GE(c.covering(iota(48)), 0);
+  // A prompt sharing 40 tokens: the match is 32, from the entry that ends at 32.
+  std::vector<int32_t> p = iota(40);
+  p.push_back(9999);
+  const auto m = c.lookup(p, p.size() - 1);
+  EXPECT_EQ(m.length, 32);
+  EXPECT_EQ(c.seq_of(m.entry), 1);
+  // A prompt sharing all 64: the longer entry.
+  EXPECT_EQ(c.seq_of(c.lookup(iota(70), 69).entry), 2);
+}
+
 TEST(PrefixCache, EntriesMustHoldWholeBlocks) { EXPECT_ANY_THROW(PrefixCache(0, 16, 2).insert(1, iota(20))); }
 
 }  // namespace

@@ -338,6 +338,13 @@ Scheduler::Admission Scheduler::try_admit(Job& job) {
   }
   job.seq_ = seq;
   job.fed_ = m.length;
+  job.fork_at_ = 0;
+  if (options_.prefix_cache && options_.prefix_by_fork && cache_.max_entries() > 0) {
+    // The prompt's last boundary before its last token (the most a later request can reuse of it), unless
+    // the reused entry already holds it.
+    const int b = cache_.boundary(job.prompt_len_ - 1);
+    if (b > m.length && cache_.holding(std::span<const int32_t>(job.tokens_.data(), static_cast<size_t>(b))) < 0) job.fork_at_ = b;
+  }
   if (!job.admitted_once_) {
     job.admitted_once_ = true;
     job.admitted_ = Job::clock::now();
@@ -376,7 +383,8 @@ std::vector<Scheduler::Planned> Scheduler::plan_step() const {
   for (const auto& j : running_) {
     const int left = static_cast<int>(j->tokens_.size()) - j->fed_;
     if (left <= 1 || budget <= 0) continue;
-    const int n = std::min(left, budget);
+    int n = std::min(left, budget);
+    if (j->fork_at_ > j->fed_) n = std::min(n, j->fork_at_ - j->fed_);  // the chunk ends where the entry is forked
     plan.push_back({j, n});
     budget -= n;
   }
@@ -453,6 +461,7 @@ void Scheduler::step() {
   for (size_t i = 0; i < plan.size(); ++i) {
     Job& j = *plan[i].job;
     j.fed_ += plan[i].n;
+    if (j.fork_at_ > 0 && j.fed_ == j.fork_at_) fork_prefix(j);
     if (out.rows[i] == 0) continue;
     const size_t row = static_cast<size_t>(out.first_row[i]);
     int32_t id = 0;
@@ -521,13 +530,16 @@ void Scheduler::release(Job& job, bool keep_prefix) {
   const int b = keep_prefix && options_.prefix_cache && cache_.max_entries() > 0 ? cache_.boundary(job.fed_) : 0;
   if (b > 0) {
     const std::span<const int32_t> held(job.tokens_.data(), static_cast<size_t>(b));
-    const int covering = cache_.covering(held);
+    // With forks that cannot be truncated, only an entry of exactly these tokens makes this one redundant,
+    // and the shorter entries stay (they serve the shorter matches).
+    const int covering = options_.prefix_by_fork ? cache_.holding(held) : cache_.covering(held);
     if (covering >= 0) {
       cache_.touch(covering);  // already cached (this request forked it and added less than a block)
     } else {
       try {
         engine_.truncate(seq, b);
-        for (int r : cache_.insert(seq, std::vector<int32_t>(held.begin(), held.end()))) engine_.remove_sequence(r);
+        for (int r : cache_.insert(seq, std::vector<int32_t>(held.begin(), held.end()), !options_.prefix_by_fork))
+          engine_.remove_sequence(r);
         while (cache_.size() > cache_.max_entries()) evict_one();
         return;
       } catch (const Error&) {
@@ -536,6 +548,19 @@ void Scheduler::release(Job& job, bool keep_prefix) {
     }
   }
   engine_.remove_sequence(seq);
+}
+
+void Scheduler::fork_prefix(Job& job) {
+  const int b = job.fork_at_;
+  job.fork_at_ = 0;
+  const std::span<const int32_t> held(job.tokens_.data(), static_cast<size_t>(b));
+  if (cache_.holding(held) >= 0) return;  // another request cached it meanwhile
+  while (cache_.size() >= cache_.max_entries() && evict_one()) {
+  }  // room first: the engine holds parallel + max_entries sequences
+  // The fork shares every block (the parent's next append starts a new one: b is a boundary), so it
+  // costs no copy of KV; it holds what the window still needs, or a copy of a recurrent state.
+  const int child = engine_.fork_sequence(job.seq_);
+  for (int r : cache_.insert(child, std::vector<int32_t>(held.begin(), held.end()))) engine_.remove_sequence(r);
 }
 
 void Scheduler::publish() {

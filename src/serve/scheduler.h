@@ -45,6 +45,10 @@ struct SchedulerOptions {
   int batch_tokens = 512;        // tokens per forward call (decode tokens and prompt chunks together)
   bool prefix_cache = true;
   int prefix_cache_entries = 0;  // finished sequences kept for reuse (the engine must hold parallel + this many)
+  // Models whose caches cannot go back to a block boundary (sliding-window rotating caches, recurrent
+  // states): an entry is instead a fork taken when a prompt reaches its last block boundary (the prompt
+  // chunk is cut there), which holds exactly that prefix: the window's blocks, shared, or a copied state.
+  bool prefix_by_fork = false;
   std::vector<int32_t> eos;      // ids that end a sequence
 };
 
@@ -119,6 +123,7 @@ class Job : public std::enable_shared_from_this<Job> {
   int seq_ = -1;                 // the engine's sequence (-1: not admitted)
   int fed_ = 0;                  // positions of tokens_ the sequence holds
   int cached_n_ = 0;             // prompt positions reused from the prefix cache at first admission
+  int fork_at_ = 0;              // prefix_by_fork: the block boundary where the prompt's entry is forked (0: none)
   int generated_ = 0;
   bool admitted_once_ = false;
   bool finished_ = false;
@@ -170,6 +175,8 @@ class Scheduler {
   void on_token(Job& job, int32_t id, const Logprobs* logprobs);
   void complete(Job& job, const std::string& reason);
   void release(Job& job, bool keep_prefix);
+  // prefix_by_fork: the prompt reached job.fork_at_; its prefix becomes a cache entry (a fork of the sequence).
+  void fork_prefix(Job& job);
   void fail_all(int status, const std::string& message);
   // Ends a request; the handler hears of it after the step's gauges are published.
   void close(Job& job, const std::string& reason, int error_status = 0, const std::string& error = "");

@@ -153,18 +153,23 @@ void Server::load(std::unique_ptr<Device> device) {
   if (options_.repetition_penalty) defaults_.repetition_penalty = *options_.repetition_penalty;
   defaults_.validate();
 
-  // Entries are finished sequences truncated back to a block boundary: a rotating (sliding-window) cache
-  // has dropped what such a truncation needs, and a recurrent state cannot go back at all, so for models
-  // with those layers the cache stays off, and says so (the design's next step: fork at the boundary).
+  // Entries are finished sequences truncated back to a block boundary. A rotating (sliding-window) cache
+  // has dropped what such a truncation needs, so for models with those layers an entry is a fork taken
+  // when a prompt reaches its last boundary instead (the scheduler's prefix_by_fork); a recurrent state
+  // (no model has one yet) would need the same with its state copied, so those stay off and say so.
   bool prefix_cache = options_.prefix_cache;
+  bool by_fork = false;
   prefix_cache_state_ = prefix_cache ? "on" : "off";
-  for (const LayerSpec& l : model_->layer_specs())
-    if (prefix_cache && l.kind != LayerKind::full_attention) {
+  for (const LayerSpec& l : model_->layer_specs()) {
+    if (!prefix_cache) break;
+    if (l.kind == LayerKind::sliding_attention) {
+      by_fork = true;
+      prefix_cache_state_ = "on (entries forked at prompts' block boundaries: sliding-window layers)";
+    } else if (l.kind == LayerKind::linear_attention) {
       prefix_cache = false;
-      prefix_cache_state_ = l.kind == LayerKind::sliding_attention
-                                ? "off (asked for, but this model's sliding-window layers cannot go back to a block boundary)"
-                                : "off (asked for, but this model's recurrent layers cannot go back to a block boundary)";
+      prefix_cache_state_ = "off (asked for, but this model's recurrent layers cannot go back to a block boundary)";
     }
+  }
   const int entries = prefix_cache ? (options_.prefix_cache_entries > 0 ? options_.prefix_cache_entries : options_.parallel) : 0;
   EngineOptions eo;
   eo.kv = options_.kv;
@@ -184,6 +189,7 @@ void Server::load(std::unique_ptr<Device> device) {
   so.batch_tokens = options_.batch_tokens;
   so.prefix_cache = prefix_cache;
   so.prefix_cache_entries = entries;
+  so.prefix_by_fork = by_fork;
   so.eos = eos_ids(model_->files(), *tokenizer_);
   const KVCacheOptions co = options_.kv.cache_options(device_->default_block_tokens());
   scheduler_ = std::make_unique<Scheduler>(*engine_, *tokenizer_, metrics_, so, co.min_tokens, co.block_tokens);
@@ -298,7 +304,7 @@ void Server::routes() {
                    {"parallel", options_.parallel},
                    {"kv_pool", pool},
                    {"batch_tokens", options_.batch_tokens},
-                   {"prefix_cache", prefix_cache_state_ == "on"},
+                   {"prefix_cache", prefix_cache_state_.rfind("on", 0) == 0},
                    {"prefix_cache_state", prefix_cache_state_},
                    {"chat_template", template_ != nullptr},
                    {"requests_running", g.running},

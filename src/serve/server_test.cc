@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <regex>
 #include <string>
@@ -234,6 +235,47 @@ TEST(Serve, PrefixReuseOverACompressedCacheWithASinkTier) {
   o.kv.min_tokens = 32;  // boundaries at 48, 64, 80, ...
   o.kv.fused = true;
   check_prefix_reuse(o, 32);
+}
+
+// A model with sliding-window layers (the demo model's weights with Mistral's window of 16 on every layer):
+// its caches cannot truncate back past the window, so the prefix entry is a fork taken when the first prompt
+// reaches its last boundary (64); the second prompt reuses it and generates what a server without the cache
+// generates.
+TEST(Serve, SlidingWindowModelsReusePrefixesForkedAtBoundaries) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / ("tq_serve_swa_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(kDemo, dir);
+  json config = json::parse(std::ifstream(dir / "config.json"));
+  config["architectures"] = json::array({"MistralForCausalLM"});
+  config["model_type"] = "mistral";
+  config["sliding_window"] = 16;
+  std::ofstream(dir / "config.json") << config.dump();
+  ServerOptions o;
+  o.model_path = dir.string();
+  o.kv.block_tokens = 16;
+  TestServer cached(o);
+  ServerOptions plain_o = o;
+  plain_o.prefix_cache = false;
+  TestServer plain(plain_o);
+  const json props = json::parse(cached.client()->Get("/props")->body);
+  EXPECT_EQ(props["prefix_cache"], true);
+  EXPECT_NE(props["prefix_cache_state"].get<std::string>().find("forked at prompts' block boundaries"), std::string::npos);
+  std::vector<int> base;
+  for (int i = 0; i < 70; ++i) base.push_back(100 + (i * 37) % 900);
+  std::vector<int> longer = base;
+  for (int i = 0; i < 9; ++i) longer.push_back(1000 + i);
+  // 40 generated tokens take the first sequence to 110 positions, past 64 + the window: at its end it can no
+  // longer go back to 64, so only the fork taken on the way can give that prefix.
+  const json first = post(cached, "/v1/completions", json{{"prompt", base}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(first["timings"]["cached_n"], 0);
+  EXPECT_EQ(first["choices"][0]["text"],
+            post(plain, "/v1/completions", json{{"prompt", base}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}})["choices"][0]["text"]);
+  const json second = post(cached, "/v1/completions", json{{"prompt", longer}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(second["timings"]["cached_n"], 64);  // the first prompt's last boundary before its last token
+  const json reference = post(plain, "/v1/completions", json{{"prompt", longer}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(second["choices"][0]["text"], reference["choices"][0]["text"]);
+  EXPECT_EQ(metric(cached, "turboquant_prefix_cache_hits_total"), 64);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Serve, StreamingFollowsTheChunkContract) {
