@@ -13,6 +13,10 @@ std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device
     case ModelArch::qwen2:
     case ModelArch::qwen3: return std::make_unique<Llama>(files, device);
     case ModelArch::gpt_oss: return std::make_unique<GptOss>(files, device);
+    case ModelArch::qwen3_5:
+      // Loading and validation are done (config.h, weights.h); the forward pass is not.
+      fail(files.path, ": the Qwen3.5 model file is not written yet ('", files.config.architecture_class,
+           "' loads and validates, but nothing runs it)");
   }
   fail(files.path, ": no architecture file builds '", files.config.architecture_class, "'");
 }

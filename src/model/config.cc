@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -23,6 +24,10 @@ struct ArchInfo {
   const char* model_type;
   ModelArch arch;
   int64_t default_max_positions;  // the transformers config class's default
+  // Multimodal wrappers (Qwen3_5*ForConditionalGeneration): the text model's fields sit under
+  // "text_config", whose model_type is this; nullptr for flat configs.
+  const char* text_model_type = nullptr;
+  bool experts = false;  // the class's feed-forward blocks are mixtures of experts (Qwen3.5-MoE)
 };
 constexpr ArchInfo kArchs[] = {
     {"LlamaForCausalLM", "llama", ModelArch::llama, 2048},
@@ -30,7 +35,20 @@ constexpr ArchInfo kArchs[] = {
     {"Qwen2ForCausalLM", "qwen2", ModelArch::qwen2, 32768},
     {"Qwen3ForCausalLM", "qwen3", ModelArch::qwen3, 32768},
     {"GptOssForCausalLM", "gpt_oss", ModelArch::gpt_oss, 131072},
+    // The checkpoints as published (text and vision), and the text-only folders transformers writes
+    // (Qwen3_5ForCausalLM.save_pretrained). Qwen3.6 uses the same classes.
+    {"Qwen3_5ForConditionalGeneration", "qwen3_5", ModelArch::qwen3_5, 32768, "qwen3_5_text"},
+    {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", ModelArch::qwen3_5, 32768, "qwen3_5_moe_text", true},
+    {"Qwen3_5ForCausalLM", "qwen3_5_text", ModelArch::qwen3_5, 32768},
+    {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ModelArch::qwen3_5, 32768, nullptr, true},
 };
+
+// Qwen3-Next is a relative of Qwen3.5 whose differences are not small for a loader: its DeltaNet fuses
+// in_proj_qkvz and in_proj_ba grouped per key head, its experts are per-expert tensors, and it has
+// decoder_sparse_step / mlp_only_layers / norm_topk_prob. Named so that the refusal says so.
+constexpr const char* kQwen3NextNotSupported =
+    "Qwen3-Next is not supported yet (its fused, per-key-head-grouped in_proj_qkvz / in_proj_ba projections "
+    "and per-expert tensors are not read; Qwen3.5 / Qwen3.6 checkpoints are)";
 
 // Typed reads from one JSON object; every message names the file and the key. A key whose value is
 // null counts as absent (HF writes "rope_scaling": null, "sliding_window": null).
@@ -143,7 +161,8 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
   }
   Fields p(*params, source);
   if (const std::optional<double> theta = p.opt_number("rope_theta")) c.rope_theta = *theta;
-  if (const std::optional<double> partial = p.opt_number("partial_rotary_factor")) {
+  // Qwen3.5 rotates a part of each head (parse_qwen3_5 reads the factor); the others rotate all of it.
+  if (const std::optional<double> partial = p.opt_number("partial_rotary_factor"); partial && c.arch != ModelArch::qwen3_5) {
     TQ_CHECK(*partial == 1.0, "'", source, "': partial_rotary_factor ", *partial, " is not supported");
   }
   std::optional<std::string> type = p.opt_string("rope_type");
@@ -258,6 +277,127 @@ void parse_gpt_oss(const json& root, const std::string& source, ModelConfig& c) 
   }
 }
 
+// Qwen3.5 text fields beyond the shared ones (transformers configuration_qwen3_5.py and
+// configuration_qwen3_5_moe.py; defaults are those classes' defaults). `root` is the text config
+// (text_config of the ConditionalGeneration classes), `top` the whole file (the same object for flat
+// configs), `experts` whether the class is the MoE one.
+void parse_qwen3_5(const json& root, const json& top, const std::string& source, bool experts, ModelConfig& c) {
+  Fields f(root, source);
+
+  // Layer kinds: an explicit list, else transformers' rule from full_attention_interval (default 4):
+  // layer i is linear unless (i + 1) is a multiple of the interval.
+  c.linear_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  if (const json* types = f.get("layer_types")) {
+    TQ_CHECK(types->is_array(), "'", source, "': \"layer_types\" is ", types->dump(), ", expected a list");
+    TQ_CHECK(static_cast<int64_t>(types->size()) == c.num_hidden_layers, "'", source, "': layer_types lists ",
+             types->size(), " layers but num_hidden_layers is ", c.num_hidden_layers);
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      TQ_CHECK(t == "linear_attention" || t == "full_attention", "'", source, "': layer_types[", i, "] is ", t.dump(),
+               " (expected linear_attention or full_attention)");
+      c.linear_layers[i] = t == "linear_attention";
+    }
+  } else {
+    const int64_t interval = f.opt_int("full_attention_interval").value_or(4);
+    TQ_CHECK(interval > 0, "'", source, "': full_attention_interval ", interval, " must be positive");
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.linear_layers[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+  }
+
+  // Qwen3_5Attention's q_proj always emits the gate (the configs say attn_output_gate true); a config
+  // that turns it off describes a model that code does not build.
+  const bool gate = f.opt_bool("attn_output_gate").value_or(true);
+  TQ_CHECK(gate, "'", source, "': attn_output_gate false is not supported (Qwen3.5's attention always gates its ",
+           "output: q_proj is [heads * head_dim * 2, hidden])");
+  c.attn_output_gate = true;
+  TQ_CHECK(!f.opt_bool("attention_bias").value_or(false), "'", source,
+           "': attention_bias true is not supported for Qwen3.5 (no published checkpoint has attention biases)");
+
+  // Partial RoPE: rope_parameters.partial_rotary_factor (transformers 5), or a top-level one (older
+  // configs), default 0.25: rotary dimension 64 of head_dim 256.
+  const json* params = f.get("rope_parameters");
+  if (params == nullptr) params = f.get("rope_scaling");
+  std::optional<double> partial = f.opt_number("partial_rotary_factor");
+  if (params != nullptr && params->is_object()) {
+    if (const std::optional<double> p = Fields(*params, source).opt_number("partial_rotary_factor")) partial = p;
+  }
+  const double factor = partial.value_or(0.25);
+  const double rotary = factor * static_cast<double>(c.head_dim);
+  TQ_CHECK(factor > 0 && factor <= 1 && rotary == std::floor(rotary) && static_cast<int64_t>(rotary) % 2 == 0, "'",
+           source, "': partial_rotary_factor ", factor, " with head_dim ", c.head_dim,
+           " does not give an even number of rotary dimensions");
+  c.rope_dim = static_cast<int64_t>(rotary);
+  // mRoPE (mrope_section, mrope_interleaved): for text the three position streams (time, height, width)
+  // all equal the token's position, so whichever frequencies a section gives each stream, every rotary
+  // pair i turns by position * theta^(-2i / rope_dim): plain rotate-half RoPE over the rope_dim
+  // dimensions. Checked here for consistency and not stored; images and video would need them.
+  if (params != nullptr && params->is_object()) {
+    if (const json* sections = Fields(*params, source).get("mrope_section")) {
+      TQ_CHECK(sections->is_array(), "'", source, "': \"mrope_section\" is ", sections->dump(), ", expected a list");
+      int64_t sum = 0;
+      for (const json& v : *sections) {
+        const int64_t n = Fields(*params, source).as_int(v, "mrope_section");
+        TQ_CHECK(n >= 0, "'", source, "': mrope_section ", sections->dump(), " has a negative entry");
+        sum += n;
+      }
+      TQ_CHECK(sum <= c.rope_dim / 2, "'", source, "': mrope_section ", sections->dump(), " covers ", sum,
+               " frequency pairs but the rotary dimensions (", c.rope_dim, ") have ", c.rope_dim / 2);
+    }
+    Fields(*params, source).opt_bool("mrope_interleaved");  // type-checked; no effect on text
+  }
+
+  // Gated DeltaNet.
+  auto dim = [&](const char* key, int64_t fallback) {
+    const int64_t v = f.opt_int(key).value_or(fallback);
+    TQ_CHECK(v > 0, "'", source, "': \"", key, "\" is ", v, ", expected a positive integer");
+    return v;
+  };
+  c.linear_num_key_heads = dim("linear_num_key_heads", 16);
+  c.linear_num_value_heads = dim("linear_num_value_heads", 32);
+  c.linear_key_head_dim = dim("linear_key_head_dim", 128);
+  c.linear_value_head_dim = dim("linear_value_head_dim", 128);
+  c.linear_conv_kernel_dim = dim("linear_conv_kernel_dim", 4);
+  TQ_CHECK(c.linear_num_value_heads % c.linear_num_key_heads == 0, "'", source, "': linear_num_value_heads ",
+           c.linear_num_value_heads, " is not a multiple of linear_num_key_heads ", c.linear_num_key_heads);
+  c.norm_zero_centred = true;  // Qwen3_5RMSNorm: (1 + w), initialized to zeros
+
+  // Transformers drops mtp.* on load; counted so that the tensors can be reported as ignored.
+  c.mtp_num_hidden_layers = f.opt_int("mtp_num_hidden_layers").value_or(0);
+  TQ_CHECK(c.mtp_num_hidden_layers >= 0, "'", source, "': mtp_num_hidden_layers ", c.mtp_num_hidden_layers,
+           " is negative");
+
+  // Tied embeddings: either level may say it; both must agree when both do.
+  if (&top != &root) {
+    const std::optional<bool> outer = Fields(top, c.source).opt_bool("tie_word_embeddings");
+    const std::optional<bool> inner = f.opt_bool("tie_word_embeddings");
+    TQ_CHECK(!outer || !inner || *outer == *inner, "'", c.source, "': tie_word_embeddings is ",
+             outer.value_or(false) ? "true" : "false", " but text_config.tie_word_embeddings is ",
+             inner.value_or(false) ? "true" : "false");
+    c.tie_word_embeddings = outer.value_or(inner.value_or(false));
+  }
+
+  if (!experts) {
+    TQ_CHECK(f.get("num_experts") == nullptr || f.opt_int("num_experts") == 0, "'", source,
+             "': num_experts is set but the architecture is the dense Qwen3.5 (use the Moe class)");
+    return;
+  }
+  c.num_experts = dim("num_experts", 256);
+  c.num_experts_per_tok = dim("num_experts_per_tok", 8);
+  TQ_CHECK(c.num_experts_per_tok <= c.num_experts, "'", source, "': num_experts_per_tok ", c.num_experts_per_tok,
+           " must be between 1 and num_experts ", c.num_experts);
+  c.shared_expert_intermediate_size = dim("shared_expert_intermediate_size", 512);
+  // Qwen3_5MoeTopKRouter always renormalizes the top-k weights and every layer is sparse; fields from
+  // other Qwen MoE configs that would say otherwise are refused rather than ignored.
+  TQ_CHECK(f.opt_bool("norm_topk_prob").value_or(true), "'", source,
+           "': norm_topk_prob false is not supported (Qwen3.5-MoE always renormalizes the top-k weights)");
+  const int64_t step = f.opt_int("decoder_sparse_step").value_or(1);
+  TQ_CHECK(step == 1, "'", source, "': decoder_sparse_step ", step,
+           " is not supported (every Qwen3.5-MoE layer is a mixture of experts)");
+  if (const json* dense = f.get("mlp_only_layers")) {
+    TQ_CHECK(dense->is_array() && dense->empty(), "'", source, "': mlp_only_layers ", dense->dump(),
+             " is not supported (every Qwen3.5-MoE layer is a mixture of experts)");
+  }
+}
+
 // Checks shared by both sources once the fields are filled.
 // Before anything is sized by it: a count no model has (2^31 from a corrupt file) would otherwise be
 // allocated per layer before the weights could disagree with it.
@@ -291,6 +431,71 @@ void check_dimensions(ModelConfig& c) {
   }
 }
 
+// The qwen35 / qwen35moe keys beyond the shared ones (llama.cpp's Qwen3.5 converter and
+// llama_model_qwen35{,moe}::load_arch_hparams), and what its converter changed in the tensors.
+void qwen3_5_from_gguf(const GgufFile& g, const std::string& p, bool experts, ModelConfig& c) {
+  auto positive = [&](const std::string& key) {
+    const int64_t v = g.get_i64(key);
+    TQ_CHECK(v > 0, "'", g.path(), "': metadata '", key, "' is ", v, ", expected a positive integer");
+    return v;
+  };
+  c.linear_conv_kernel_dim = positive(p + "ssm.conv_kernel");
+  c.linear_key_head_dim = positive(p + "ssm.state_size");
+  c.linear_num_key_heads = positive(p + "ssm.group_count");
+  c.linear_num_value_heads = positive(p + "ssm.time_step_rank");
+  const int64_t inner = positive(p + "ssm.inner_size");  // Hv * dv
+  TQ_CHECK(inner % c.linear_num_value_heads == 0, "'", g.path(), "': metadata '", p, "ssm.inner_size' ", inner,
+           " is not a multiple of '", p, "ssm.time_step_rank' ", c.linear_num_value_heads);
+  c.linear_value_head_dim = inner / c.linear_num_value_heads;
+  TQ_CHECK(c.linear_num_value_heads % c.linear_num_key_heads == 0, "'", g.path(), "': metadata '", p,
+           "ssm.time_step_rank' ", c.linear_num_value_heads, " is not a multiple of '", p, "ssm.group_count' ",
+           c.linear_num_key_heads);
+
+  // Recurrent (linear) layers: an explicit per-layer array over every block (MTP blocks included, which
+  // are attention), else llama.cpp's rule from full_attention_interval (default 4).
+  c.linear_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  const std::string recurrent_key = p + "attention.recurrent_layers";
+  if (const GgufValue* v = g.find(recurrent_key); v != nullptr && v->type == GgufType::array) {
+    const std::vector<int32_t> flags = g.get_array<int32_t>(recurrent_key);
+    const int64_t blocks = c.num_hidden_layers + c.mtp_num_hidden_layers;
+    TQ_CHECK(static_cast<int64_t>(flags.size()) == blocks, "'", g.path(), "': metadata '", recurrent_key, "' lists ",
+             flags.size(), " layers but block_count is ", blocks);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.linear_layers[static_cast<size_t>(l)] = flags[l] != 0;
+  } else {
+    TQ_CHECK(v == nullptr, "'", g.path(), "': metadata '", recurrent_key, "' is ", v->describe(),
+             ", expected an array of per-layer flags");
+    const int64_t interval = g.has(p + "full_attention_interval") ? positive(p + "full_attention_interval") : 4;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.linear_layers[static_cast<size_t>(l)] = (l + 1) % interval != 0;
+  }
+
+  // mRoPE sections: for text the three position streams coincide and the sections change nothing (see
+  // parse_qwen3_5); checked for consistency only.
+  const std::string sections_key = p + "rope.dimension_sections";
+  if (g.has(sections_key)) {
+    int64_t sum = 0;
+    for (int32_t n : g.get_array<int32_t>(sections_key)) {
+      TQ_CHECK(n >= 0, "'", g.path(), "': metadata '", sections_key, "' has a negative entry ", n);
+      sum += n;
+    }
+    const int64_t rope_dim = c.rope_dim > 0 ? c.rope_dim : c.head_dim;
+    TQ_CHECK(sum <= rope_dim / 2, "'", g.path(), "': metadata '", sections_key, "' covers ", sum,
+             " frequency pairs but the rotary dimensions (", rope_dim, ") have ", rope_dim / 2);
+  }
+
+  // llama.cpp's converter (conversion/qwen.py): +1 baked into every *norm.weight but the DeltaNet's
+  // linear_attn.norm, A_log stored as -exp(A_log), and the value heads reordered grouped -> tiled.
+  c.norm_zero_centred = false;
+  c.linear_a_negexp = true;
+  c.linear_v_tiled = true;
+
+  if (!experts) return;
+  c.num_experts = positive(p + "expert_count");
+  c.num_experts_per_tok = positive(p + "expert_used_count");
+  TQ_CHECK(c.num_experts_per_tok <= c.num_experts, "'", g.path(), "': metadata '", p, "expert_used_count' is ",
+           c.num_experts_per_tok, ", more than the ", c.num_experts, " experts of '", p, "expert_count'");
+  c.shared_expert_intermediate_size = positive(p + "expert_shared_feed_forward_length");
+}
+
 }  // namespace
 
 const char* architecture_name(ModelArch a) {
@@ -300,6 +505,7 @@ const char* architecture_name(ModelArch a) {
     case ModelArch::qwen2: return "qwen2";
     case ModelArch::qwen3: return "qwen3";
     case ModelArch::gpt_oss: return "gpt_oss";
+    case ModelArch::qwen3_5: return "qwen3_5";
   }
   return "?";
 }
@@ -351,21 +557,29 @@ std::string ModelConfig::summary() const {
                          : std::string())
      << (sliding_window ? ", sliding window " + std::to_string(*sliding_window) : std::string())
      << (attention_sinks ? ", attention sinks" : "")
+     << (!linear_layers.empty()
+             ? ", " + std::to_string(std::count(linear_layers.begin(), linear_layers.end(), true)) +
+                   " Gated DeltaNet layers (" + std::to_string(linear_num_key_heads) + "/" +
+                   std::to_string(linear_num_value_heads) + " heads x " + std::to_string(linear_key_head_dim) + "/" +
+                   std::to_string(linear_value_head_dim) + ")"
+             : std::string())
+     << (shared_expert_intermediate_size > 0 ? ", shared expert " + std::to_string(shared_expert_intermediate_size)
+                                             : std::string())
      << (tie_word_embeddings ? ", tied embeddings" : "") << (qkv_bias ? ", qkv bias" : "")
      << (qk_norm ? ", qk norm" : "");
   return os.str();
 }
 
 ModelConfig parse_hf_config(std::string_view json_text, const std::string& source) {
-  const json root = parse_json_object(json_text, source);
-  Fields f(root, source);
+  const json top = parse_json_object(json_text, source);
+  Fields f_top(top, source);
   ModelConfig c;
   c.source = source;
 
   // Which architecture: "architectures" names the class; "model_type" must agree with it.
   const ArchInfo* info = nullptr;
-  const std::optional<std::string> model_type = f.opt_string("model_type");
-  if (const json* archs = f.get("architectures")) {
+  const std::optional<std::string> model_type = f_top.opt_string("model_type");
+  if (const json* archs = f_top.get("architectures")) {
     TQ_CHECK(archs->is_array() && !archs->empty(), "'", source, "': \"architectures\" is ", archs->dump(),
              ", expected a list of class names");
     for (const json& a : *archs) {
@@ -373,6 +587,7 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
       for (const ArchInfo& k : kArchs) {
         if (info == nullptr && a.get<std::string>() == k.hf_class) info = &k;
       }
+      TQ_CHECK(info != nullptr || a != "Qwen3NextForCausalLM", "'", source, "': ", kQwen3NextNotSupported);
     }
     TQ_CHECK(info != nullptr, "'", source, "': unsupported architecture ", archs->dump(), " (supported: ",
              supported_architectures(), ")");
@@ -383,14 +598,41 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
     for (const ArchInfo& k : kArchs) {
       if (*model_type == k.model_type) info = &k;
     }
+    TQ_CHECK(info != nullptr || *model_type != "qwen3_next", "'", source, "': ", kQwen3NextNotSupported);
     TQ_CHECK(info != nullptr, "'", source, "': unsupported model_type '", *model_type, "' (supported: ",
              supported_architectures(), ")");
   }
   c.arch = info->arch;
   c.architecture_class = info->hf_class;
 
+  // The text model's fields: the file itself, or its text_config for the multimodal wrappers (whose
+  // messages then name "text_config").
+  const json* text = &top;
+  std::string text_source = source;
+  if (info->text_model_type != nullptr) {
+    text = f_top.get("text_config");
+    TQ_CHECK(text != nullptr, "'", source, "': \"text_config\" is missing (", info->hf_class,
+             " keeps the text model's fields there)");
+    TQ_CHECK(text->is_object(), "'", source, "': \"text_config\" is ", text->dump(), ", expected an object");
+    text_source = source + " text_config";
+    const std::optional<std::string> text_type = Fields(*text, text_source).opt_string("model_type");
+    TQ_CHECK(!text_type || *text_type == info->text_model_type, "'", source, "': text_config model_type '",
+             text_type.value_or(""), "' does not match architecture ", info->hf_class, " (expected '",
+             info->text_model_type, "')");
+    c.hf_prefix = "model.language_model.";
+  }
+  const json& root = *text;
+  Fields f(root, text_source);
+
   c.hidden_size = f.positive_int("hidden_size");
-  c.intermediate_size = f.positive_int("intermediate_size");
+  // Qwen3.5-MoE has no dense MLP: its experts' width is moe_intermediate_size (default 512).
+  if (info->experts) {
+    c.intermediate_size = f.opt_int("moe_intermediate_size").value_or(512);
+    TQ_CHECK(c.intermediate_size > 0, "'", text_source, "': \"moe_intermediate_size\" is ", c.intermediate_size,
+             ", expected a positive integer");
+  } else {
+    c.intermediate_size = f.positive_int("intermediate_size");
+  }
   c.num_hidden_layers = f.positive_int("num_hidden_layers");
   check_layer_count(c.num_hidden_layers, "'" + source + "': num_hidden_layers");
   c.num_attention_heads = f.positive_int("num_attention_heads");
@@ -400,6 +642,8 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
     c.head_dim = *hd;
   } else if (c.arch == ModelArch::gpt_oss) {
     c.head_dim = 64;  // GptOssConfig's default (hidden 2880 is not heads x head_dim)
+  } else if (c.arch == ModelArch::qwen3_5) {
+    c.head_dim = 256;  // Qwen3_5TextConfig's default
   } else {
     TQ_CHECK(c.hidden_size % c.num_attention_heads == 0, "'", source, "': hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_attention_heads, " and head_dim is not given");
@@ -412,8 +656,9 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   TQ_CHECK(c.hidden_act == "silu", "'", source, "': hidden_act '", c.hidden_act,
            "' is not supported (the MLP is SwiGLU with silu)");
   c.dtype = f.opt_string("torch_dtype").value_or(f.opt_string("dtype").value_or(""));
+  if (c.dtype.empty() && &root != &top) c.dtype = f_top.opt_string("torch_dtype").value_or(f_top.opt_string("dtype").value_or(""));
 
-  parse_rope(root, source, c);
+  parse_rope(root, text_source, c);
   c.rope_layout = RopeLayout::rotate_half;  // every HF checkpoint of these classes
 
   const bool attention_bias = f.opt_bool("attention_bias").value_or(false);
@@ -435,6 +680,9 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
       // GptOssAttention: q, k, v and o all take bias=attention_bias (default true).
       c.qkv_bias = c.o_bias = f.opt_bool("attention_bias").value_or(true);
       parse_gpt_oss(root, source, c);
+      break;
+    case ModelArch::qwen3_5:
+      parse_qwen3_5(root, top, text_source, info->experts, c);
       break;
   }
 
@@ -470,6 +718,12 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   if (const std::optional<int64_t> bos = f.opt_int("bos_token_id")) c.bos_token_id = bos;
   c.eos_token_ids = f.int_or_list("eos_token_id");
   c.pad_token_id = f.opt_int("pad_token_id");
+  // The wrappers may keep the special ids at the top level only.
+  if (&root != &top) {
+    if (!c.bos_token_id) c.bos_token_id = f_top.opt_int("bos_token_id");
+    if (c.eos_token_ids.empty()) c.eos_token_ids = f_top.int_or_list("eos_token_id");
+    if (!c.pad_token_id) c.pad_token_id = f_top.opt_int("pad_token_id");
+  }
 
   check_dimensions(c);
   return c;
@@ -503,8 +757,16 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.rope_layout = RopeLayout::rotate_half;
     c.qkv_bias = c.o_bias = true;
     c.attention_sinks = true;
+  } else if (arch == "qwen35" || arch == "qwen35moe") {
+    // llama.cpp's converter keeps the HF row order of q/k (NeoX RoPE) and the per-head [q | gate] rows.
+    c.arch = ModelArch::qwen3_5;
+    c.rope_layout = RopeLayout::rotate_half;
+    c.attn_output_gate = true;
+  } else if (arch == "qwen3next") {
+    fail("'", g.path(), "': ", kQwen3NextNotSupported);
   } else {
-    fail("'", g.path(), "': unsupported GGUF architecture '", arch, "' (supported: llama, qwen2, qwen3, gpt-oss)");
+    fail("'", g.path(), "': unsupported GGUF architecture '", arch,
+         "' (supported: llama, qwen2, qwen3, gpt-oss, qwen35, qwen35moe)");
   }
   c.architecture_class = "gguf:" + arch;
   const std::string p = arch + ".";
@@ -516,10 +778,19 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   };
   c.hidden_size = positive(p + "embedding_length");
   // GPT-OSS's experts have their own width key (llama.cpp: n_ff_exp); feed_forward_length is the same.
-  c.intermediate_size = c.arch == ModelArch::gpt_oss ? positive(p + "expert_feed_forward_length")
-                                                     : positive(p + "feed_forward_length");
+  // GPT-OSS's and Qwen3.5-MoE's experts have their own width key (llama.cpp: n_ff_exp).
+  const bool expert_width = c.arch == ModelArch::gpt_oss || arch == "qwen35moe";
+  c.intermediate_size = expert_width ? positive(p + "expert_feed_forward_length") : positive(p + "feed_forward_length");
   c.num_hidden_layers = positive(p + "block_count");
   check_layer_count(c.num_hidden_layers, "'" + g.path() + "': metadata '" + p + "block_count'");
+  if (c.arch == ModelArch::qwen3_5 && g.has(p + "nextn_predict_layers")) {
+    // The converter appends the MTP blocks after the trunk and counts them in block_count.
+    c.mtp_num_hidden_layers = g.get_i64(p + "nextn_predict_layers");
+    TQ_CHECK(c.mtp_num_hidden_layers >= 0 && c.mtp_num_hidden_layers < c.num_hidden_layers, "'", g.path(),
+             "': metadata '", p, "nextn_predict_layers' is ", c.mtp_num_hidden_layers, ", expected 0 to block_count ",
+             c.num_hidden_layers, " - 1");
+    c.num_hidden_layers -= c.mtp_num_hidden_layers;
+  }
   c.num_attention_heads = positive(p + "attention.head_count");
   c.num_key_value_heads = g.has(p + "attention.head_count_kv") ? positive(p + "attention.head_count_kv")
                                                                : c.num_attention_heads;
@@ -612,6 +883,8 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     const TensorView* gate = g.tensors().find("blk.0.ffn_gate_exps.weight");
     c.experts_mxfp4 = gate != nullptr && gate->dtype == DType::mxfp4;
   }
+
+  if (c.arch == ModelArch::qwen3_5) qwen3_5_from_gguf(g, p, arch == "qwen35moe", c);
 
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!g.has(key)) return std::nullopt;

@@ -14,8 +14,10 @@ namespace tq {
 
 class GgufFile;
 
-enum class ModelArch { llama, mistral, qwen2, qwen3, gpt_oss };
-const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qwen3", "gpt_oss"
+// qwen3_5: the Qwen3.5 / Qwen3.6 hybrids (Gated DeltaNet and gated full attention), dense and MoE alike:
+// the two share every layer but the feed-forward block, so num_experts > 0 says which (as for GPT-OSS).
+enum class ModelArch { llama, mistral, qwen2, qwen3, gpt_oss, qwen3_5 };
+const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qwen3", "gpt_oss", "qwen3_5"
 
 // How RoPE pairs the coordinates of a head of dimension d (rotating the first rope_dim of them):
 //   rotate_half: (x[i], x[i + rope_dim/2])  - Hugging Face checkpoints (and Qwen GGUFs)
@@ -75,14 +77,51 @@ struct ModelConfig {
   bool qk_norm = false;             // per-head RMSNorm on q and k before RoPE (Qwen3)
   std::string hidden_act = "silu";
 
-  // Mixture of experts (GPT-OSS); num_experts == 0 means a dense MLP. intermediate_size is then
-  // each expert's width.
-  int64_t num_experts = 0;           // num_local_experts
+  // Mixture of experts (GPT-OSS, Qwen3.5-MoE); num_experts == 0 means a dense MLP. intermediate_size is
+  // then each expert's width (GPT-OSS intermediate_size, Qwen3.5 moe_intermediate_size).
+  int64_t num_experts = 0;           // num_local_experts (GPT-OSS), num_experts (Qwen3.5)
   int64_t num_experts_per_tok = 0;   // experts per token (top-k), 1..num_experts
   bool experts_mxfp4 = false;        // HF: quantization_config says mxfp4 (GGUF: the tensors' type says)
   // GPT-OSS's clamped SwiGLU: gate clamped above at swiglu_limit, up to [-limit, limit]; 0 = none.
   double swiglu_limit = 0;
   bool attention_sinks = false;      // one learned sink logit per attention head (GPT-OSS)
+  // Qwen3.5-MoE: the width of the shared expert every token also runs, its output scaled by
+  // sigmoid(shared_expert_gate(x)); 0 = no shared expert. The routed top-k weights are always
+  // renormalized to sum 1 (transformers' Qwen3_5MoeTopKRouter has no flag).
+  int64_t shared_expert_intermediate_size = 0;
+
+  // Hugging Face tensor names of the text model start with this: "model." (the *ForCausalLM classes),
+  // "model.language_model." (Qwen3_5*ForConditionalGeneration, whose vision tower is model.visual.*).
+  std::string hf_prefix = "model.";
+
+  // Qwen3.5 hybrids. Per layer, true for a Gated DeltaNet (linear attention) layer, false for a gated
+  // full-attention layer ([num_hidden_layers]; empty for every other architecture).
+  std::vector<bool> linear_layers;
+  // Full attention: q_proj emits, per head, head_dim query rows and then head_dim gate rows
+  // ([heads * head_dim * 2, hidden]); the attention output is multiplied by sigmoid(gate).
+  bool attn_output_gate = false;
+  // Gated DeltaNet: Hk key heads of dk, Hv value heads of dv (Hv a multiple of Hk: key head j serves value
+  // heads [j * Hv/Hk, (j + 1) * Hv/Hk) in Hugging Face order), a causal depthwise convolution of
+  // linear_conv_kernel_dim taps over the q | k | v channels.
+  int64_t linear_num_key_heads = 0;     // Hk
+  int64_t linear_num_value_heads = 0;   // Hv
+  int64_t linear_key_head_dim = 0;      // dk
+  int64_t linear_value_head_dim = 0;    // dv
+  int64_t linear_conv_kernel_dim = 0;   // taps (4)
+  // How the checkpoint stores what the model file must undo (Hugging Face: all true/false as noted):
+  //  norm_zero_centred: the input/post-attention/q/k/final RMSNorm weights w are applied as (1 + w)
+  //    (HF Qwen3.5: true; GGUF: false, llama.cpp's converter added the 1). Never the DeltaNet's gated
+  //    norm (linear_norm), which is plain w in both.
+  //  linear_a_negexp: the DeltaNet's a_log role holds A = -exp(A_log) itself (GGUF ssm_a) rather than
+  //    A_log (HF); the decay is then g = A * softplus(a + dt_bias).
+  //  linear_v_tiled: the value heads of the DeltaNet's v/z/b/a/dt_bias/A/out columns are in tiled order
+  //    (GGUF; see tiled_v_heads_from_grouped in weights.h), not grouped by key head (HF).
+  bool norm_zero_centred = false;
+  bool linear_a_negexp = false;
+  bool linear_v_tiled = false;
+  // Multi-token-prediction blocks the checkpoint carries (HF mtp.*, GGUF blocks past num_hidden_layers,
+  // nextn_predict_layers); never run: their tensors are ignored.
+  int64_t mtp_num_hidden_layers = 0;
 
   // Sliding-window attention as the checkpoint declares it (recorded; Mistral v0.1 uses 4096).
   std::optional<int64_t> sliding_window;
@@ -96,6 +135,13 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  // Gated DeltaNet widths: q and k channels (Hk * dk each), v channels (Hv * dv), conv channels (q | k | v).
+  int64_t linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int64_t linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
+  bool is_linear_layer(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < linear_layers.size() && linear_layers[layer];
+  }
   bool uses_sliding_window(int64_t layer) const {
     return layer >= 0 && static_cast<size_t>(layer) < sliding_layers.size() && sliding_layers[layer];
   }
@@ -116,8 +162,8 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
 // `path`: config.json or the folder holding it.
 ModelConfig load_hf_config(const std::string& path);
 
-// From GGUF metadata (general.architecture llama, qwen2, qwen3 or gpt-oss, and the <arch>.* keys) and
-// the file's tensors (tied embeddings when there is no output.weight; rope_freqs.weight).
+// From GGUF metadata (general.architecture llama, qwen2, qwen3, gpt-oss, qwen35 or qwen35moe, and the
+// <arch>.* keys) and the file's tensors (tied embeddings when there is no output.weight; rope_freqs.weight).
 ModelConfig config_from_gguf(const GgufFile& gguf);
 
 // generation_config.json: every field optional.

@@ -141,7 +141,19 @@ ExpertWeights build_expert_weights(const ModelConfig& c, const ModelWeights& w, 
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     LayerExperts& X = out.layers[l];
-    if (naming == WeightNaming::hf && L.gate_up_proj != nullptr) {
+    if (L.gate_up_exps != nullptr) {
+      // HF Qwen3.5-MoE [E][2I][H], output-major: expert e's gate is rows [0, I) of its matrix and its up
+      // rows [I, 2I), both used in place; no biases.
+      const TensorView& gu = *L.gate_up_exps;
+      const int64_t rows = gu.shape[1] / 2, cols = gu.shape[2];
+      const size_t half = static_cast<size_t>(rows) * static_cast<size_t>(gu.row_bytes());
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const uint8_t* base = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(2 * e) * half;
+        X.gate.push_back(ops::WeightView::dense(to_ops_matrix(gu.dtype), base, rows, cols));
+        X.up.push_back(ops::WeightView::dense(to_ops_matrix(gu.dtype), base + half, rows, cols));
+      }
+      X.down = gguf_views(*L.down_exps, out.repacked);  // [E][H][I]: the same in-place views as GGUF's
+    } else if (naming == WeightNaming::hf && L.gate_up_proj != nullptr) {
       // Unquantized: gate = even columns of gate_up [E][H][2I], up = odd; down [E][I][H].
       X.gate = transposed_views(*L.gate_up_proj, 0, 2, out.repacked);
       X.up = transposed_views(*L.gate_up_proj, 1, 2, out.repacked);
@@ -164,9 +176,10 @@ ExpertWeights build_expert_weights(const ModelConfig& c, const ModelWeights& w, 
       X.gate = gguf_views(*L.gate_exps, out.repacked);
       X.up = gguf_views(*L.up_exps, out.repacked);
       X.down = gguf_views(*L.down_exps, out.repacked);
-      X.gate_bias = read_tensor_f32(*L.gate_exps_bias);
-      X.up_bias = read_tensor_f32(*L.up_exps_bias);
-      X.down_bias = read_tensor_f32(*L.down_exps_bias);
+      // GPT-OSS has expert biases; Qwen3.5-MoE has none.
+      if (L.gate_exps_bias != nullptr) X.gate_bias = read_tensor_f32(*L.gate_exps_bias);
+      if (L.up_exps_bias != nullptr) X.up_bias = read_tensor_f32(*L.up_exps_bias);
+      if (L.down_exps_bias != nullptr) X.down_bias = read_tensor_f32(*L.down_exps_bias);
     }
     for (size_t e = 0; e < X.gate.size(); ++e) {
       const std::string what = "layer " + std::to_string(l) + " expert " + std::to_string(e);

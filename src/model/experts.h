@@ -1,4 +1,4 @@
-// The expert weights of mixture-of-experts layers (GPT-OSS) as the ops read them: one gate, up and
+// The expert weights of mixture-of-experts layers (GPT-OSS, Qwen3.5-MoE) as the ops read them: one gate, up and
 // down matrix per expert, each an ops::WeightView, with the biases as floats.
 //
 // MXFP4 is held in one layout for the kernels, the Hugging Face one (ops/dtype.h: a plane of
@@ -11,6 +11,9 @@
 // Unquantized HF experts (F32/F16/BF16 gate_up_proj [E, H, 2I], down_proj [E, I, H]) are stored
 // input-major (y = x @ W[e]) where a view needs [out][in] rows, so each expert's gate (even columns),
 // up (odd columns) and down are copied, transposed, into `repacked` at load, in their own dtype.
+// Qwen3.5-MoE's HF stacks (gate_up_proj [E, 2I, H] with contiguous gate | up halves, down_proj
+// [E, H, I]) are output-major already and used in place; it has no expert biases (the bias vectors
+// stay empty).
 #pragma once
 
 #include <cstdint>
@@ -27,9 +30,9 @@ struct LayerExperts {
   std::vector<ops::WeightView> gate;  // [E], each [I][H]
   std::vector<ops::WeightView> up;    // [E], each [I][H]
   std::vector<ops::WeightView> down;  // [E], each [H][I]
-  std::vector<float> gate_bias;       // [E][I]
-  std::vector<float> up_bias;         // [E][I]
-  std::vector<float> down_bias;       // [E][H]
+  std::vector<float> gate_bias;       // [E][I] (empty without biases)
+  std::vector<float> up_bias;         // [E][I] (empty without biases)
+  std::vector<float> down_bias;       // [E][H] (empty without biases)
 };
 
 struct ExpertWeights {

@@ -15,8 +15,13 @@ enum class WeightNaming { hf, gguf };
 
 // Per layer; pointers into the TensorSet, nullptr for the optional ones a config does not use.
 // Shapes are outermost first; a linear weight is [out, in].
+// Qwen3.5 (ModelArch::qwen3_5): attn_norm and ffn_norm (input_layernorm, post_attention_layernorm),
+// q_norm, k_norm and the final norm are applied as (1 + w) when config.norm_zero_centred (HF) and as w
+// when not (GGUF, where the converter added the 1); linear_norm is always w.
 struct LayerWeights {
   const TensorView* attn_norm = nullptr;  // [hidden]
+  // With attn_output_gate (Qwen3.5) wq is [heads * head_dim * 2, hidden]: per head, head_dim query rows
+  // then head_dim gate rows (interleaved per head, not [all q | all gates]).
   const TensorView* wq = nullptr;         // [heads * head_dim, hidden]
   const TensorView* wk = nullptr;         // [kv_heads * head_dim, hidden]
   const TensorView* wv = nullptr;         // [kv_heads * head_dim, hidden]
@@ -54,13 +59,45 @@ struct LayerWeights {
   // HF biases of either storage.
   const TensorView* gate_up_bias = nullptr;    // [E, 2I], interleaved like gate_up
   const TensorView* down_bias = nullptr;       // [E, H]
-  // GGUF (blk.N.ffn_*_exps): gate and up apart, MXFP4 (type 39) or any matrix type.
+  // GGUF (blk.N.ffn_*_exps): gate and up apart, MXFP4 (type 39) or any matrix type. down_exps also holds
+  // HF Qwen3.5-MoE's mlp.experts.down_proj (the same [E][out][in] layout).
   const TensorView* gate_exps = nullptr;       // [E, I, H]
   const TensorView* up_exps = nullptr;         // [E, I, H]
   const TensorView* down_exps = nullptr;       // [E, H, I]
   const TensorView* gate_exps_bias = nullptr;  // [E, I]
   const TensorView* up_exps_bias = nullptr;    // [E, I]
   const TensorView* down_exps_bias = nullptr;  // [E, H]
+  // HF Qwen3.5-MoE mlp.experts.gate_up_proj, output-major (y = W[e] x): rows [0, I) of each expert are
+  // its gate and rows [I, 2I) its up (contiguous halves, unlike GPT-OSS's interleaved columns).
+  const TensorView* gate_up_exps = nullptr;    // [E, 2I, H]
+  // Qwen3.5-MoE's shared expert (Is = shared_expert_intermediate_size), a SwiGLU every token runs, scaled
+  // by sigmoid(shared_expert_gate . x).
+  const TensorView* shared_gate = nullptr;         // [Is, H]
+  const TensorView* shared_up = nullptr;           // [Is, H]
+  const TensorView* shared_down = nullptr;         // [H, Is]
+  const TensorView* shared_expert_gate = nullptr;  // [1, H] (GGUF may store it as [H])
+
+  // Gated DeltaNet (Qwen3.5 linear_attention layers; the attention roles above are then null).
+  // Hk, Hv, dk, dv: linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+  // linear_value_head_dim; K = linear_conv_kernel_dim; conv = 2 Hk dk + Hv dv. Value heads (the v rows
+  // of linear_qkv and conv1d, the rows of linear_z / linear_b / linear_a, dt_bias, a_log, the columns of
+  // linear_out) are grouped by key head (HF) or tiled (GGUF), as config.linear_v_tiled says.
+  const TensorView* linear_qkv = nullptr;   // [conv, H]: rows q (Hk dk) | k (Hk dk) | v (Hv dv), contiguous
+  const TensorView* linear_z = nullptr;     // [Hv dv, H]: the output gate z (SiLU(z) after the norm)
+  const TensorView* linear_b = nullptr;     // [Hv, H]: beta logits (sigmoid)
+  const TensorView* linear_a = nullptr;     // [Hv, H]: decay input a (softplus(a + dt_bias))
+  const TensorView* conv1d = nullptr;       // HF [conv, 1, K]; GGUF [conv, K] (squeezed): depthwise, no bias
+  const TensorView* dt_bias = nullptr;      // [Hv]
+  const TensorView* a_log = nullptr;        // [Hv]: A_log (HF), or A = -exp(A_log) (GGUF, linear_a_negexp)
+  const TensorView* linear_norm = nullptr;  // [dv]: the gated RMSNorm's weight, plain w (not zero-centred)
+  const TensorView* linear_out = nullptr;   // [H, Hv dv]
+};
+
+// Tensors of a checkpoint that belong to parts this engine does not run (a vision tower, MTP heads),
+// left out of ModelWeights::unused and reported as one line per group.
+struct IgnoredTensors {
+  std::string what;   // "vision tower (model.visual.*)", "multi-token-prediction head (mtp.*)"
+  int64_t count = 0;  // how many tensors
 };
 
 struct ModelWeights {
@@ -71,6 +108,10 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;        // [num_hidden_layers]
   // Tensors in the set that no role uses (e.g. an old checkpoint's rotary_emb.inv_freq), to report.
   std::vector<std::string> unused;
+  // Groups of tensors known to be outside the text model, not in `unused`.
+  std::vector<IgnoredTensors> ignored;
+  // "ignored 333 tensors of the vision tower (model.visual.*), 15 of ..." ("" when none).
+  std::string ignored_note() const;
 };
 
 // Finds every tensor the config needs and checks its shape and dtype. Matrices may be F32, F16,
@@ -91,5 +132,15 @@ ModelWeights validate_weights(const ModelConfig& config, const TensorSet& tensor
 //   [n_heads * head_dim]
 // Use it to turn one layout into the other (e.g. to run a GGUF with rotate-half RoPE).
 std::vector<int64_t> interleaved_rows_from_rotate_half(int64_t n_heads, int64_t head_dim);
+
+// The value-head order llama.cpp's converter gives a Gated DeltaNet (conversion/qwen.py,
+// _LinearAttentionVReorderBase). Hugging Face groups the Hv value heads by the key head that serves
+// them: head j * r + i is the i-th of key head j (r = Hv / Hk). GGUF tiles them so that a broadcast
+// repeat of the key heads lines up: position i * Hk + j holds that same head (the converter views the
+// heads as [Hk, r] and swaps the two axes).
+// Returns, for each value head of the tiled (GGUF) order, the grouped (HF) head it holds:  [Hv]
+// Identity when Hk == Hv. Rows of width d (d = dv for v / z rows and out_proj columns, 1 for b, a,
+// dt_bias, A) follow their head: tiled row t * d + x holds grouped row result[t] * d + x.
+std::vector<int64_t> tiled_v_heads_from_grouped(int64_t num_k_heads, int64_t num_v_heads);
 
 }  // namespace tq
