@@ -91,25 +91,32 @@ void delta_rule_chunked(const DeltaRuleHead& h, DeltaRuleScratch& scratch) {
     for (size_t i = 0; i < L; ++i)
       for (size_t j = 0; j < dk; ++j) Kt[j * C + i] = K[i * h.qk_stride + j];
 
-    // A = K K^T and Aqk = Q K^T (whole: the upper parts are cleared below), then masked and decayed.
-    // D_ij = exp(G_i - G_j) <= 1 for j <= i: no overflow whatever the decays.
+    // A = K K^T and Aqk = Q K^T on and below the diagonal (row blocks of 4 stop at their last row's
+    // diagonal; what they compute above it is cleared), then masked and decayed. D_ij = exp(G_i - G_j)
+    // <= 1 for j <= i: no overflow whatever the decays.
     std::fill(A, A + L * C, 0.0f);
     std::fill(Aqk, Aqk + L * C, 0.0f);
-    gemm_acc(L, L, dk, 1.0f, K, h.qk_stride, Kt, C, A, C);
-    gemm_acc(L, L, dk, 1.0f, Q, h.qk_stride, Kt, C, Aqk, C);
+    for (size_t i0 = 0; i0 < L; i0 += 4) {
+      const size_t m = std::min<size_t>(4, L - i0), cols = i0 + m;
+      gemm_acc(m, cols, dk, false, K + i0 * h.qk_stride, h.qk_stride, Kt, C, A + i0 * C, C);
+      gemm_acc(m, cols, dk, false, Q + i0 * h.qk_stride, h.qk_stride, Kt, C, Aqk + i0 * C, C);
+    }
+    float decay[C];
     for (size_t i = 0; i < L; ++i) {
       const float beta = h.beta[(t0 + i) * h.gate_stride];
-      for (size_t j = 0; j < L; ++j) {
-        const float decay = j <= i ? std::exp(G[i] - G[j]) : 0.0f;
-        A[i * C + j] = j < i ? beta * A[i * C + j] * decay : 0.0f;
-        Aqk[i * C + j] *= decay;
-      }
+      kernels::exp_diff(G[i], G, i + 1, decay);
+      float* a = A + i * C;
+      float* aqk = Aqk + i * C;
+      for (size_t j = 0; j < i; ++j) a[j] = beta * a[j] * decay[j];
+      for (size_t j = 0; j <= i; ++j) aqk[j] *= decay[j];
+      std::fill(a + i, a + C, 0.0f);
+      std::fill(aqk + i + 1, aqk + C, 0.0f);
     }
     // T = (I + A)^-1 by forward substitution: row i = e_i - sum_{m < i} A_im T_m (T_m is zero past m).
     std::fill(T, T + L * C, 0.0f);
     for (size_t i = 0; i < L; ++i) {
       T[i * C + i] = 1.0f;
-      gemm_acc(1, i, i, -1.0f, A + i * C, C, T, C, T + i * C, C);
+      gemm_acc(1, i, i, true, A + i * C, C, T, C, T + i * C, C);
     }
     // [U | W] = T [beta v | beta exp(G) k]: the chunk's writes to the state, each corrected for the
     // earlier writes of the chunk (the WY form of the delta rule's sequential updates).
@@ -121,29 +128,36 @@ void delta_rule_chunked(const DeltaRuleHead& h, DeltaRuleScratch& scratch) {
       for (size_t j = 0; j < dv; ++j) R[i * w + j] = beta * v[j];
       for (size_t j = 0; j < dk; ++j) R[i * w + dv + j] = bk * k[j];
     }
+    // T is lower triangular: row block i0 needs R's rows up to its last row only.
     std::fill(UW, UW + L * w, 0.0f);
-    gemm_acc(L, w, L, 1.0f, T, C, R, w, UW, w);
+    for (size_t i0 = 0; i0 < L; i0 += 4) {
+      const size_t m = std::min<size_t>(4, L - i0);
+      gemm_acc(m, w, i0 + m, false, T + i0 * C, C, R, w, UW + i0 * w, w);
+    }
 
     // O = exp(G) (Q S) + Aqk V', with S the state at the chunk's start; V' = U - W S.
     for (size_t i = 0; i < L; ++i) std::fill(O + i * h.out_stride, O + i * h.out_stride + dv, 0.0f);
-    gemm_acc(L, dv, dk, 1.0f, Q, h.qk_stride, S, dv, O, h.out_stride);
+    gemm_acc(L, dv, dk, false, Q, h.qk_stride, S, dv, O, h.out_stride);
     for (size_t i = 0; i < L; ++i) {
       const float e = std::exp(G[i]);
       float* o = O + i * h.out_stride;
       for (size_t j = 0; j < dv; ++j) o[j] *= e;
     }
-    gemm_acc(L, dv, dk, -1.0f, UW + dv, w, S, dv, UW, w);
-    gemm_acc(L, dv, L, 1.0f, Aqk, C, UW, w, O, h.out_stride);
+    gemm_acc(L, dv, dk, true, UW + dv, w, S, dv, UW, w);
+    for (size_t i0 = 0; i0 < L; i0 += 4) {  // Aqk lower triangular, as T
+      const size_t m = std::min<size_t>(4, L - i0);
+      gemm_acc(m, dv, i0 + m, false, Aqk + i0 * C, C, UW, w, O + i0 * h.out_stride, h.out_stride);
+    }
 
     // S = exp(G_last) S + (exp(G_last - G) K)^T V'.
     const float last = G[L - 1];
     const float chunk_decay = std::exp(last);
     for (size_t i = 0; i < dk * dv; ++i) S[i] *= chunk_decay;
-    float to_end[C];  // exp(G_last - G_i) <= 1
-    for (size_t i = 0; i < L; ++i) to_end[i] = std::exp(last - G[i]);
+    float* to_end = decay;  // exp(G_last - G_i) <= 1
+    kernels::exp_diff(last, G, L, to_end);
     for (size_t j = 0; j < dk; ++j)
       for (size_t i = 0; i < L; ++i) Kt[j * C + i] *= to_end[i];
-    gemm_acc(dk, dv, L, 1.0f, Kt, C, UW, w, S, dv);
+    gemm_acc(dk, dv, L, false, Kt, C, UW, w, S, dv);
   }
 }
 

@@ -96,12 +96,14 @@ void delta_rule_chunked(const DeltaRuleHead& h, DeltaRuleScratch& scratch);
 void gated_rms_norm(const float* x, const float* z, const float* w, float eps, size_t n, float* y);
 
 namespace kernels {
-// C[m][n] += alpha * A[m][k] . B[k][n], row-major with leading dimensions lda, ldb, ldc (the small products
-// of the chunked delta rule).
-void gemm_acc(size_t m, size_t n, size_t k, float alpha, const float* A, size_t lda, const float* B, size_t ldb, float* C,
+// C[m][n] += A[m][k] . B[k][n] (-= with negate), row-major with leading dimensions lda, ldb, ldc (the
+// small products of the chunked delta rule).
+void gemm_acc(size_t m, size_t n, size_t k, bool negate, const float* A, size_t lda, const float* B, size_t ldb, float* C,
               size_t ldc);
 void delta_rule_recurrent(const DeltaRuleHead& h);
 void causal_conv1d_silu(const Conv1dRows& c, size_t c0, size_t c1);
+// out[j] = exp(x - y[j]).
+void exp_diff(float x, const float* y, size_t n, float* out);
 }  // namespace kernels
 
 }  // namespace tq::ops

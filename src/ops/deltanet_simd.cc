@@ -179,58 +179,82 @@ void DeltaRuleRecurrent(const DeltaRuleHead& h) {
 
 // ---------------------------------------------------------------- small matrix products
 
-// Rows [0, MR) of C += alpha A B: MR x 2 vectors of accumulators, so each B vector loaded serves MR
-// multiply-adds (4 x 2 = 8 accumulators leave room for the B vectors and broadcasts in 16 registers).
-template <size_t MR>
-void GemmRows(size_t n, size_t k, float alpha, const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc) {
+// Rows [0, MR) of C += sign A B (sign +-1: a multiply-add or its negation, no scaling of A per use):
+// MR x NB vectors of accumulators, so each B vector loaded serves MR multiply-adds. AVX-512 has 32
+// registers and takes 4 x 4 (16 accumulators, 4 B vectors, a broadcast); the 16-register targets 4 x 2.
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+constexpr size_t kGemmVectors = 4;
+#else
+constexpr size_t kGemmVectors = 2;
+#endif
+
+template <size_t MR, size_t NB, bool kNegate>
+HWY_INLINE void GemmTile(size_t k, const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  V acc[MR][NB];
+  for (size_t r = 0; r < MR; ++r)
+    for (size_t b = 0; b < NB; ++b) acc[r][b] = hn::LoadU(d, C + r * ldc + b * N);
+  for (size_t p = 0; p < k; ++p) {
+    V bv[NB];
+    for (size_t b = 0; b < NB; ++b) bv[b] = hn::LoadU(d, B + p * ldb + b * N);
+    for (size_t r = 0; r < MR; ++r) {
+      const V a = hn::Set(d, A[r * lda + p]);
+      for (size_t b = 0; b < NB; ++b) acc[r][b] = kNegate ? hn::NegMulAdd(a, bv[b], acc[r][b]) : hn::MulAdd(a, bv[b], acc[r][b]);
+    }
+  }
+  for (size_t r = 0; r < MR; ++r)
+    for (size_t b = 0; b < NB; ++b) hn::StoreU(acc[r][b], d, C + r * ldc + b * N);
+}
+
+template <size_t MR, bool kNegate>
+void GemmRows(size_t n, size_t k, const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc) {
   const D d;
   const size_t N = hn::Lanes(d);
   size_t j = 0;
-  for (; j + 2 * N <= n; j += 2 * N) {
-    V acc[MR][2];
-    for (size_t r = 0; r < MR; ++r) {
-      acc[r][0] = hn::LoadU(d, C + r * ldc + j);
-      acc[r][1] = hn::LoadU(d, C + r * ldc + j + N);
-    }
-    for (size_t p = 0; p < k; ++p) {
-      const V b0 = hn::LoadU(d, B + p * ldb + j), b1 = hn::LoadU(d, B + p * ldb + j + N);
-      for (size_t r = 0; r < MR; ++r) {
-        const V a = hn::Set(d, alpha * A[r * lda + p]);
-        acc[r][0] = hn::MulAdd(a, b0, acc[r][0]);
-        acc[r][1] = hn::MulAdd(a, b1, acc[r][1]);
-      }
-    }
-    for (size_t r = 0; r < MR; ++r) {
-      hn::StoreU(acc[r][0], d, C + r * ldc + j);
-      hn::StoreU(acc[r][1], d, C + r * ldc + j + N);
-    }
-  }
-  for (; j + N <= n; j += N) {
-    V acc[MR];
-    for (size_t r = 0; r < MR; ++r) acc[r] = hn::LoadU(d, C + r * ldc + j);
-    for (size_t p = 0; p < k; ++p) {
-      const V b0 = hn::LoadU(d, B + p * ldb + j);
-      for (size_t r = 0; r < MR; ++r) acc[r] = hn::MulAdd(hn::Set(d, alpha * A[r * lda + p]), b0, acc[r]);
-    }
-    for (size_t r = 0; r < MR; ++r) hn::StoreU(acc[r], d, C + r * ldc + j);
-  }
+  for (; j + kGemmVectors * N <= n; j += kGemmVectors * N) GemmTile<MR, kGemmVectors, kNegate>(k, A, lda, B + j, ldb, C + j, ldc);
+  for (; j + N <= n; j += N) GemmTile<MR, 1, kNegate>(k, A, lda, B + j, ldb, C + j, ldc);
   for (; j < n; ++j)
     for (size_t r = 0; r < MR; ++r) {
       float s = C[r * ldc + j];
-      for (size_t p = 0; p < k; ++p) s = std::fma(alpha * A[r * lda + p], B[p * ldb + j], s);
+      for (size_t p = 0; p < k; ++p) s = kNegate ? std::fma(-A[r * lda + p], B[p * ldb + j], s) : std::fma(A[r * lda + p], B[p * ldb + j], s);
       C[r * ldc + j] = s;
     }
 }
 
-void GemmAcc(size_t m, size_t n, size_t k, float alpha, const float* A, size_t lda, const float* B, size_t ldb, float* C,
-             size_t ldc) {
+template <bool kNegate>
+void GemmSigned(size_t m, size_t n, size_t k, const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc) {
   size_t i = 0;
-  for (; i + 4 <= m; i += 4) GemmRows<4>(n, k, alpha, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+  for (; i + 4 <= m; i += 4) GemmRows<4, kNegate>(n, k, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
   switch (m - i) {
-    case 3: GemmRows<3>(n, k, alpha, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
-    case 2: GemmRows<2>(n, k, alpha, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
-    case 1: GemmRows<1>(n, k, alpha, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
+    case 3: GemmRows<3, kNegate>(n, k, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
+    case 2: GemmRows<2, kNegate>(n, k, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
+    case 1: GemmRows<1, kNegate>(n, k, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
     default: break;
+  }
+}
+
+void GemmAcc(size_t m, size_t n, size_t k, bool negate, const float* A, size_t lda, const float* B, size_t ldb, float* C,
+             size_t ldc) {
+  if (negate)
+    GemmSigned<true>(m, n, k, A, lda, B, ldb, C, ldc);
+  else
+    GemmSigned<false>(m, n, k, A, lda, B, ldb, C, ldc);
+}
+
+// out[j] = exp(x - y[j]) (the chunked form's pairwise decays: L^2 / 2 of them per chunk and head, which
+// scalar std::exp made a quarter of the chunk's time).
+void ExpDiff(float x, const float* y, size_t n, float* out) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const V vx = hn::Set(d, x);
+  size_t j = 0;
+  for (; j + N <= n; j += N) hn::StoreU(hn::Exp(d, hn::Sub(vx, hn::LoadU(d, y + j))), d, out + j);
+  if (j < n) {
+    HWY_ALIGN float buf[kMaxLanes];
+    for (size_t l = 0; l < N; ++l) buf[l] = j + l < n ? y[j + l] : x;
+    hn::Store(hn::Exp(d, hn::Sub(vx, hn::Load(d, buf))), d, buf);
+    for (size_t l = 0; j + l < n; ++l) out[j + l] = buf[l];
   }
 }
 
@@ -244,12 +268,15 @@ namespace tq::ops::kernels {
 HWY_EXPORT(CausalConv1dSilu);
 HWY_EXPORT(DeltaRuleRecurrent);
 HWY_EXPORT(GemmAcc);
+HWY_EXPORT(ExpDiff);
+
+void exp_diff(float x, const float* y, size_t n, float* out) { HWY_DYNAMIC_DISPATCH(ExpDiff)(x, y, n, out); }
 
 void causal_conv1d_silu(const Conv1dRows& c, size_t c0, size_t c1) { HWY_DYNAMIC_DISPATCH(CausalConv1dSilu)(c, c0, c1); }
 void delta_rule_recurrent(const DeltaRuleHead& h) { HWY_DYNAMIC_DISPATCH(DeltaRuleRecurrent)(h); }
-void gemm_acc(size_t m, size_t n, size_t k, float alpha, const float* A, size_t lda, const float* B, size_t ldb, float* C,
+void gemm_acc(size_t m, size_t n, size_t k, bool negate, const float* A, size_t lda, const float* B, size_t ldb, float* C,
               size_t ldc) {
-  HWY_DYNAMIC_DISPATCH(GemmAcc)(m, n, k, alpha, A, lda, B, ldb, C, ldc);
+  HWY_DYNAMIC_DISPATCH(GemmAcc)(m, n, k, negate, A, lda, B, ldb, C, ldc);
 }
 
 }  // namespace tq::ops::kernels
