@@ -328,6 +328,18 @@ class CudaDevice final : public Device {
   void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                  AttentionStats* stats) override;
+  // Linear-attention layers have no CUDA kernels yet: these refuse (a model with Gated DeltaNet layers runs
+  // on the CPU device) rather than fall back to host code in the middle of a step.
+  void causal_conv1d_silu(LayerCache& state, const Tensor& x, const DeviceVector& weight, const Tensor& out) override {
+    ::tq::fail("causal conv1d (gated delta net) is not implemented on CUDA yet");
+  }
+  void gated_delta_net(LayerCache& state, const Tensor& qkv, const Tensor& a, const Tensor& b, const DeviceVector& A_log,
+                       const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) override {
+    ::tq::fail("gated delta net is not implemented on CUDA yet");
+  }
+  void gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) override {
+    ::tq::fail("gated RMSNorm (gated delta net) is not implemented on CUDA yet");
+  }
   void gather_output_rows(const Tensor& x, const Tensor& out) override;
   void set_logits(const Tensor& logits) override { logits_ = logits; }
   void read_logits(float* host) override;

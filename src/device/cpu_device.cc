@@ -220,6 +220,141 @@ void CpuDevice::attention(const LayerCache& cache, const Tensor& q, const Tensor
   attend(c, requests, params, c.fused() || dense ? AttentionPath::fused : AttentionPath::standard, pool_, stats);
 }
 
+// ------------------------------------------------------------------ linear attention (Gated DeltaNet)
+
+StateCache& CpuDevice::state_at_step(LayerCache& cache, const char* op) const {
+  auto* c = dynamic_cast<StateCache*>(&cache);
+  TQ_CHECK(c != nullptr, op, " runs on a linear-attention layer's state cache, got ", cache.describe());
+  for (const StepSequence& s : step().sequences) {
+    const int held = c->length(s.seq);
+    TQ_CHECK(held == s.pos0, op, ": the state of sequence ", s.seq, " holds ", held, " positions, but the step continues it from ",
+             s.pos0, " (a state cannot skip or go back; restore a snapshot)");
+  }
+  return *c;
+}
+
+void CpuDevice::causal_conv1d_silu(LayerCache& cache, const Tensor& x, const DeviceVector& weight, const Tensor& out) {
+  StateCache& c = state_at_step(cache, "causal conv1d");
+  const StateShape& shape = c.shape();
+  TQ_CHECK(x.rows == step().rows() && out.rows == x.rows && out.cols == x.cols, "causal conv1d of ", x.rows, " x ", x.cols, " into ",
+           out.rows, " x ", out.cols, " (the step has ", step().rows(), " rows)");
+  TQ_CHECK(x.cols == shape.conv_channels && weight.size == static_cast<int64_t>(shape.conv_channels) * shape.conv_kernel,
+           "causal conv1d over ", x.cols, " channels with a weight of ", weight.size, " values, for a state of ", shape.conv_channels,
+           " channels and width ", shape.conv_kernel);
+  const float* w = vectors_.at(static_cast<size_t>(weight.id)).data();
+  // Tasks of (sequence, block of channels): each channel runs its rows in order, the channels are
+  // independent, so a decode step of one sequence still spreads over the threads.
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (x.cols + kBlock - 1) / kBlock;
+  const auto& seqs = step().sequences;
+  if (seqs.empty()) return;
+  std::vector<float*> states(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) states[i] = c.conv_state(seqs[i].seq);
+  pool_.parallel_for(seqs.size() * static_cast<size_t>(blocks), [&](size_t b, size_t e, int) {
+    for (size_t task = b; task < e; ++task) {
+      const size_t i = task / static_cast<size_t>(blocks);
+      const int64_t c0 = static_cast<int64_t>(task % static_cast<size_t>(blocks)) * kBlock;
+      const StepSequence& s = seqs[i];
+      ops::Conv1dRows rows;
+      rows.x = x.row(s.row0);
+      rows.x_stride = static_cast<size_t>(x.stride);
+      rows.out = out.row(s.row0);
+      rows.out_stride = static_cast<size_t>(out.stride);
+      rows.n = static_cast<size_t>(s.n);
+      rows.channels = static_cast<size_t>(x.cols);
+      rows.kernel = shape.conv_kernel;
+      rows.weight = w;
+      rows.state = states[i];
+      ops::causal_conv1d_silu(rows, static_cast<size_t>(c0), static_cast<size_t>(std::min(x.cols, c0 + kBlock)));
+    }
+  });
+}
+
+void CpuDevice::gated_delta_net(LayerCache& cache, const Tensor& qkv, const Tensor& a, const Tensor& b, const DeviceVector& A_log,
+                                const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) {
+  StateCache& c = state_at_step(cache, "gated delta net");
+  const int Hk = shape.k_heads, Hv = shape.v_heads, dk = shape.k_dim, dv = shape.v_dim;
+  TQ_CHECK(Hk > 0 && Hv > 0 && dk > 0 && dv > 0 && Hv % Hk == 0, "gated delta net with ", Hk, " key heads and ", Hv,
+           " value heads of ", dk, " and ", dv, " (value heads must be a multiple of key heads)");
+  const int64_t rows = step().rows();
+  TQ_CHECK(qkv.rows == rows && qkv.cols == shape.qkv_width(), "gated delta net: qkv of ", qkv.rows, " x ", qkv.cols, ", expected ",
+           rows, " x ", shape.qkv_width());
+  TQ_CHECK(a.rows == rows && b.rows == rows && a.cols == Hv && b.cols == Hv, "gated delta net: a and b must be ", rows, " x ", Hv);
+  TQ_CHECK(out.rows == rows && out.cols == shape.value_width(), "gated delta net: out of ", out.rows, " x ", out.cols, ", expected ",
+           rows, " x ", shape.value_width());
+  TQ_CHECK(A_log.size == Hv && dt_bias.size == Hv, "gated delta net: A_log and dt_bias must have ", Hv, " values");
+  const StateShape& ss = c.shape();
+  TQ_CHECK(ss.state_heads == Hv && ss.state_dk == dk && ss.state_dv == dv, "gated delta net of ", Hv, " heads of ", dk, " x ", dv,
+           " on a state of ", ss.state_heads, " heads of ", ss.state_dk, " x ", ss.state_dv);
+  const float* a_log = vectors_.at(static_cast<size_t>(A_log.id)).data();
+  const float* bias = vectors_.at(static_cast<size_t>(dt_bias.id)).data();
+
+  // Per row, once (the value heads of a key head share it): q and k normalised, the gates.
+  const int64_t qk_width = 2 * shape.key_width();
+  float* qk = arena_.take(static_cast<size_t>(rows * qk_width));  // [rows][2 Hk dk]: q (scaled) | k
+  float* g = arena_.take(static_cast<size_t>(rows * Hv));         // [rows][Hv]: log-decay
+  float* beta = arena_.take(static_cast<size_t>(rows * Hv));      // [rows][Hv]
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  for_rows(pool_, rows, qk_width, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* in = qkv.row(r);
+      float* o = qk + r * qk_width;
+      for (int j = 0; j < 2 * Hk; ++j)
+        ops::l2_normalize(in + static_cast<int64_t>(j) * dk, 1e-6f, j < Hk ? q_scale : 1.0f, static_cast<size_t>(dk),
+                          o + static_cast<int64_t>(j) * dk);
+      ops::delta_rule_gates(a.row(r), b.row(r), a_log, bias, static_cast<size_t>(Hv), g + r * Hv, beta + r * Hv);
+    }
+  });
+
+  // One task per (sequence, value head): each owns its [dk][dv] state, so the tasks are independent and a
+  // sequence's result does not depend on the batch.
+  const auto& seqs = step().sequences;
+  std::vector<float*> states(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) states[i] = c.recurrent_state(seqs[i].seq);
+  if (delta_scratch_.size() < static_cast<size_t>(pool_.size())) delta_scratch_.resize(static_cast<size_t>(pool_.size()));
+  const int r = Hv / Hk;
+  pool_.parallel_for(seqs.size() * static_cast<size_t>(Hv), [&](size_t t0, size_t t1, int thread) {
+    for (size_t task = t0; task < t1; ++task) {
+      const size_t i = task / static_cast<size_t>(Hv);
+      const int h = static_cast<int>(task % static_cast<size_t>(Hv));
+      const StepSequence& s = seqs[i];
+      ops::DeltaRuleHead io;
+      io.n = static_cast<size_t>(s.n);
+      io.dk = static_cast<size_t>(dk);
+      io.dv = static_cast<size_t>(dv);
+      io.q = qk + s.row0 * qk_width + static_cast<int64_t>(h / r) * dk;
+      io.k = io.q + shape.key_width();
+      io.qk_stride = static_cast<size_t>(qk_width);
+      io.v = qkv.row(s.row0) + qk_width + static_cast<int64_t>(h) * dv;
+      io.v_stride = static_cast<size_t>(qkv.stride);
+      io.g = g + s.row0 * Hv + h;
+      io.beta = beta + s.row0 * Hv + h;
+      io.gate_stride = static_cast<size_t>(Hv);
+      io.state = states[i] + static_cast<int64_t>(h) * dk * dv;
+      io.out = out.row(s.row0) + static_cast<int64_t>(h) * dv;
+      io.out_stride = static_cast<size_t>(out.stride);
+      if (s.n == 1)
+        ops::delta_rule_recurrent(io);
+      else
+        ops::delta_rule_chunked(io, delta_scratch_[static_cast<size_t>(thread)]);
+    }
+  });
+  for (const StepSequence& s : seqs) c.advance(s.seq, s.n);
+}
+
+void CpuDevice::gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) {
+  const std::vector<float>& weight = vectors_.at(static_cast<size_t>(w.id));
+  TQ_CHECK(w.size > 0 && x.cols % w.size == 0 && z.cols == x.cols && z.rows == x.rows && out.cols == x.cols && out.rows == x.rows,
+           "gated RMSNorm of ", x.rows, " x ", x.cols, " by a gate of ", z.rows, " x ", z.cols, " and a weight of ", w.size);
+  const int64_t runs = x.cols / w.size;
+  for_rows(pool_, x.rows, x.cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < runs; ++j)
+        ops::gated_rms_norm(x.row(r) + j * w.size, z.row(r) + j * w.size, weight.data(), eps, static_cast<size_t>(w.size),
+                            out.row(r) + j * w.size);
+  });
+}
+
 // ------------------------------------------------------------------ mixture of experts
 
 Moe CpuDevice::moe_experts(const MoeWeights& w, std::string_view what) {

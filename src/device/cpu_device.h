@@ -9,6 +9,7 @@
 #include "core/aligned.h"
 #include "core/thread_pool.h"
 #include "device/device.h"
+#include "ops/deltanet.h"
 
 namespace tq {
 
@@ -40,6 +41,10 @@ class CpuDevice final : public Device {
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                  AttentionStats* stats) override;
   void moe(const Moe& experts, const Tensor& x, const Tensor& out, const MoeOptions& options) override;
+  void causal_conv1d_silu(LayerCache& state, const Tensor& x, const DeviceVector& weight, const Tensor& out) override;
+  void gated_delta_net(LayerCache& state, const Tensor& qkv, const Tensor& a, const Tensor& b, const DeviceVector& A_log,
+                       const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) override;
+  void gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) override;
   void gather_output_rows(const Tensor& x, const Tensor& out) override;
   void set_logits(const Tensor& logits) override { logits_ = logits; }
   void read_logits(float* host) override;
@@ -63,6 +68,8 @@ class CpuDevice final : public Device {
     size_t this_step_ = 0;
   };
   const KVCache& kv(const LayerCache& cache) const;
+  // The layer's StateCache, whose sequences in this step must each hold exactly pos0 positions.
+  StateCache& state_at_step(LayerCache& cache, const char* op) const;
   // A layer's experts: the views (the weights stay where they are) and copies of the biases.
   struct MoeLayer {
     Moe shape;
@@ -95,6 +102,7 @@ class CpuDevice final : public Device {
   int64_t weight_bytes_ = 0;
   Arena arena_;
   AlignedVector<float> product_;  // [rows][part rows]: a product whose output is a view or is added
+  std::vector<ops::DeltaRuleScratch> delta_scratch_;  // [threads]: the chunked delta rule's working memory
   Tensor logits_;
 };
 

@@ -93,6 +93,16 @@ Moe check_moe_weights(const MoeWeights& w, std::string_view what);
 // alpha finite, the shapes). For Device::moe's implementations.
 void check_moe_call(const Moe& m, const Tensor& x, const Tensor& out, const MoeOptions& options);
 
+// The heads of a Gated DeltaNet layer (Device::gated_delta_net). Key head j serves value heads
+// [j r, (j + 1) r), r = v_heads / k_heads (transformers' repeat_interleave order).
+struct DeltaNetShape {
+  int k_heads = 0, v_heads = 0;  // v_heads a multiple of k_heads
+  int k_dim = 0, v_dim = 0;      // dk, dv
+  int64_t key_width() const { return static_cast<int64_t>(k_heads) * k_dim; }  // q's and k's columns
+  int64_t value_width() const { return static_cast<int64_t>(v_heads) * v_dim; }
+  int64_t qkv_width() const { return 2 * key_width() + value_width(); }  // [q | k | v]
+};
+
 // The rows of parts stacked into one matrix, each part validated (ops::WeightView::validate) and of the
 // same columns; `what` names the matrix in messages. For Device::linear's implementations.
 int64_t stacked_rows(std::span<const ops::WeightView> parts, std::string_view what);
@@ -195,6 +205,28 @@ class Device {
   //   out = sum over the chosen experts in index order of w_e * y_e (+ out when accumulate).
   // Works outside run_step too (it reads nothing of the step).
   virtual void moe(const Moe& experts, const Tensor& x, const Tensor& out, const MoeOptions& options) = 0;
+  // Linear-attention (Gated DeltaNet) layers. Their cache is a StateCache: per sequence a convolution state
+  // [channels][K - 1] and a recurrent state [v_heads][dk][dv]. Both calls continue each sequence from its
+  // state, which must hold exactly the positions before the sequence's rows (length == pos0: a new
+  // sequence, or a snapshot restored at pos0); causal_conv1d_silu updates the convolution state,
+  // gated_delta_net the recurrent state and then the length (so a layer calls the convolution first).
+  // out = SiLU(causal depthwise convolution of each sequence's rows of x ([rows][channels]) by weight
+  // ([channels][K], K <= 8), the K - 1 inputs before row 0 taken from the state):
+  //   out[t][c] = silu(sum_{j < K} weight[c][j] x[t - K + 1 + j][c]). out may equal x.
+  virtual void causal_conv1d_silu(LayerCache& state, const Tensor& x, const DeviceVector& weight, const Tensor& out) = 0;
+  // The gated delta rule over each sequence's rows: qkv [rows][qkv_width] (q | k | v after the
+  // convolution), a and b [rows][v_heads], A_log and dt_bias [v_heads], out [rows][v_heads * v_dim]
+  // (must not overlap the inputs). Per row and value head h with key head j = h / r:
+  //   q = l2norm(q_j) / sqrt(dk), k = l2norm(k_j) (l2norm(x) = x / sqrt(sum x^2 + 1e-6)),
+  //   beta = sigmoid(b_h), g = -exp(A_log_h) softplus(a_h + dt_bias_h),
+  //   S_h = exp(g) S_h; delta = beta (v_h - S_h^T k); S_h += k delta^T; out_h = S_h^T q.
+  // A sequence of several rows (a prompt) runs as chunks of 64 (ops::delta_rule_chunked), one row
+  // (decode) as the recurrence: the same within float rounding.
+  virtual void gated_delta_net(LayerCache& state, const Tensor& qkv, const Tensor& a, const Tensor& b, const DeviceVector& A_log,
+                               const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) = 0;
+  // Gated RMSNorm of each run of w.size values (a row, or each head of a row):
+  //   out = x / sqrt(mean x^2 + eps) * w * silu(z)   (w plain, not 1 + w). out may equal x, not z.
+  virtual void gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) = 0;
   // out[i] = x[step().output_rows[i]]: the rows whose logits are wanted.
   virtual void gather_output_rows(const Tensor& x, const Tensor& out) = 0;
   // The logits of this step ([output rows][vocab], float32), read after run_step.

@@ -686,6 +686,11 @@ StateCache::State& StateCache::state(int seq) {
   TQ_CHECK(it != states_.end(), "no sequence ", seq, " in this state cache");
   return it->second;
 }
+const StateCache::State& StateCache::state(int seq) const {
+  auto it = states_.find(seq);
+  TQ_CHECK(it != states_.end(), "no sequence ", seq, " in this state cache");
+  return it->second;
+}
 float* StateCache::conv_state(int seq) { return state(seq).conv.data(); }
 float* StateCache::recurrent_state(int seq) { return state(seq).recurrent.data(); }
 void StateCache::reset(int seq) {
@@ -693,6 +698,30 @@ void StateCache::reset(int seq) {
   std::fill(s.conv.begin(), s.conv.end(), 0.0f);
   std::fill(s.recurrent.begin(), s.recurrent.end(), 0.0f);
   s.length = 0;
+}
+
+StateSnapshot StateCache::snapshot(int seq) const {
+  const State& s = state(seq);
+  StateSnapshot snap;
+  snap.shape_ = shape_;
+  snap.conv_ = s.conv;
+  snap.recurrent_ = s.recurrent;
+  snap.length_ = s.length;
+  return snap;
+}
+
+void StateCache::restore(int seq, const StateSnapshot& snap) {
+  const StateShape& a = snap.shape_;
+  const StateShape& b = shape_;
+  TQ_CHECK(a.conv_channels == b.conv_channels && a.conv_kernel == b.conv_kernel && a.state_heads == b.state_heads &&
+               a.state_dk == b.state_dk && a.state_dv == b.state_dv,
+           "cannot restore a snapshot of a state of conv ", a.conv_channels, "x", a.conv_kernel, ", recurrent ", a.state_heads, "x",
+           a.state_dk, "x", a.state_dv, " into a state cache of conv ", b.conv_channels, "x", b.conv_kernel, ", recurrent ",
+           b.state_heads, "x", b.state_dk, "x", b.state_dv);
+  State& s = state(seq);
+  s.conv = snap.conv_;
+  s.recurrent = snap.recurrent_;
+  s.length = snap.length_;
 }
 
 // ------------------------------------------------------------------ prompt caches

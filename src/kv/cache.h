@@ -205,6 +205,20 @@ struct StateShape {
   int state_heads = 0, state_dk = 0, state_dv = 0;
 };
 
+// A saved copy of one sequence's state (StateCache::snapshot), to go back to: a recurrent state cannot be
+// truncated, so prefix reuse and rollback restore the state saved at the position they return to.
+class StateSnapshot {
+ public:
+  int length() const { return length_; }  // positions the state held when saved
+  int64_t bytes() const { return static_cast<int64_t>((conv_.size() + recurrent_.size()) * sizeof(float)); }
+
+ private:
+  friend class StateCache;
+  StateShape shape_;
+  std::vector<float> conv_, recurrent_;
+  int length_ = 0;
+};
+
 class StateCache final : public LayerCache {
  public:
   explicit StateCache(const StateShape& shape);
@@ -220,7 +234,7 @@ class StateCache final : public LayerCache {
   void advance(int seq, int n);
   // A copy of the parent's state: a recurrent state cannot be shared.
   void fork_sequence(int parent, int child, bool copy = false) override;
-  // Only to the current length: the state holds no earlier positions to go back to.
+  // Only to the current length: the state holds no earlier positions to go back to (restore a snapshot).
   void truncate(int seq, int length) override;
   std::string truncate_problem(int seq, int length) const override;
   BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override { return {}; }
@@ -228,6 +242,10 @@ class StateCache final : public LayerCache {
   float* conv_state(int seq);       // [conv_channels][conv_kernel - 1]
   float* recurrent_state(int seq);  // [state_heads][state_dk][state_dv]
   void reset(int seq);              // zeroes both (a new prompt)
+  // A copy of the sequence's state and length now; restore() puts it back into any sequence of a cache of
+  // the same shape (its length becomes the snapshot's), so the sequence continues exactly from there.
+  StateSnapshot snapshot(int seq) const;
+  void restore(int seq, const StateSnapshot& snapshot);
 
  private:
   struct State {
@@ -235,6 +253,7 @@ class StateCache final : public LayerCache {
     int length = 0;
   };
   State& state(int seq);
+  const State& state(int seq) const;
   StateShape shape_;
   std::map<int, State> states_;
   int next_id_ = 0;

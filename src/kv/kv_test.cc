@@ -661,6 +661,48 @@ TEST(StateCache, ForkCopiesAndTruncateCannotGoBack) {
   expect_error_mentioning([&] { c.truncate(s, 3); }, "a recurrent state holds no earlier positions");
 }
 
+TEST(StateCache, SnapshotRestoreGoesBackAndTruncateStaysRefused) {
+  StateShape shape;
+  shape.conv_channels = 5;
+  shape.conv_kernel = 4;
+  shape.state_heads = 2;
+  shape.state_dk = 3;
+  shape.state_dv = 4;
+  StateCache c(shape);
+  const int s = c.add_sequence();
+  for (int i = 0; i < 15; ++i) c.conv_state(s)[i] = static_cast<float>(i);
+  for (int i = 0; i < 24; ++i) c.recurrent_state(s)[i] = static_cast<float>(100 + i);
+  c.advance(s, 32);
+  const StateSnapshot snap = c.snapshot(s);
+  EXPECT_EQ(snap.length(), 32);
+  EXPECT_EQ(snap.bytes(), (15 + 24) * 4);
+  // The state moves on; the snapshot does not.
+  c.conv_state(s)[3] = -1.0f;
+  c.recurrent_state(s)[7] = -2.0f;
+  c.advance(s, 10);
+  expect_error_mentioning([&] { c.truncate(s, 32); }, "cannot truncate sequence 0 from 42 to 32 positions");
+  EXPECT_EQ(c.truncate_problem(s, 42), "");
+  c.restore(s, snap);
+  EXPECT_EQ(c.length(s), 32);
+  EXPECT_EQ(c.conv_state(s)[3], 3.0f);
+  EXPECT_EQ(c.recurrent_state(s)[7], 107.0f);
+  // Into another sequence (prefix reuse: a new sequence starts from a saved prefix), and a fork is a copy.
+  const int t = c.add_sequence();
+  c.restore(t, snap);
+  EXPECT_EQ(c.length(t), 32);
+  EXPECT_EQ(c.recurrent_state(t)[23], 123.0f);
+  c.fork_sequence(t, 7);
+  c.recurrent_state(7)[0] = 5.0f;
+  EXPECT_EQ(c.recurrent_state(t)[0], 100.0f);
+  // A snapshot of another shape is refused, naming both.
+  StateShape other = shape;
+  other.state_dv = 8;
+  StateCache d(other);
+  const int u = d.add_sequence();
+  expect_error_mentioning([&] { d.restore(u, snap); }, "cannot restore a snapshot of a state of conv 5x4, recurrent 2x3x4");
+  expect_error_mentioning([&] { c.snapshot(99); }, "no sequence 99");
+}
+
 TEST(KVCache, BadOptionsSayWhatIsWrong) {
   TurboQuantCacheOptions o;
   o.k_bits = 9;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/half.h"
 
@@ -115,6 +116,79 @@ void add(const float* a, const float* b, float* out, size_t n) {
 
 void scale(const float* x, float s, float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] = x[i] * s;
+}
+
+
+// ---------------------------------------------------------------- Gated DeltaNet
+
+namespace {
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+}  // namespace
+
+void causal_conv1d_silu(const float* x, size_t n, size_t channels, int kernel, const float* weight, float* state, float* out) {
+  const size_t K = static_cast<size_t>(kernel), S = K - 1;
+  for (size_t c = 0; c < channels; ++c) {
+    // The channel's inputs in order: the state's K - 1, then the rows.
+    std::vector<double> in(S + n);
+    for (size_t j = 0; j < S; ++j) in[j] = state[c * S + j];
+    for (size_t t = 0; t < n; ++t) in[S + t] = x[t * channels + c];
+    for (size_t t = 0; t < n; ++t) {
+      double acc = 0;
+      for (size_t j = 0; j < K; ++j) acc += static_cast<double>(weight[c * K + j]) * in[t + j];
+      out[t * channels + c] = static_cast<float>(silu(acc));
+    }
+    for (size_t j = 0; j < S; ++j) state[c * S + j] = static_cast<float>(in[n + j]);
+  }
+}
+
+void gated_delta_rule(const float* qkv, const float* a, const float* b, const float* A_log, const float* dt_bias, size_t n,
+                      size_t k_heads, size_t v_heads, size_t dk, size_t dv, float* state, float* out) {
+  const size_t width = 2 * k_heads * dk + v_heads * dv, r = v_heads / k_heads;
+  std::vector<double> S(v_heads * dk * dv);
+  for (size_t i = 0; i < S.size(); ++i) S[i] = state[i];
+  const auto l2norm = [](const float* x, size_t d, double scale, std::vector<double>& y) {
+    double sum = 0;
+    for (size_t i = 0; i < d; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const double inv = 1.0 / std::sqrt(sum + 1e-6);
+    y.resize(d);
+    for (size_t i = 0; i < d; ++i) y[i] = x[i] * inv * scale;
+  };
+  std::vector<double> q, k, mem(dv), delta(dv);
+  for (size_t t = 0; t < n; ++t) {
+    const float* row = qkv + t * width;
+    for (size_t h = 0; h < v_heads; ++h) {
+      const size_t kh = h / r;
+      l2norm(row + kh * dk, dk, 1.0 / std::sqrt(static_cast<double>(dk)), q);
+      l2norm(row + k_heads * dk + kh * dk, dk, 1.0, k);
+      const float* v = row + 2 * k_heads * dk + h * dv;
+      const double beta = 1.0 / (1.0 + std::exp(-static_cast<double>(b[t * v_heads + h])));
+      const double x = static_cast<double>(a[t * v_heads + h]) + dt_bias[h];
+      const double softplus = x > 20.0 ? x : std::log1p(std::exp(x));
+      const double g = -std::exp(static_cast<double>(A_log[h])) * softplus;
+      double* s = S.data() + h * dk * dv;
+      for (size_t i = 0; i < dk * dv; ++i) s[i] *= std::exp(g);
+      for (size_t j = 0; j < dv; ++j) {
+        mem[j] = 0;
+        for (size_t i = 0; i < dk; ++i) mem[j] += s[i * dv + j] * k[i];
+        delta[j] = (v[j] - mem[j]) * beta;
+      }
+      for (size_t i = 0; i < dk; ++i)
+        for (size_t j = 0; j < dv; ++j) s[i * dv + j] += k[i] * delta[j];
+      for (size_t j = 0; j < dv; ++j) {
+        double o = 0;
+        for (size_t i = 0; i < dk; ++i) o += s[i * dv + j] * q[i];
+        out[t * v_heads * dv + h * dv + j] = static_cast<float>(o);
+      }
+    }
+  }
+  for (size_t i = 0; i < S.size(); ++i) state[i] = static_cast<float>(S[i]);
+}
+
+void gated_rms_norm(const float* x, const float* z, const float* w, float eps, size_t n, float* y) {
+  double sumsq = 0.0;
+  for (size_t i = 0; i < n; ++i) sumsq += static_cast<double>(x[i]) * x[i];
+  const double inv_rms = 1.0 / std::sqrt(sumsq / static_cast<double>(n) + eps);
+  for (size_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i] * inv_rms * w[i] * silu(z[i]));
 }
 
 }  // namespace tq::ops::ref
