@@ -325,6 +325,10 @@ class CudaDevice final : public Device {
   void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias, bool accumulate) override;
   void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) override;
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  // Qwen3.5's attention gate: with the Gated DeltaNet layers (not on CUDA yet either), refused clearly.
+  void sigmoid_mul(const Tensor&, const Tensor&, const Tensor&) override {
+    ::tq::fail("the sigmoid gate (Qwen3.5 attention) is not implemented on CUDA yet: run this model with --device cpu");
+  }
   void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                  AttentionStats* stats) override;

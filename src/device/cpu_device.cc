@@ -192,6 +192,19 @@ void CpuDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) 
   });
 }
 
+void CpuDevice::sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) {
+  TQ_CHECK(x.cols == gate.cols && x.cols == out.cols && x.rows == gate.rows && x.rows == out.rows, "sigmoid gate of ", x.rows,
+           " x ", x.cols, " by ", gate.rows, " x ", gate.cols);
+  for_rows(pool_, x.rows, x.cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x.row(r);
+      const float* g = gate.row(r);
+      float* o = out.row(r);
+      for (int64_t c = 0; c < x.cols; ++c) o[c] = xr[c] / (1.0f + std::exp(-g[c]));
+    }
+  });
+}
+
 void CpuDevice::append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) {
   auto* c = const_cast<KVCache*>(&kv(cache));
   for (const StepSequence& s : step().sequences)

@@ -37,6 +37,7 @@ class CpuDevice final : public Device {
   void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias, bool accumulate) override;
   void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) override;
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override;
   void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                  AttentionStats* stats) override;

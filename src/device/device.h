@@ -190,6 +190,8 @@ class Device {
   virtual void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) = 0;
   // out = silu(gate) * up.
   virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // out = x * sigmoid(gate), elementwise (Qwen3.5's gated attention output); out may equal x.
+  virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;
   // Appends each sequence's rows of k and v ([rows][kv_heads * head_dim]) to the layer's cache.
   virtual void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) = 0;
   // out = attention of each sequence's rows of q ([rows][heads * head_dim]) over its positions in the

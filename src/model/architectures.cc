@@ -3,6 +3,7 @@
 #include "model/architecture.h"
 #include "model/gpt_oss.h"
 #include "model/llama.h"
+#include "model/qwen3_5.h"
 
 namespace tq {
 
@@ -13,10 +14,7 @@ std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device
     case ModelArch::qwen2:
     case ModelArch::qwen3: return std::make_unique<Llama>(files, device);
     case ModelArch::gpt_oss: return std::make_unique<GptOss>(files, device);
-    case ModelArch::qwen3_5:
-      // Loading and validation are done (config.h, weights.h); the forward pass is not.
-      fail(files.path, ": the Qwen3.5 model file is not written yet ('", files.config.architecture_class,
-           "' loads and validates, but nothing runs it)");
+    case ModelArch::qwen3_5: return std::make_unique<Qwen35>(files, device);
   }
   fail(files.path, ": no architecture file builds '", files.config.architecture_class, "'");
 }

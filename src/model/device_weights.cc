@@ -24,6 +24,14 @@ ops::WeightView weight_view(const TensorView* t) {
   return ops::WeightView::dense(to_ops(t->dtype), t->data, t->shape.size() == 1 ? 1 : t->rows(), t->row_length());
 }
 
+ops::WeightView weight_rows(const TensorView* t, int64_t row0, int64_t rows) {
+  TQ_CHECK(t != nullptr, "internal error: a validated weight is missing");
+  TQ_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= t->rows(), "internal error: rows ", row0, "..", row0 + rows, " of '", t->name,
+           "' (", t->rows(), " rows)");
+  const auto* base = static_cast<const uint8_t*>(t->data) + static_cast<size_t>(row0) * static_cast<size_t>(t->row_bytes());
+  return ops::WeightView::dense(to_ops(t->dtype), base, rows, t->row_length());
+}
+
 std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensors) {
   std::vector<float> out;
   for (const TensorView* t : tensors) {

@@ -12,6 +12,8 @@ namespace tq {
 
 // A validated matrix (or vector, as one row) in place; throws for a dtype no product reads.
 ops::WeightView weight_view(const TensorView* t);
+// Rows [row0, row0 + rows) of a validated matrix, in place.
+ops::WeightView weight_rows(const TensorView* t, int64_t row0, int64_t rows);
 // The float values of the tensors, one after another (stacked biases); empty when all are absent.
 std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensors);
 // The same, on the device; an empty DeviceVector when all are absent.

@@ -906,12 +906,12 @@ TEST(Qwen35Gguf, UnconfirmedLayoutsAreRefused) {
 }
 
 // Loads and validates, but no model file runs it yet.
-TEST(Qwen35Weights, BuildArchitectureRefusesForNow) {
+TEST(Qwen35Weights, BuildArchitectureRefusesTheMoeVariantForNow) {
   ScratchDir dir("qwen35_arch");
   write_hf(dir.path(), true, true);
   const ModelFiles m = open_model(dir.path());
   CpuDevice device(1);
-  expect_error([&] { build_architecture(m, device); }, {"the Qwen3.5 model file is not written yet"});
+  expect_error([&] { build_architecture(m, device); }, {"the Qwen3.5-MoE model file is not written yet"});
 }
 
 }  // namespace

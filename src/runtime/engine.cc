@@ -53,7 +53,12 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   std::vector<KVCacheOptions> layer_options;
   int64_t bytes_per_position = 0;  // main tiers of all layers
   for (const LayerSpec& l : specs) {
-    TQ_CHECK(l.kind != LayerKind::linear_attention, "internal error: this runtime builds KV caches only");
+    if (l.kind == LayerKind::linear_attention) {
+      // A recurrent layer's state has a fixed size per sequence: nothing per position in the pool.
+      TQ_CHECK(!dev.is_cuda(), "this model's linear-attention (Gated DeltaNet) layers are not implemented on CUDA yet: run it with --device cpu");
+      layer_options.emplace_back();
+      continue;
+    }
     const KVCacheOptions o =
         l.kind == LayerKind::sliding_attention ? options.kv.sliding_cache_options(l.window, dev.default_block_tokens()) : full;
     const VectorFormat k(l.head_dim, o.k), v(l.head_dim, o.v);
@@ -72,6 +77,10 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
     capacity.max_tokens = static_cast<int64_t>(options.max_sequences) * ctx_;
   }
   for (size_t l = 0; l < specs.size(); ++l) {
+    if (specs[l].kind == LayerKind::linear_attention) {
+      caches_.push_back(std::make_unique<StateCache>(specs[l].state));
+      continue;
+    }
     KVCacheOptions& o = layer_options[l];
     CacheCapacity layer_capacity = capacity;
     if (capacity.max_tokens > 0) {

@@ -1,0 +1,171 @@
+#include "model/qwen3_5.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "model/device_weights.h"
+
+namespace tq {
+namespace {
+
+// A norm's weights as the device applies them (x * w): (1 + w) for zero-centred checkpoints.
+DeviceVector upload_norm(Device& dev, const TensorView* t, bool zero_centred) {
+  std::vector<float> w = tensor_floats({t});
+  if (zero_centred)
+    for (float& v : w) v += 1.0f;
+  return w.empty() ? DeviceVector{} : dev.vector(w);
+}
+
+}  // namespace
+
+Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = files.weights;
+  TQ_CHECK(c.num_experts == 0, files.path, ": the Qwen3.5-MoE model file is not written yet (the dense Qwen3.5 runs)");
+  TQ_CHECK(c.attn_output_gate, files.path, ": a Qwen3.5 model without attn_output_gate");
+  TQ_CHECK(!c.linear_v_tiled || c.linear_num_key_heads == c.linear_num_value_heads, files.path,
+           ": GGUF Qwen3.5 with its value heads in tiled order (", c.linear_num_value_heads, " value heads over ",
+           c.linear_num_key_heads, " key heads) is not supported yet; the Hugging Face folder runs");
+  hidden_ = static_cast<int>(c.hidden_size);
+  inter_ = static_cast<int>(c.intermediate_size);
+  n_heads_ = static_cast<int>(c.num_attention_heads);
+  n_kv_ = static_cast<int>(c.num_key_value_heads);
+  head_dim_ = static_cast<int>(c.head_dim);
+  q_dim_ = n_heads_ * head_dim_;
+  kv_dim_ = n_kv_ * head_dim_;
+  eps_ = static_cast<float>(c.rms_norm_eps);
+  delta_.k_heads = static_cast<int>(c.linear_num_key_heads);
+  delta_.v_heads = static_cast<int>(c.linear_num_value_heads);
+  delta_.k_dim = static_cast<int>(c.linear_key_head_dim);
+  delta_.v_dim = static_cast<int>(c.linear_value_head_dim);
+  conv_dim_ = static_cast<int>(c.linear_conv_dim());
+  conv_kernel_ = static_cast<int>(c.linear_conv_kernel_dim);
+  const bool zc = c.norm_zero_centred;
+
+  embed_ = dev.linear(weight_view(w.embed), "embed_tokens");
+  lm_head_ = w.lm_head == w.embed ? embed_ : dev.linear(weight_view(w.lm_head), "lm_head");
+  final_norm_ = upload_norm(dev, w.final_norm, zc);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const std::string layer = "layer " + std::to_string(l);
+    Layer L;
+    L.linear = c.is_linear_layer(l);
+    L.attn_norm = upload_norm(dev, lw.attn_norm, zc);
+    L.ffn_norm = upload_norm(dev, lw.ffn_norm, zc);
+    if (L.linear) {
+      const ops::WeightView in[] = {weight_view(lw.linear_qkv), weight_view(lw.linear_z), weight_view(lw.linear_b),
+                                    weight_view(lw.linear_a)};
+      L.w_in = dev.linear(in, layer + " in_proj_qkv/z/b/a");
+      L.conv = dev.vector(tensor_floats({lw.conv1d}));  // [conv][1][K] or [conv][K]: [conv][K] either way
+      std::vector<float> a_log = tensor_floats({lw.a_log});
+      if (c.linear_a_negexp)
+        for (float& a : a_log) a = std::log(-a);  // GGUF's ssm_a holds A = -exp(A_log)
+      L.a_log = dev.vector(a_log);
+      L.dt_bias = upload_floats(dev, {lw.dt_bias});
+      L.out_norm = upload_floats(dev, {lw.linear_norm});
+      L.w_out = dev.linear(weight_view(lw.linear_out), layer + " out_proj");
+    } else {
+      // Wq holds, per head, head_dim query rows then head_dim gate rows: stacked as every head's query rows,
+      // then every head's gate rows, then Wk and Wv, so that q and gate come out as contiguous columns.
+      std::vector<ops::WeightView> parts;
+      for (int gate = 0; gate < 2; ++gate)
+        for (int h = 0; h < n_heads_; ++h) parts.push_back(weight_rows(lw.wq, (2 * h + gate) * static_cast<int64_t>(head_dim_), head_dim_));
+      parts.push_back(weight_view(lw.wk));
+      parts.push_back(weight_view(lw.wv));
+      L.wqgkv = dev.linear(parts, layer + " q(+gate)/k/v_proj");
+      L.q_norm = upload_norm(dev, lw.q_norm, zc);
+      L.k_norm = upload_norm(dev, lw.k_norm, zc);
+      L.wo = dev.linear(weight_view(lw.wo), layer + " o_proj");
+      L.attention.n_heads = n_heads_;
+    }
+    const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
+    L.w_gate_up = dev.linear(gate_up, layer + " gate/up_proj");
+    L.w_down = dev.linear(weight_view(lw.w_down), layer + " down_proj");
+    layers_.push_back(std::move(L));
+  }
+  rope_ = dev.rope_table(rope_config(c));
+}
+
+std::vector<LayerSpec> Qwen35::layer_specs() const {
+  std::vector<LayerSpec> specs(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (layers_[l].linear) {
+      specs[l].kind = LayerKind::linear_attention;
+      specs[l].state = StateShape{conv_dim_, conv_kernel_, delta_.v_heads, delta_.k_dim, delta_.v_dim};
+    } else {
+      specs[l].n_kv_heads = n_kv_;
+      specs[l].head_dim = head_dim_;
+    }
+  }
+  return specs;
+}
+
+void Qwen35::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const {
+  TQ_CHECK(caches.size() == layers_.size(), "the model has ", layers_.size(), " layers, its caches ", caches.size());
+  const int n = dev.step().rows();
+  const ActType mm = dev.matmul_input();
+  const int vd = static_cast<int>(delta_.value_width()), hv = delta_.v_heads;
+  const Tensor x = dev.scratch(n, hidden_);                           // [n][hidden]: the residual stream
+  const Tensor h = dev.scratch(n, hidden_, mm);                       // [n][hidden]: a block's normed input
+  // Full attention.
+  const Tensor qgkv = dev.scratch(n, 2 * q_dim_ + 2 * kv_dim_);       // [n][q | gate | k | v]
+  const Tensor q = qgkv.columns(0, q_dim_);                           // [n][heads][head_dim]
+  const Tensor gate = qgkv.columns(q_dim_, q_dim_);                   // [n][heads][head_dim]
+  const Tensor k = qgkv.columns(2 * q_dim_, kv_dim_);                 // [n][kv_heads][head_dim]
+  const Tensor v = qgkv.columns(2 * q_dim_ + kv_dim_, kv_dim_);       // [n][kv_heads][head_dim]
+  const Tensor att = dev.scratch(n, q_dim_);                          // [n][heads][head_dim]
+  // Gated DeltaNet.
+  const Tensor in = dev.scratch(n, conv_dim_ + vd + 2 * hv);          // [n][qkv | z | b | a]
+  const Tensor qkv = in.columns(0, conv_dim_);                        // [n][q (Hk dk) | k (Hk dk) | v (Hv dv)]
+  const Tensor z = in.columns(conv_dim_, vd);                         // [n][Hv][dv]
+  const Tensor b = in.columns(conv_dim_ + vd, hv);                    // [n][Hv]
+  const Tensor a = in.columns(conv_dim_ + vd + hv, hv);               // [n][Hv]
+  const Tensor o = dev.scratch(n, vd);                                // [n][Hv][dv]
+  const Tensor o_in = dev.scratch(n, vd, mm);                         // [n][Hv][dv]: out_proj's input
+  // MLP.
+  const Tensor gate_up = dev.scratch(n, 2 * inter_);                  // [n][gate | up]
+  const Tensor act = dev.scratch(n, inter_, mm);                      // [n][intermediate]
+
+  dev.embed(embed_, x);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    LayerCache& cache = *caches[l];
+    dev.rms_norm(x, L.attn_norm, eps_, h);
+    if (L.linear) {
+      // x += Wout . (RMSNorm(o) * norm * silu(z)),  o = delta rule(SiLU(conv(h Wqkv)), a, b)
+      dev.matmul(L.w_in, h, in);
+      dev.causal_conv1d_silu(cache, qkv, L.conv, qkv);
+      dev.gated_delta_net(cache, qkv, a, b, L.a_log, L.dt_bias, o, delta_);
+      dev.gated_rms_norm(o, z, L.out_norm, eps_, o_in);
+      dev.matmul(L.w_out, o_in, x, {}, /*accumulate=*/true);
+    } else {
+      // x += Wo . (attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate))
+      dev.matmul(L.wqgkv, h, qgkv);
+      dev.rms_norm(q, L.q_norm, eps_, q);
+      dev.rms_norm(k, L.k_norm, eps_, k);
+      dev.rope(rope_, q, n_heads_, k, n_kv_);
+      dev.append_kv(cache, k, v);
+      dev.attention(cache, q, att, L.attention, attention ? &(*attention)[l] : nullptr);
+      dev.sigmoid_mul(att, gate, att);
+      dev.matmul(L.wo, att, x, {}, /*accumulate=*/true);
+    }
+    // x += Wdown . (silu(Wgate h) * (Wup h)),  h = RMSNorm(x) * ffn_norm
+    dev.rms_norm(x, L.ffn_norm, eps_, h);
+    dev.matmul(L.w_gate_up, h, gate_up);
+    dev.swiglu(gate_up.columns(0, inter_), gate_up.columns(inter_, inter_), act);
+    dev.matmul(L.w_down, act, x, {}, /*accumulate=*/true);
+  }
+
+  const int m = static_cast<int>(dev.step().output_rows.size());
+  if (m == 0) return;
+  const Tensor last = dev.scratch(m, hidden_);               // [m][hidden]
+  const Tensor last_h = dev.scratch(m, hidden_, mm);         // [m][hidden]
+  const Tensor logits = dev.scratch(m, config_.vocab_size);  // [m][vocab]
+  dev.gather_output_rows(x, last);
+  dev.rms_norm(last, final_norm_, eps_, last_h);
+  dev.matmul(lm_head_, last_h, logits);
+  dev.set_logits(logits);
+}
+
+}  // namespace tq

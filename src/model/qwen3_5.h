@@ -1,0 +1,67 @@
+// Qwen3.5 / Qwen3.6 text (dense): Gated DeltaNet layers beside gated full attention, stated once
+// (transformers' modeling_qwen3_5.py).
+//
+// Per layer l, for the batch's rows x [n][hidden]; RMSNorm weights w are applied as (1 + w) where the
+// checkpoint stores them zero-centred (HF; a GGUF has the +1 baked in), except the DeltaNet's output norm:
+//   h = RMSNorm(x) * attn_norm
+//   full attention (every 4th layer):
+//     [q | gate] = h Wq^T (per head: head_dim query rows, then head_dim gate rows), k = h Wk^T, v = h Wv^T
+//     q, k = RMSNorm per head (q_norm, k_norm), then RoPE on the first rotary_dim of each head
+//     append k, v; a = attention(q, cache) (causal, GQA); x += (a * sigmoid(gate)) Wo^T
+//   Gated DeltaNet (the other layers):
+//     [qkv | z | b | a] = h [Wqkv | Wz | Wb | Wa]^T
+//     qkv = SiLU(causal depthwise conv1d(qkv)) (width 4, the last 3 inputs carried in the state)
+//     o = gated delta rule(qkv, a, b; A_log, dt_bias) on the [Hv][dk][dv] state (device.h has it exactly)
+//     x += (RMSNorm(o) per value head * norm * SiLU(z)) Wout^T
+//   h = RMSNorm(x) * ffn_norm;  x += (silu(h Wgate^T) * (h Wup^T)) Wdown^T
+// logits = RMSNorm(x) * final_norm  Wlm^T, for the rows whose logits are asked for.
+//
+// The MoE variant (Qwen3.5-MoE / Qwen3.6-35B-A3B) and GGUF's tiled value heads are refused for now.
+#pragma once
+
+#include <vector>
+
+#include "model/architecture.h"
+
+namespace tq {
+
+class Qwen35 final : public Architecture {
+ public:
+  Qwen35(const ModelFiles& files, Device& device);
+
+  const ModelConfig& config() const override { return config_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  std::vector<LayerSpec> layer_specs() const override;
+  void forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const override;
+
+ private:
+  struct Layer {
+    bool linear = false;               // a Gated DeltaNet layer (else gated full attention)
+    DeviceVector attn_norm, ffn_norm;  // [hidden], (1 + w) already applied
+    // Full attention.
+    Linear wqgkv;                      // [2 q_dim + 2 kv_dim][hidden]: Wq's query rows, its gate rows, Wk, Wv
+    DeviceVector q_norm, k_norm;       // [head_dim], (1 + w)
+    Linear wo;                         // [hidden][q_dim]
+    AttentionParams attention;
+    // Gated DeltaNet.
+    Linear w_in;                       // [conv + Hv dv + 2 Hv][hidden]: Wqkv, Wz, Wb, Wa stacked
+    DeviceVector conv;                 // [conv][K]
+    DeviceVector a_log, dt_bias;       // [Hv]
+    DeviceVector out_norm;             // [dv], plain w
+    Linear w_out;                      // [hidden][Hv dv]
+    // MLP.
+    Linear w_gate_up;                  // [2 intermediate][hidden]
+    Linear w_down;                     // [hidden][intermediate]
+  };
+  ModelConfig config_;
+  int hidden_ = 0, inter_ = 0, n_heads_ = 0, n_kv_ = 0, head_dim_ = 0, q_dim_ = 0, kv_dim_ = 0;
+  DeltaNetShape delta_;
+  int conv_dim_ = 0, conv_kernel_ = 0;
+  float eps_ = 0;
+  std::vector<Layer> layers_;
+  Linear embed_, lm_head_;   // [vocab][hidden]
+  DeviceVector final_norm_;  // [hidden], (1 + w)
+  int rope_ = -1;
+};
+
+}  // namespace tq

@@ -1,0 +1,358 @@
+// Qwen3.5 (dense) through the engine on the CPU against a reference forward pass written here from the
+// equations of model/qwen3_5.h (transformers' modeling_qwen3_5.py): the attention layer, the norms and the
+// MLP in double precision, the Gated DeltaNet by ops::ref (the double-precision reference of the delta
+// rule, its convolution and its gated norm). A prompt of 70 tokens crosses the chunk of 64 of the device's
+// chunked delta rule. (Golden logits of transformers itself come from tools/fixtures/qwen3_5_golden.py.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/model_test_util.h"
+#include "model/writer.h"
+#include "ops/reference.h"
+#include "runtime/test_engine.h"
+
+namespace tq {
+namespace {
+
+using json = nlohmann::json;
+
+// Layers [linear, linear, linear, full]; 4 query heads and 2 KV heads of 32 (8 rotated dims); the DeltaNet
+// with 2 key heads and 4 value heads of 16 (each key head shared by 2 value heads).
+constexpr int kLayers = 4, kHidden = 64, kHeads = 4, kKv = 2, kHd = 32, kRot = 8, kInter = 96, kVocab = 48;
+constexpr int kHk = 2, kHv = 4, kDk = 16, kDv = 16, kConvK = 4;
+constexpr int kKeyW = kHk * kDk, kValW = kHv * kDv, kConvW = 2 * kKeyW + kValW;
+constexpr double kTheta = 10000000.0, kEps = 1e-6;
+
+bool is_linear(int l) { return (l + 1) % 4 != 0; }
+
+struct TinyQwen35 {
+  using Matrix = std::vector<float>;  // values exact in F32 (the file's dtype)
+  struct Layer {
+    Matrix attn_norm, ffn_norm;               // [H] zero-centred (applied as 1 + w)
+    Matrix wq, wk, wv, wo, q_norm, k_norm;    // full attention: wq [heads * 2 hd][H] (query, gate per head)
+    Matrix w_qkv, w_z, w_b, w_a, conv, a_log, dt_bias, out_norm, w_out;  // DeltaNet
+    Matrix w_gate, w_up, w_down;
+  };
+  Matrix embed, lm_head, final_norm;
+  std::vector<Layer> layers;
+
+  explicit TinyQwen35(uint64_t seed) {
+    SplitMix64 rng(seed);
+    auto normal = [&](size_t n, double scale, double base = 0) {
+      Matrix m(n);
+      for (float& v : m) v = static_cast<float>(base + scale * rng.normal());
+      return m;
+    };
+    const double s = 1.0 / std::sqrt(kHidden);
+    embed = normal(kVocab * kHidden, 1.0);
+    lm_head = normal(kVocab * kHidden, s);
+    final_norm = normal(kHidden, 0.2);
+    for (int l = 0; l < kLayers; ++l) {
+      Layer L;
+      L.attn_norm = normal(kHidden, 0.2);
+      L.ffn_norm = normal(kHidden, 0.2);
+      if (is_linear(l)) {
+        L.w_qkv = normal(kConvW * kHidden, s);
+        L.w_z = normal(kValW * kHidden, s);
+        L.w_b = normal(kHv * kHidden, s);
+        L.w_a = normal(kHv * kHidden, s);
+        L.conv = normal(kConvW * kConvK, 0.5);
+        L.a_log = Matrix(kHv);
+        for (float& v : L.a_log) v = static_cast<float>(std::log(0.5 + 7.5 * (rng.next() % 1000) / 1000.0));
+        L.dt_bias = normal(kHv, 0.5);
+        L.out_norm = normal(kDv, 0.2, 1.0);
+        L.w_out = normal(kHidden * kValW, 1.0 / std::sqrt(kValW));
+      } else {
+        L.wq = normal(kHeads * 2 * kHd * kHidden, s);
+        L.wk = normal(kKv * kHd * kHidden, s);
+        L.wv = normal(kKv * kHd * kHidden, s);
+        L.wo = normal(kHidden * kHeads * kHd, 1.0 / std::sqrt(kHeads * kHd));
+        L.q_norm = normal(kHd, 0.2);
+        L.k_norm = normal(kHd, 0.2);
+      }
+      L.w_gate = normal(kInter * kHidden, s);
+      L.w_up = normal(kInter * kHidden, s);
+      L.w_down = normal(kHidden * kInter, 1.0 / std::sqrt(kInter));
+      layers.push_back(std::move(L));
+    }
+  }
+
+  void write(const std::string& dir) const {
+    SafetensorsWriter w;
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, const Matrix& m) { w.add(name, DType::f32, std::move(shape), m); };
+    add("model.embed_tokens.weight", {kVocab, kHidden}, embed);
+    add("lm_head.weight", {kVocab, kHidden}, lm_head);
+    add("model.norm.weight", {kHidden}, final_norm);
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& L = layers[static_cast<size_t>(l)];
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      add(p + "input_layernorm.weight", {kHidden}, L.attn_norm);
+      add(p + "post_attention_layernorm.weight", {kHidden}, L.ffn_norm);
+      if (is_linear(l)) {
+        const std::string a = p + "linear_attn.";
+        add(a + "in_proj_qkv.weight", {kConvW, kHidden}, L.w_qkv);
+        add(a + "in_proj_z.weight", {kValW, kHidden}, L.w_z);
+        add(a + "in_proj_b.weight", {kHv, kHidden}, L.w_b);
+        add(a + "in_proj_a.weight", {kHv, kHidden}, L.w_a);
+        add(a + "conv1d.weight", {kConvW, 1, kConvK}, L.conv);
+        add(a + "A_log", {kHv}, L.a_log);
+        add(a + "dt_bias", {kHv}, L.dt_bias);
+        add(a + "norm.weight", {kDv}, L.out_norm);
+        add(a + "out_proj.weight", {kHidden, kValW}, L.w_out);
+      } else {
+        const std::string a = p + "self_attn.";
+        add(a + "q_proj.weight", {kHeads * 2 * kHd, kHidden}, L.wq);
+        add(a + "k_proj.weight", {kKv * kHd, kHidden}, L.wk);
+        add(a + "v_proj.weight", {kKv * kHd, kHidden}, L.wv);
+        add(a + "o_proj.weight", {kHidden, kHeads * kHd}, L.wo);
+        add(a + "q_norm.weight", {kHd}, L.q_norm);
+        add(a + "k_norm.weight", {kHd}, L.k_norm);
+      }
+      add(p + "mlp.gate_proj.weight", {kInter, kHidden}, L.w_gate);
+      add(p + "mlp.up_proj.weight", {kInter, kHidden}, L.w_up);
+      add(p + "mlp.down_proj.weight", {kHidden, kInter}, L.w_down);
+    }
+    write_bytes_to_file(dir + "/model.safetensors", w.bytes());
+    json types = json::array();
+    for (int l = 0; l < kLayers; ++l) types.push_back(is_linear(l) ? "linear_attention" : "full_attention");
+    const json config = {{"architectures", {"Qwen3_5ForCausalLM"}}, {"model_type", "qwen3_5_text"}, {"num_hidden_layers", kLayers},
+                         {"hidden_size", kHidden}, {"intermediate_size", kInter}, {"num_attention_heads", kHeads},
+                         {"num_key_value_heads", kKv}, {"head_dim", kHd}, {"layer_types", types}, {"attn_output_gate", true},
+                         {"linear_num_key_heads", kHk}, {"linear_num_value_heads", kHv}, {"linear_key_head_dim", kDk},
+                         {"linear_value_head_dim", kDv}, {"linear_conv_kernel_dim", kConvK}, {"rms_norm_eps", kEps},
+                         {"vocab_size", kVocab}, {"tie_word_embeddings", false}, {"eos_token_id", 2},
+                         {"max_position_embeddings", 4096},
+                         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", kTheta}, {"partial_rotary_factor", 0.25}}}};
+    const std::string text = config.dump();
+    write_bytes_to_file(dir + "/config.json", std::vector<uint8_t>(text.begin(), text.end()));
+  }
+
+  // ------------------------------------------------------------------ the reference forward pass
+
+  using Vec = std::vector<double>;
+  static Vec rms_norm(const Vec& x, const Matrix& w, bool zero_centred) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + kEps);
+    Vec y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = (zero_centred ? 1.0 + w[i % w.size()] : w[i % w.size()]) * x[i] * r;
+    return y;
+  }
+  static Vec linear(const Matrix& w, const Vec& x, size_t rows) {
+    Vec y(rows, 0.0);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < x.size(); ++c) y[r] += static_cast<double>(w[r * x.size() + c]) * x[c];
+    return y;
+  }
+  // Rotate-half RoPE on the first kRot dims of a head.
+  static void rope(double* head, int pos) {
+    const int half = kRot / 2;
+    for (int i = 0; i < half; ++i) {
+      const double inv = 1.0 / std::pow(kTheta, 2.0 * i / kRot);
+      const double c = std::cos(pos * inv), s = std::sin(pos * inv);
+      const double x1 = head[i], x2 = head[i + half];
+      head[i] = x1 * c - x2 * s;
+      head[i + half] = x2 * c + x1 * s;
+    }
+  }
+
+  std::vector<double> forward(const std::vector<int32_t>& tokens) const {
+    const size_t n = tokens.size();
+    std::vector<Vec> x(n);
+    for (size_t t = 0; t < n; ++t) x[t].assign(embed.begin() + tokens[t] * kHidden, embed.begin() + (tokens[t] + 1) * kHidden);
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& L = layers[static_cast<size_t>(l)];
+      std::vector<Vec> h(n);
+      for (size_t t = 0; t < n; ++t) h[t] = rms_norm(x[t], L.attn_norm, true);
+      if (is_linear(l)) {
+        // Projections, then the DeltaNet pieces through ops::ref (float in and out, double inside).
+        std::vector<float> qkv(n * kConvW), z(n * kValW), b(n * kHv), a(n * kHv), mixed(n * kConvW), o(n * kValW), y(n * kValW);
+        for (size_t t = 0; t < n; ++t) {
+          const Vec p = linear(L.w_qkv, h[t], kConvW), pz = linear(L.w_z, h[t], kValW), pb = linear(L.w_b, h[t], kHv),
+                    pa = linear(L.w_a, h[t], kHv);
+          for (int i = 0; i < kConvW; ++i) qkv[t * kConvW + i] = static_cast<float>(p[i]);
+          for (int i = 0; i < kValW; ++i) z[t * kValW + i] = static_cast<float>(pz[i]);
+          for (int i = 0; i < kHv; ++i) {
+            b[t * kHv + i] = static_cast<float>(pb[i]);
+            a[t * kHv + i] = static_cast<float>(pa[i]);
+          }
+        }
+        std::vector<float> conv_state(kConvW * (kConvK - 1), 0.0f), state(kHv * kDk * kDv, 0.0f);
+        ops::ref::causal_conv1d_silu(qkv.data(), n, kConvW, kConvK, L.conv.data(), conv_state.data(), mixed.data());
+        ops::ref::gated_delta_rule(mixed.data(), a.data(), b.data(), L.a_log.data(), L.dt_bias.data(), n, kHk, kHv, kDk, kDv,
+                                   state.data(), o.data());
+        for (size_t t = 0; t < n; ++t)
+          for (int hv = 0; hv < kHv; ++hv) {
+            const size_t at = t * kValW + static_cast<size_t>(hv) * kDv;
+            ops::ref::gated_rms_norm(o.data() + at, z.data() + at, L.out_norm.data(), static_cast<float>(kEps), kDv, y.data() + at);
+          }
+        for (size_t t = 0; t < n; ++t) {
+          const Vec yt(y.begin() + static_cast<std::ptrdiff_t>(t * kValW), y.begin() + static_cast<std::ptrdiff_t>((t + 1) * kValW));
+          const Vec out = linear(L.w_out, yt, kHidden);
+          for (int i = 0; i < kHidden; ++i) x[t][i] += out[i];
+        }
+      } else {
+        std::vector<Vec> q(n), gate(n), k(n), v(n);
+        for (size_t t = 0; t < n; ++t) {
+          const Vec qg = linear(L.wq, h[t], kHeads * 2 * kHd);
+          q[t].resize(kHeads * kHd);
+          gate[t].resize(kHeads * kHd);
+          for (int hd = 0; hd < kHeads; ++hd)
+            for (int d = 0; d < kHd; ++d) {
+              q[t][hd * kHd + d] = qg[hd * 2 * kHd + d];
+              gate[t][hd * kHd + d] = qg[hd * 2 * kHd + kHd + d];
+            }
+          k[t] = linear(L.wk, h[t], kKv * kHd);
+          v[t] = linear(L.wv, h[t], kKv * kHd);
+          for (int hd = 0; hd < kHeads; ++hd) {
+            const Vec head(q[t].begin() + hd * kHd, q[t].begin() + (hd + 1) * kHd);
+            Vec normed = rms_norm(head, L.q_norm, true);
+            rope(normed.data(), static_cast<int>(t));
+            std::copy(normed.begin(), normed.end(), q[t].begin() + hd * kHd);
+          }
+          for (int hd = 0; hd < kKv; ++hd) {
+            const Vec head(k[t].begin() + hd * kHd, k[t].begin() + (hd + 1) * kHd);
+            Vec normed = rms_norm(head, L.k_norm, true);
+            rope(normed.data(), static_cast<int>(t));
+            std::copy(normed.begin(), normed.end(), k[t].begin() + hd * kHd);
+          }
+        }
+        for (size_t t = 0; t < n; ++t) {
+          Vec att(kHeads * kHd, 0.0);
+          for (int hd = 0; hd < kHeads; ++hd) {
+            const int kv = hd / (kHeads / kKv);
+            std::vector<double> s(t + 1);
+            for (size_t j = 0; j <= t; ++j) {
+              double dot = 0;
+              for (int d = 0; d < kHd; ++d) dot += q[t][hd * kHd + d] * k[j][kv * kHd + d];
+              s[j] = dot / std::sqrt(static_cast<double>(kHd));
+            }
+            const double m = *std::max_element(s.begin(), s.end());
+            double sum = 0;
+            for (double& e : s) sum += (e = std::exp(e - m));
+            for (size_t j = 0; j <= t; ++j)
+              for (int d = 0; d < kHd; ++d) att[hd * kHd + d] += s[j] / sum * v[j][kv * kHd + d];
+          }
+          for (int i = 0; i < kHeads * kHd; ++i) att[i] *= 1.0 / (1.0 + std::exp(-gate[t][i]));
+          const Vec out = linear(L.wo, att, kHidden);
+          for (int i = 0; i < kHidden; ++i) x[t][i] += out[i];
+        }
+      }
+      for (size_t t = 0; t < n; ++t) {
+        const Vec hm = rms_norm(x[t], L.ffn_norm, true);
+        const Vec g = linear(L.w_gate, hm, kInter), u = linear(L.w_up, hm, kInter);
+        Vec act(kInter);
+        for (int i = 0; i < kInter; ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        const Vec out = linear(L.w_down, act, kHidden);
+        for (int i = 0; i < kHidden; ++i) x[t][i] += out[i];
+      }
+    }
+    std::vector<double> logits(n * kVocab);
+    for (size_t t = 0; t < n; ++t) {
+      const Vec row = linear(lm_head, rms_norm(x[t], final_norm, true), kVocab);
+      std::copy(row.begin(), row.end(), logits.begin() + static_cast<std::ptrdiff_t>(t * kVocab));
+    }
+    return logits;
+  }
+};
+
+std::vector<int32_t> random_tokens(size_t n, uint64_t seed) {
+  SplitMix64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng.next() % kVocab);
+  return t;
+}
+
+double worst_relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t p = 0; p < want.size() / kVocab; ++p) {
+    double err = 0, scale = 0;
+    for (size_t j = 0; j < kVocab; ++j) {
+      err = std::max(err, std::fabs(got[p * kVocab + j] - want[p * kVocab + j]));
+      scale = std::max(scale, std::fabs(want[p * kVocab + j]));
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
+}
+
+class Qwen35Model : public testing::Test {
+ protected:
+  void SetUp() override { model_.write(dir_.path()); }
+  testing_util::ScratchDir dir_{"qwen3_5"};
+  TinyQwen35 model_{5};
+};
+
+// The whole prompt at once (the chunked delta rule, 70 tokens = a chunk of 64 and one of 6), one token at
+// a time (the recurrence) and in chunks of 9, on 1 and 2 threads: all within 1e-4 of the reference.
+TEST_F(Qwen35Model, MatchesTheReferencePromptChunksAndDecode) {
+  const std::vector<int32_t> tokens = random_tokens(70, 11);
+  const std::vector<double> want = model_.forward(tokens);
+  for (int threads : {1, 2}) {
+    testing_util::CpuModel cpu(dir_.path(), threads);
+    EXPECT_EQ(cpu.model->config().arch, ModelArch::qwen3_5);
+    for (size_t chunk : {tokens.size(), size_t{1}, size_t{9}}) {
+      auto engine = testing_util::dense_engine(*cpu.model, "f32");
+      const std::vector<float> got = testing_util::feed_all(*engine, engine->add_sequence(), tokens, chunk);
+      EXPECT_LE(worst_relative_error(got, want), 1e-4) << "chunks of " << chunk << ", " << threads << " threads";
+    }
+  }
+}
+
+// The gate, the zero-centred norms and the delta rule's state each change the logits (so the match checks
+// them): a model whose attention gate weights are zeroed (gate 0.5 everywhere) is far off.
+TEST_F(Qwen35Model, TheAttentionGateMatters) {
+  const std::vector<int32_t> tokens = random_tokens(20, 12);
+  TinyQwen35 ungated = model_;
+  for (int hd = 0; hd < kHeads; ++hd)
+    for (int d = 0; d < kHd; ++d)
+      std::fill_n(ungated.layers[3].wq.begin() + (hd * 2 * kHd + kHd + d) * kHidden, kHidden, 0.0f);
+  const std::vector<double> a = model_.forward(tokens), b = ungated.forward(tokens);
+  EXPECT_GT(worst_relative_error(std::vector<float>(a.begin(), a.end()), b), 1e-2);
+}
+
+// A batch of sequences of different lengths, with a compressed cache on the full layer (the DeltaNet layers
+// keep their state caches): each sequence gets what it gets alone; the report names both kinds of layer.
+TEST_F(Qwen35Model, BatchEqualsAloneWithACompressedFullLayer) {
+  testing_util::CpuModel cpu(dir_.path(), 2);
+  EngineOptions o;
+  o.kv.k_bits = 8;
+  o.kv.v_bits = 8;
+  o.kv.group_size = 32;  // the test's head_dim (Qwen3.5's is 256)
+  o.kv.fused = true;
+  o.kv.resolve();
+  o.max_sequences = 3;
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(70, 21), random_tokens(5, 22), random_tokens(33, 23)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) {
+    Engine e(*cpu.model, o);
+    alone.push_back(testing_util::feed_all(e, e.add_sequence(), p, p.size()));
+  }
+  Engine batch(*cpu.model, o);
+  std::vector<BatchEntry> entries;
+  for (const auto& p : prompts) entries.push_back({batch.add_sequence(), p, -1, Logits::all});
+  const BatchOutput out = batch.forward(entries);
+  const std::vector<float> logits = batch.logits();
+  for (size_t b = 0; b < prompts.size(); ++b)
+    for (size_t i = 0; i < prompts[b].size() * kVocab; ++i)
+      ASSERT_NEAR(logits[static_cast<size_t>(out.first_row[b]) * kVocab + i], alone[b][i], 1e-4) << "sequence " << b;
+  const std::vector<LayerAttentionReport> report = batch.attention_report();
+  ASSERT_EQ(report.size(), 4u);
+  EXPECT_NE(report[3].cache.find("turboquant"), std::string::npos) << report[3].cache;
+  EXPECT_GT(report[3].stats.fused, 0);
+  // Greedy decoding in a fresh sequence continues from the state after its prompt: its first token is the
+  // argmax of that prompt's last logits.
+  batch.remove_sequence(entries[0].seq);
+  const std::vector<int32_t> next = testing_util::greedy(batch, prompts[1], 4);
+  const float* last = alone[1].data() + (prompts[1].size() - 1) * kVocab;
+  EXPECT_EQ(next[0], std::max_element(last, last + kVocab) - last);
+}
+
+}  // namespace
+}  // namespace tq
