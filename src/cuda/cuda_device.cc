@@ -942,6 +942,8 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
   TQ_CHECK(handle.id >= 0 && static_cast<size_t>(handle.id) < moes_.size(), "moe: unknown experts handle ", handle.id);
   const MoeOnDevice& m = moes_[static_cast<size_t>(handle.id)];
   check_cuda_moe_call(m.shape, x, out, o);
+  TQ_CHECK(o.up_offset == 1.0f, "the MoE kernels compute GPT-OSS's (up + 1) activation; up_offset ", o.up_offset,
+           " (Qwen3.5-MoE's plain SwiGLU) is not implemented on CUDA yet");
   if (x.rows == 0) return;
   const moe_kernels::MoeLayer layer = m.params();
   const int rows = static_cast<int>(x.rows);

@@ -193,14 +193,20 @@ void CpuDevice::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) 
 }
 
 void CpuDevice::sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) {
-  TQ_CHECK(x.cols == gate.cols && x.cols == out.cols && x.rows == gate.rows && x.rows == out.rows, "sigmoid gate of ", x.rows,
-           " x ", x.cols, " by ", gate.rows, " x ", gate.cols);
+  TQ_CHECK((x.cols == gate.cols || gate.cols == 1) && x.cols == out.cols && x.rows == gate.rows && x.rows == out.rows,
+           "sigmoid gate of ", x.rows, " x ", x.cols, " by ", gate.rows, " x ", gate.cols);
+  const bool per_row = gate.cols == 1 && x.cols > 1;
   for_rows(pool_, x.rows, x.cols, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x.row(r);
       const float* g = gate.row(r);
       float* o = out.row(r);
-      for (int64_t c = 0; c < x.cols; ++c) o[c] = xr[c] / (1.0f + std::exp(-g[c]));
+      if (per_row) {
+        const float s = 1.0f / (1.0f + std::exp(-g[0]));
+        for (int64_t c = 0; c < x.cols; ++c) o[c] = xr[c] * s;
+      } else {
+        for (int64_t c = 0; c < x.cols; ++c) o[c] = xr[c] / (1.0f + std::exp(-g[c]));
+      }
     }
   });
 }
@@ -412,12 +418,12 @@ void top_k(const float* logits, int E, int k, int32_t* chosen) {
 // GPT-OSS's clamped SwiGLU on n values, in transformers' float order:
 //   g = min(g, limit); u = clamp(u, -limit, limit); h = (u + 1) * (g * sigmoid(g * alpha)), sigmoid(t) = 1 / (1 + exp(-t)).
 // h may equal g. NaN stays NaN (std::min / std::clamp return it, as torch.clamp does).
-void clamped_swiglu(float* g, const float* u, float* h, size_t n, float limit, float alpha) {
+void clamped_swiglu(float* g, const float* u, float* h, size_t n, float limit, float alpha, float up_offset) {
   for (size_t i = 0; i < n; ++i) {
     const float gi = std::min(g[i], limit);
     const float ui = std::clamp(u[i], -limit, limit);
     const float sigmoid = 1.0f / (1.0f + std::exp(-(gi * alpha)));
-    h[i] = (ui + 1.0f) * (gi * sigmoid);
+    h[i] = (ui + up_offset) * (gi * sigmoid);
   }
 }
 
@@ -497,7 +503,7 @@ void CpuDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, const
       parts.push_back({L.up[static_cast<size_t>(e)], s.up.data() + i * I, 0, bias_of(L.up_bias, e, I)});
     }
     ops::matmul_parts(parts, xp, 1, pool_);
-    clamped_swiglu(s.gate.data(), s.up.data(), s.gate.data(), experts.size() * I, o.limit, o.alpha);
+    clamped_swiglu(s.gate.data(), s.up.data(), s.gate.data(), experts.size() * I, o.limit, o.alpha, o.up_offset);
     for (size_t i = 0; i < experts.size(); ++i) {
       const int e = experts[i];
       ops::matvec(L.down[static_cast<size_t>(e)], s.gate.data() + i * I, s.ye.data(), pool_, bias_of(L.down_bias, e, H));
@@ -519,7 +525,7 @@ void CpuDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, const
       ops::matmul_parts(parts, s.xe.data(), rows, pool_);
       for_rows(pool_, m, static_cast<int64_t>(I), [&](int64_t r0, int64_t r1) {
         const size_t off = static_cast<size_t>(r0) * I, count = static_cast<size_t>(r1 - r0) * I;
-        clamped_swiglu(s.gate.data() + off, s.up.data() + off, s.gate.data() + off, count, o.limit, o.alpha);
+        clamped_swiglu(s.gate.data() + off, s.up.data() + off, s.gate.data() + off, count, o.limit, o.alpha, o.up_offset);
       });
       ops::matmul(L.down[static_cast<size_t>(e)], s.gate.data(), rows, s.ye.data(), pool_, bias_of(L.down_bias, e, H));
       // Experts in index order, so each row's sum runs over its experts in index order (as the decode path).

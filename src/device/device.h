@@ -83,6 +83,8 @@ struct MoeOptions {
   int top_k = 0;          // experts per row, 1..E
   float limit = 0;        // clamp: gate to (-inf, limit], up to [-limit, limit]; must be > 0 (infinity: none)
   float alpha = 1.702f;   // the sigmoid's slope
+  float up_offset = 1.0f; // h = (up + up_offset) * gate * sigmoid(alpha gate): GPT-OSS's 1; 0 with alpha 1 and no
+                          // limit is the plain SwiGLU silu(gate) * up (Qwen3.5-MoE)
   bool accumulate = false;  // out += the layer's output (the residual) instead of out = it
 };
 
@@ -190,7 +192,8 @@ class Device {
   virtual void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) = 0;
   // out = silu(gate) * up.
   virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-  // out = x * sigmoid(gate), elementwise (Qwen3.5's gated attention output); out may equal x.
+  // out = x * sigmoid(gate), elementwise (Qwen3.5's gated attention output), or with gate [rows][1] one
+  // sigmoid per row (Qwen3.5-MoE's shared-expert gate); out may equal x.
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;
   // Appends each sequence's rows of k and v ([rows][kv_heads * head_dim]) to the layer's cache.
   virtual void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) = 0;
@@ -202,7 +205,7 @@ class Device {
   // Mixture of experts over every row of x ([rows][H]) into out ([rows][H]; may not overlap x). Per row:
   //   logits = x . router^T + router_bias; the top_k largest (lower index first on ties); w = softmax of those k
   //   per chosen expert e: g = x . gate_e^T + gate_bias_e, u = x . up_e^T + up_bias_e,
-  //     g = min(g, limit), u = clamp(u, -limit, limit), h = (u + 1) * g * sigmoid(alpha * g),
+  //     g = min(g, limit), u = clamp(u, -limit, limit), h = (u + up_offset) * g * sigmoid(alpha * g),
   //     y_e = h . down_e^T + down_bias_e
   //   out = sum over the chosen experts in index order of w_e * y_e (+ out when accumulate).
   // Works outside run_step too (it reads nothing of the step).

@@ -24,6 +24,7 @@ GptOss::GptOss(const ModelFiles& files, Device& dev) : config_(files.config) {
   // swiglu_limit 0 means no clamp; Device::moe takes infinity for that.
   moe_options_.limit = c.swiglu_limit > 0 ? static_cast<float>(c.swiglu_limit) : std::numeric_limits<float>::infinity();
   moe_options_.alpha = 1.702f;  // GptOssExperts.alpha, fixed in transformers and the reference
+  moe_options_.up_offset = 1.0f;  // (up + 1) * gate * sigmoid(alpha gate)
   moe_options_.accumulate = true;
 
   embed_ = dev.linear(weight_view(w.embed), "embed_tokens");

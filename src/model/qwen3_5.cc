@@ -1,6 +1,7 @@
 #include "model/qwen3_5.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -22,7 +23,6 @@ DeviceVector upload_norm(Device& dev, const TensorView* t, bool zero_centred) {
 Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
   const ModelConfig& c = config_;
   const ModelWeights& w = files.weights;
-  TQ_CHECK(c.num_experts == 0, files.path, ": the Qwen3.5-MoE model file is not written yet (the dense Qwen3.5 runs)");
   TQ_CHECK(c.attn_output_gate, files.path, ": a Qwen3.5 model without attn_output_gate");
   TQ_CHECK(!c.linear_v_tiled || c.linear_num_key_heads == c.linear_num_value_heads, files.path,
            ": GGUF Qwen3.5 with its value heads in tiled order (", c.linear_num_value_heads, " value heads over ",
@@ -42,6 +42,17 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
   conv_dim_ = static_cast<int>(c.linear_conv_dim());
   conv_kernel_ = static_cast<int>(c.linear_conv_kernel_dim);
   const bool zc = c.norm_zero_centred;
+  moe_ = c.num_experts > 0;
+  if (moe_) {
+    TQ_CHECK(c.shared_expert_intermediate_size > 0, files.path, ": a Qwen3.5-MoE model without its shared expert");
+    moe_options_.top_k = static_cast<int>(c.num_experts_per_tok);
+    moe_options_.limit = std::numeric_limits<float>::infinity();  // no clamp
+    moe_options_.alpha = 1.0f;
+    moe_options_.up_offset = 0.0f;  // silu(gate) * up
+    moe_options_.accumulate = true;
+    expert_weights_ = build_expert_weights(c, w, files.naming);
+    inter_ = static_cast<int>(c.shared_expert_intermediate_size);  // the dense products below are the shared expert's
+  }
 
   embed_ = dev.linear(weight_view(w.embed), "embed_tokens");
   lm_head_ = w.lm_head == w.embed ? embed_ : dev.linear(weight_view(w.lm_head), "lm_head");
@@ -79,9 +90,23 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
       L.wo = dev.linear(weight_view(lw.wo), layer + " o_proj");
       L.attention.n_heads = n_heads_;
     }
-    const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
-    L.w_gate_up = dev.linear(gate_up, layer + " gate/up_proj");
-    L.w_down = dev.linear(weight_view(lw.w_down), layer + " down_proj");
+    if (moe_) {
+      const LayerExperts& X = expert_weights_.layers[static_cast<size_t>(l)];
+      MoeWeights mw;
+      mw.router = weight_view(lw.router);
+      mw.gate = X.gate;
+      mw.up = X.up;
+      mw.down = X.down;
+      L.experts = dev.moe_experts(mw, layer + " experts");
+      const ops::WeightView shared[] = {weight_view(lw.shared_gate), weight_view(lw.shared_up)};
+      L.w_gate_up = dev.linear(shared, layer + " shared_expert gate/up_proj");
+      L.w_down = dev.linear(weight_view(lw.shared_down), layer + " shared_expert down_proj");
+      L.w_shared_gate = dev.linear(weight_view(lw.shared_expert_gate), layer + " shared_expert_gate");
+    } else {
+      const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
+      L.w_gate_up = dev.linear(gate_up, layer + " gate/up_proj");
+      L.w_down = dev.linear(weight_view(lw.w_down), layer + " down_proj");
+    }
     layers_.push_back(std::move(L));
   }
   rope_ = dev.rope_table(rope_config(c));
@@ -123,9 +148,12 @@ void Qwen35::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cach
   const Tensor a = in.columns(conv_dim_ + vd + hv, hv);               // [n][Hv]
   const Tensor o = dev.scratch(n, vd);                                // [n][Hv][dv]
   const Tensor o_in = dev.scratch(n, vd, mm);                         // [n][Hv][dv]: out_proj's input
-  // MLP.
+  // MLP (dense, or the shared expert's).
   const Tensor gate_up = dev.scratch(n, 2 * inter_);                  // [n][gate | up]
   const Tensor act = dev.scratch(n, inter_, mm);                      // [n][intermediate]
+  // MoE: its input stays float32 (the router's top-k is discontinuous), and the shared expert's gate logit.
+  const Tensor hm = moe_ ? dev.scratch(n, hidden_) : Tensor{};        // [n][hidden]
+  const Tensor shared_logit = moe_ ? dev.scratch(n, 1) : Tensor{};    // [n][1]
 
   dev.embed(embed_, x);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -150,10 +178,17 @@ void Qwen35::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cach
       dev.sigmoid_mul(att, gate, att);
       dev.matmul(L.wo, att, x, {}, /*accumulate=*/true);
     }
-    // x += Wdown . (silu(Wgate h) * (Wup h)),  h = RMSNorm(x) * ffn_norm
+    // x += Wdown . (silu(Wgate h) * (Wup h)),  h = RMSNorm(x) * ffn_norm  (MoE: the routed experts, and
+    // the shared expert's act scaled by sigmoid(h . w_sg) before its down product, which is linear)
     dev.rms_norm(x, L.ffn_norm, eps_, h);
+    if (moe_) {
+      dev.rms_norm(x, L.ffn_norm, eps_, hm);
+      dev.moe(L.experts, hm, x, moe_options_);
+      dev.matmul(L.w_shared_gate, h, shared_logit);
+    }
     dev.matmul(L.w_gate_up, h, gate_up);
     dev.swiglu(gate_up.columns(0, inter_), gate_up.columns(inter_, inter_), act);
+    if (moe_) dev.sigmoid_mul(act, shared_logit, act);
     dev.matmul(L.w_down, act, x, {}, /*accumulate=*/true);
   }
 

@@ -13,15 +13,20 @@
 //     qkv = SiLU(causal depthwise conv1d(qkv)) (width 4, the last 3 inputs carried in the state)
 //     o = gated delta rule(qkv, a, b; A_log, dt_bias) on the [Hv][dk][dv] state (device.h has it exactly)
 //     x += (RMSNorm(o) per value head * norm * SiLU(z)) Wout^T
-//   h = RMSNorm(x) * ffn_norm;  x += (silu(h Wgate^T) * (h Wup^T)) Wdown^T
+//   h = RMSNorm(x) * ffn_norm
+//   dense: x += (silu(h Wgate^T) * (h Wup^T)) Wdown^T
+//   MoE (Qwen3.5-MoE, Qwen3.6-35B-A3B): r = h Wr^T (no bias), the top-k of r, w = softmax over those k (the
+//     same as softmax over all, then renormalised); x += sum_e w_e (silu(h Wgate_e^T) * (h Wup_e^T)) Wdown_e^T
+//     + sigmoid(h . w_sg) (silu(h Wsgate^T) * (h Wsup^T)) Wsdown^T (the shared expert and its gate)
 // logits = RMSNorm(x) * final_norm  Wlm^T, for the rows whose logits are asked for.
 //
-// The MoE variant (Qwen3.5-MoE / Qwen3.6-35B-A3B) and GGUF's tiled value heads are refused for now.
+// GGUF's tiled value heads (Hk != Hv) are refused for now.
 #pragma once
 
 #include <vector>
 
 #include "model/architecture.h"
+#include "model/experts.h"
 
 namespace tq {
 
@@ -49,14 +54,19 @@ class Qwen35 final : public Architecture {
     DeviceVector a_log, dt_bias;       // [Hv]
     DeviceVector out_norm;             // [dv], plain w
     Linear w_out;                      // [hidden][Hv dv]
-    // MLP.
-    Linear w_gate_up;                  // [2 intermediate][hidden]
+    // MLP (dense), or the experts and the shared expert (MoE).
+    Linear w_gate_up;                  // [2 intermediate][hidden] (the shared expert's, with MoE)
     Linear w_down;                     // [hidden][intermediate]
+    Moe experts;                       // router + E experts (MoE)
+    Linear w_shared_gate;              // [1][hidden]: the shared expert's gate logit (MoE)
   };
   ModelConfig config_;
   int hidden_ = 0, inter_ = 0, n_heads_ = 0, n_kv_ = 0, head_dim_ = 0, q_dim_ = 0, kv_dim_ = 0;
   DeltaNetShape delta_;
   int conv_dim_ = 0, conv_kernel_ = 0;
+  bool moe_ = false;
+  MoeOptions moe_options_;
+  ExpertWeights expert_weights_;  // the views the device's experts were built from
   float eps_ = 0;
   std::vector<Layer> layers_;
   Linear embed_, lm_head_;   // [vocab][hidden]

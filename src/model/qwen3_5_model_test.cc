@@ -28,6 +28,8 @@ constexpr int kLayers = 4, kHidden = 64, kHeads = 4, kKv = 2, kHd = 32, kRot = 8
 constexpr int kHk = 2, kHv = 4, kDk = 16, kDv = 16, kConvK = 4;
 constexpr int kKeyW = kHk * kDk, kValW = kHv * kDv, kConvW = 2 * kKeyW + kValW;
 constexpr double kTheta = 10000000.0, kEps = 1e-6;
+// The MoE variant: 4 experts of 32 top-2 and a shared expert of 48.
+constexpr int kExperts = 4, kTopK = 2, kExpertI = 32, kSharedI = 48;
 
 bool is_linear(int l) { return (l + 1) % 4 != 0; }
 
@@ -37,12 +39,14 @@ struct TinyQwen35 {
     Matrix attn_norm, ffn_norm;               // [H] zero-centred (applied as 1 + w)
     Matrix wq, wk, wv, wo, q_norm, k_norm;    // full attention: wq [heads * 2 hd][H] (query, gate per head)
     Matrix w_qkv, w_z, w_b, w_a, conv, a_log, dt_bias, out_norm, w_out;  // DeltaNet
-    Matrix w_gate, w_up, w_down;
+    Matrix w_gate, w_up, w_down;        // dense MLP, or the shared expert's (MoE)
+    Matrix router, experts_gate_up, experts_down, shared_gate_w;  // MoE: [E][H], [E][2I][H], [E][H][I], [1][H]
   };
   Matrix embed, lm_head, final_norm;
   std::vector<Layer> layers;
+  bool moe = false;
 
-  explicit TinyQwen35(uint64_t seed) {
+  explicit TinyQwen35(uint64_t seed, bool with_experts = false) : moe(with_experts) {
     SplitMix64 rng(seed);
     auto normal = [&](size_t n, double scale, double base = 0) {
       Matrix m(n);
@@ -76,9 +80,16 @@ struct TinyQwen35 {
         L.q_norm = normal(kHd, 0.2);
         L.k_norm = normal(kHd, 0.2);
       }
-      L.w_gate = normal(kInter * kHidden, s);
-      L.w_up = normal(kInter * kHidden, s);
-      L.w_down = normal(kHidden * kInter, 1.0 / std::sqrt(kInter));
+      const int inter = moe ? kSharedI : kInter;
+      L.w_gate = normal(inter * kHidden, s);
+      L.w_up = normal(inter * kHidden, s);
+      L.w_down = normal(kHidden * inter, 1.0 / std::sqrt(inter));
+      if (moe) {
+        L.router = normal(kExperts * kHidden, 2.0 * s);
+        L.experts_gate_up = normal(static_cast<size_t>(kExperts) * 2 * kExpertI * kHidden, s);
+        L.experts_down = normal(static_cast<size_t>(kExperts) * kHidden * kExpertI, 1.0 / std::sqrt(kExpertI));
+        L.shared_gate_w = normal(kHidden, s);
+      }
       layers.push_back(std::move(L));
     }
   }
@@ -114,14 +125,25 @@ struct TinyQwen35 {
         add(a + "q_norm.weight", {kHd}, L.q_norm);
         add(a + "k_norm.weight", {kHd}, L.k_norm);
       }
-      add(p + "mlp.gate_proj.weight", {kInter, kHidden}, L.w_gate);
-      add(p + "mlp.up_proj.weight", {kInter, kHidden}, L.w_up);
-      add(p + "mlp.down_proj.weight", {kHidden, kInter}, L.w_down);
+      if (moe) {
+        add(p + "mlp.gate.weight", {kExperts, kHidden}, L.router);
+        add(p + "mlp.experts.gate_up_proj", {kExperts, 2 * kExpertI, kHidden}, L.experts_gate_up);
+        add(p + "mlp.experts.down_proj", {kExperts, kHidden, kExpertI}, L.experts_down);
+        add(p + "mlp.shared_expert.gate_proj.weight", {kSharedI, kHidden}, L.w_gate);
+        add(p + "mlp.shared_expert.up_proj.weight", {kSharedI, kHidden}, L.w_up);
+        add(p + "mlp.shared_expert.down_proj.weight", {kHidden, kSharedI}, L.w_down);
+        add(p + "mlp.shared_expert_gate.weight", {1, kHidden}, L.shared_gate_w);
+      } else {
+        add(p + "mlp.gate_proj.weight", {kInter, kHidden}, L.w_gate);
+        add(p + "mlp.up_proj.weight", {kInter, kHidden}, L.w_up);
+        add(p + "mlp.down_proj.weight", {kHidden, kInter}, L.w_down);
+      }
     }
     write_bytes_to_file(dir + "/model.safetensors", w.bytes());
     json types = json::array();
     for (int l = 0; l < kLayers; ++l) types.push_back(is_linear(l) ? "linear_attention" : "full_attention");
-    const json config = {{"architectures", {"Qwen3_5ForCausalLM"}}, {"model_type", "qwen3_5_text"}, {"num_hidden_layers", kLayers},
+    json config = {{"architectures", {moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"}},
+                         {"model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text"}, {"num_hidden_layers", kLayers},
                          {"hidden_size", kHidden}, {"intermediate_size", kInter}, {"num_attention_heads", kHeads},
                          {"num_key_value_heads", kKv}, {"head_dim", kHd}, {"layer_types", types}, {"attn_output_gate", true},
                          {"linear_num_key_heads", kHk}, {"linear_num_value_heads", kHv}, {"linear_key_head_dim", kDk},
@@ -129,6 +151,13 @@ struct TinyQwen35 {
                          {"vocab_size", kVocab}, {"tie_word_embeddings", false}, {"eos_token_id", 2},
                          {"max_position_embeddings", 4096},
                          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", kTheta}, {"partial_rotary_factor", 0.25}}}};
+    if (moe) {
+      config.erase("intermediate_size");
+      config["num_experts"] = kExperts;
+      config["num_experts_per_tok"] = kTopK;
+      config["moe_intermediate_size"] = kExpertI;
+      config["shared_expert_intermediate_size"] = kSharedI;
+    }
     const std::string text = config.dump();
     write_bytes_to_file(dir + "/config.json", std::vector<uint8_t>(text.begin(), text.end()));
   }
@@ -244,12 +273,44 @@ struct TinyQwen35 {
           for (int i = 0; i < kHidden; ++i) x[t][i] += out[i];
         }
       }
+      const int inter = moe ? kSharedI : kInter;
       for (size_t t = 0; t < n; ++t) {
         const Vec hm = rms_norm(x[t], L.ffn_norm, true);
-        const Vec g = linear(L.w_gate, hm, kInter), u = linear(L.w_up, hm, kInter);
-        Vec act(kInter);
-        for (int i = 0; i < kInter; ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-        const Vec out = linear(L.w_down, act, kHidden);
+        const Vec g = linear(L.w_gate, hm, inter), u = linear(L.w_up, hm, inter);
+        Vec act(inter);
+        for (int i = 0; i < inter; ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        Vec out = linear(L.w_down, act, kHidden);
+        if (moe) {
+          // The shared expert's gate, then softmax over all experts, the top-k renormalised.
+          const double sg = 1.0 / (1.0 + std::exp(-linear(L.shared_gate_w, hm, 1)[0]));
+          for (double& o : out) o *= sg;
+          const Vec r = linear(L.router, hm, kExperts);
+          std::vector<int> order(kExperts);
+          for (int e = 0; e < kExperts; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return r[a] > r[b]; });
+          const double mr = r[order[0]];
+          double all = 0, chosen = 0;
+          for (int e = 0; e < kExperts; ++e) all += std::exp(r[e] - mr);
+          for (int k = 0; k < kTopK; ++k) chosen += std::exp(r[order[k]] - mr) / all;
+          for (int k = 0; k < kTopK; ++k) {
+            const int e = order[k];
+            const double weight = std::exp(r[e] - mr) / all / chosen;
+            Vec ea(kExpertI);
+            for (int i = 0; i < kExpertI; ++i) {
+              double ge = 0, ue = 0;
+              for (int c = 0; c < kHidden; ++c) {
+                ge += L.experts_gate_up[(static_cast<size_t>(e) * 2 * kExpertI + i) * kHidden + c] * hm[c];
+                ue += L.experts_gate_up[(static_cast<size_t>(e) * 2 * kExpertI + kExpertI + i) * kHidden + c] * hm[c];
+              }
+              ea[i] = ge / (1.0 + std::exp(-ge)) * ue;
+            }
+            for (int o = 0; o < kHidden; ++o) {
+              double y = 0;
+              for (int i = 0; i < kExpertI; ++i) y += L.experts_down[(static_cast<size_t>(e) * kHidden + o) * kExpertI + i] * ea[i];
+              out[o] += weight * y;
+            }
+          }
+        }
         for (int i = 0; i < kHidden; ++i) x[t][i] += out[i];
       }
     }
@@ -352,6 +413,23 @@ TEST_F(Qwen35Model, BatchEqualsAloneWithACompressedFullLayer) {
   const std::vector<int32_t> next = testing_util::greedy(batch, prompts[1], 4);
   const float* last = alone[1].data() + (prompts[1].size() - 1) * kVocab;
   EXPECT_EQ(next[0], std::max_element(last, last + kVocab) - last);
+}
+
+// Qwen3.5-MoE: the routed experts (softmax top-k renormalised, contiguous gate | up halves, plain SwiGLU)
+// and the shared expert with its sigmoid gate, prompt and decode, against the reference.
+TEST(Qwen35MoeModel, MatchesTheReferencePromptAndDecode) {
+  testing_util::ScratchDir dir("qwen3_5_moe");
+  const TinyQwen35 model(6, /*with_experts=*/true);
+  model.write(dir.path());
+  const std::vector<int32_t> tokens = random_tokens(70, 13);
+  const std::vector<double> want = model.forward(tokens);
+  testing_util::CpuModel cpu(dir.path(), 2);
+  EXPECT_GT(cpu.model->config().num_experts, 0);
+  for (size_t chunk : {tokens.size(), size_t{1}}) {
+    auto engine = testing_util::dense_engine(*cpu.model, "f32");
+    const std::vector<float> got = testing_util::feed_all(*engine, engine->add_sequence(), tokens, chunk);
+    EXPECT_LE(worst_relative_error(got, want), 1e-4) << "chunks of " << chunk;
+  }
 }
 
 }  // namespace
