@@ -83,9 +83,9 @@ struct MoeOptions {
   int top_k = 0;          // experts per row, 1..E
   float limit = 0;        // clamp: gate to (-inf, limit], up to [-limit, limit]; must be > 0 (infinity: none)
   float alpha = 1.702f;   // the sigmoid's slope
+  bool accumulate = false;  // out += the layer's output (the residual) instead of out = it
   float up_offset = 1.0f; // h = (up + up_offset) * gate * sigmoid(alpha gate): GPT-OSS's 1; 0 with alpha 1 and no
                           // limit is the plain SwiGLU silu(gate) * up (Qwen3.5-MoE)
-  bool accumulate = false;  // out += the layer's output (the residual) instead of out = it
 };
 
 // The shapes of a MoeWeights, checked (every view validated, the same H and I throughout, biases empty or of
