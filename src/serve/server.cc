@@ -154,22 +154,19 @@ void Server::load(std::unique_ptr<Device> device) {
   defaults_.validate();
 
   // Entries are finished sequences truncated back to a block boundary. A rotating (sliding-window) cache
-  // has dropped what such a truncation needs, so for models with those layers an entry is a fork taken
-  // when a prompt reaches its last boundary instead (the scheduler's prefix_by_fork); a recurrent state
-  // (no model has one yet) would need the same with its state copied, so those stay off and say so.
-  bool prefix_cache = options_.prefix_cache;
+  // has dropped what such a truncation needs and a recurrent state cannot go back at all, so for models with
+  // those layers an entry is a fork taken when a prompt reaches its last boundary instead (the scheduler's
+  // prefix_by_fork): the fork shares the KV blocks and copies the recurrent states at that position.
+  const bool prefix_cache = options_.prefix_cache;
   bool by_fork = false;
   prefix_cache_state_ = prefix_cache ? "on" : "off";
-  for (const LayerSpec& l : model_->layer_specs()) {
-    if (!prefix_cache) break;
-    if (l.kind == LayerKind::sliding_attention) {
+  for (const LayerSpec& l : model_->layer_specs())
+    if (prefix_cache && l.kind != LayerKind::full_attention) {
       by_fork = true;
-      prefix_cache_state_ = "on (entries forked at prompts' block boundaries: sliding-window layers)";
-    } else if (l.kind == LayerKind::linear_attention) {
-      prefix_cache = false;
-      prefix_cache_state_ = "off (asked for, but this model's recurrent layers cannot go back to a block boundary)";
+      prefix_cache_state_ = l.kind == LayerKind::sliding_attention
+                                ? "on (entries forked at prompts' block boundaries: sliding-window layers)"
+                                : "on (entries forked at prompts' block boundaries: recurrent layers)";
     }
-  }
   const int entries = prefix_cache ? (options_.prefix_cache_entries > 0 ? options_.prefix_cache_entries : options_.parallel) : 0;
   EngineOptions eo;
   eo.kv = options_.kv;

@@ -19,7 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/rng.h"
 #include "device/cpu_device.h"
+#include "model/writer.h"
 #include "serve/chat_page.h"
 #include "serve/server.h"
 
@@ -275,6 +277,97 @@ TEST(Serve, SlidingWindowModelsReusePrefixesForkedAtBoundaries) {
   const json reference = post(plain, "/v1/completions", json{{"prompt", longer}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(second["choices"][0]["text"], reference["choices"][0]["text"]);
   EXPECT_EQ(metric(cached, "turboquant_prefix_cache_hits_total"), 64);
+  std::filesystem::remove_all(dir);
+}
+
+// A tiny random Qwen3.5 (a Gated DeltaNet layer, then a full-attention layer) with the demo model's
+// tokenizer, in `dir`: a recurrent state cannot go back, so its prefix entries are forks taken at the
+// prompts' boundaries (the state copied there).
+void write_tiny_hybrid(const std::filesystem::path& dir) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) std::filesystem::copy_file(std::filesystem::path(kDemo) / f, dir / f);
+  constexpr int V = 4096, H = 32, heads = 2, kv = 1, hd = 32, I = 48, hk = 1, hv = 2, dk = 16, dv = 16, K = 4;
+  constexpr int conv = 2 * hk * dk + hv * dv;
+  SplitMix64 rng(17);
+  SafetensorsWriter w;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, double scale) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(scale * rng.normal());
+    w.add(name, DType::f32, std::move(shape), v);
+  };
+  add("model.embed_tokens.weight", {V, H}, 1.0);
+  add("lm_head.weight", {V, H}, 0.2);
+  add("model.norm.weight", {H}, 0.1);
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {H}, 0.1);
+    add(p + "post_attention_layernorm.weight", {H}, 0.1);
+    if (l == 0) {
+      const std::string a = p + "linear_attn.";
+      add(a + "in_proj_qkv.weight", {conv, H}, 0.2);
+      add(a + "in_proj_z.weight", {hv * dv, H}, 0.2);
+      add(a + "in_proj_b.weight", {hv, H}, 0.2);
+      add(a + "in_proj_a.weight", {hv, H}, 0.2);
+      add(a + "conv1d.weight", {conv, 1, K}, 0.5);
+      add(a + "A_log", {hv}, 0.5);
+      add(a + "dt_bias", {hv}, 0.5);
+      add(a + "norm.weight", {dv}, 1.0);
+      add(a + "out_proj.weight", {H, hv * dv}, 0.2);
+    } else {
+      const std::string a = p + "self_attn.";
+      add(a + "q_proj.weight", {heads * hd * 2, H}, 0.2);
+      add(a + "k_proj.weight", {kv * hd, H}, 0.2);
+      add(a + "v_proj.weight", {kv * hd, H}, 0.2);
+      add(a + "o_proj.weight", {H, heads * hd}, 0.2);
+      add(a + "q_norm.weight", {hd}, 0.1);
+      add(a + "k_norm.weight", {hd}, 0.1);
+    }
+    add(p + "mlp.gate_proj.weight", {I, H}, 0.2);
+    add(p + "mlp.up_proj.weight", {I, H}, 0.2);
+    add(p + "mlp.down_proj.weight", {H, I}, 0.2);
+  }
+  write_bytes_to_file((dir / "model.safetensors").string(), w.bytes());
+  const json config = {{"architectures", {"Qwen3_5ForCausalLM"}}, {"model_type", "qwen3_5_text"}, {"num_hidden_layers", 2},
+                       {"hidden_size", H}, {"intermediate_size", I}, {"num_attention_heads", heads}, {"num_key_value_heads", kv},
+                       {"head_dim", hd}, {"layer_types", {"linear_attention", "full_attention"}}, {"attn_output_gate", true},
+                       {"linear_num_key_heads", hk}, {"linear_num_value_heads", hv}, {"linear_key_head_dim", dk},
+                       {"linear_value_head_dim", dv}, {"linear_conv_kernel_dim", K}, {"rms_norm_eps", 1e-6}, {"vocab_size", V},
+                       {"tie_word_embeddings", false}, {"eos_token_id", 0}, {"max_position_embeddings", 2048},
+                       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}}}};
+  std::ofstream(dir / "config.json") << config.dump();
+}
+
+TEST(Serve, HybridModelsReusePrefixesForkedAtBoundaries) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / ("tq_serve_hybrid_" + std::to_string(::getpid()));
+  write_tiny_hybrid(dir);
+  ServerOptions o;
+  o.model_path = dir.string();
+  o.kv.block_tokens = 16;
+  TestServer cached(o);
+  ServerOptions plain_o = o;
+  plain_o.prefix_cache = false;
+  TestServer plain(plain_o);
+  const json props = json::parse(cached.client()->Get("/props")->body);
+  EXPECT_NE(props["prefix_cache_state"].get<std::string>().find("recurrent layers"), std::string::npos) << props.dump();
+  std::vector<int> base;
+  for (int i = 0; i < 70; ++i) base.push_back(100 + (i * 37) % 900);
+  std::vector<int> longer = base;
+  for (int i = 0; i < 9; ++i) longer.push_back(1000 + i);
+  const json body = {{"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+  json a = body, b = body;
+  a["prompt"] = base;
+  b["prompt"] = longer;
+  EXPECT_EQ(post(cached, "/v1/completions", a)["choices"][0]["text"], post(plain, "/v1/completions", a)["choices"][0]["text"]);
+  const json second = post(cached, "/v1/completions", b);
+  EXPECT_EQ(second["timings"]["cached_n"], 64);  // the state copied when the first prompt reached 64
+  EXPECT_EQ(second["choices"][0]["text"], post(plain, "/v1/completions", b)["choices"][0]["text"]);
+  // The same prompt again: its last boundary is 64 too, so the same entry serves it, with the same text.
+  const json third = post(cached, "/v1/completions", b);
+  EXPECT_EQ(third["timings"]["cached_n"], 64);
+  EXPECT_EQ(third["choices"][0]["text"], second["choices"][0]["text"]);
   std::filesystem::remove_all(dir);
 }
 
