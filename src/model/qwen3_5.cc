@@ -1,11 +1,13 @@
 #include "model/qwen3_5.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "core/error.h"
 #include "model/device_weights.h"
+#include "model/weights.h"
 
 namespace tq {
 namespace {
@@ -24,9 +26,6 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
   const ModelConfig& c = config_;
   const ModelWeights& w = files.weights;
   TQ_CHECK(c.attn_output_gate, files.path, ": a Qwen3.5 model without attn_output_gate");
-  TQ_CHECK(!c.linear_v_tiled || c.linear_num_key_heads == c.linear_num_value_heads, files.path,
-           ": GGUF Qwen3.5 with its value heads in tiled order (", c.linear_num_value_heads, " value heads over ",
-           c.linear_num_key_heads, " key heads) is not supported yet; the Hugging Face folder runs");
   hidden_ = static_cast<int>(c.hidden_size);
   inter_ = static_cast<int>(c.intermediate_size);
   n_heads_ = static_cast<int>(c.num_attention_heads);
@@ -43,6 +42,9 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
   conv_kernel_ = static_cast<int>(c.linear_conv_kernel_dim);
   const bool zc = c.norm_zero_centred;
   moe_ = c.num_experts > 0;
+  TQ_CHECK(!(moe_ && files.naming == WeightNaming::gguf), files.path,
+           ": a qwen35moe GGUF is not verified yet (its logits differ from the same model's Hugging Face folder by 0.4%); "
+           "run the Hugging Face folder");
   if (moe_) {
     TQ_CHECK(c.shared_expert_intermediate_size > 0, files.path, ": a Qwen3.5-MoE model without its shared expert");
     moe_options_.top_k = static_cast<int>(c.num_experts_per_tok);
@@ -65,17 +67,52 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
     L.attn_norm = upload_norm(dev, lw.attn_norm, zc);
     L.ffn_norm = upload_norm(dev, lw.ffn_norm, zc);
     if (L.linear) {
-      const ops::WeightView in[] = {weight_view(lw.linear_qkv), weight_view(lw.linear_z), weight_view(lw.linear_b),
-                                    weight_view(lw.linear_a)};
+      // src[g]: where grouped value head g sits in the file (itself, or its tiled position).
+      const int hv = delta_.v_heads, dv = delta_.v_dim, kw = static_cast<int>(delta_.key_width());
+      std::vector<int64_t> src(static_cast<size_t>(hv));
+      for (int g = 0; g < hv; ++g) src[static_cast<size_t>(g)] = g;
+      if (c.linear_v_tiled) {
+        const std::vector<int64_t> held = tiled_v_heads_from_grouped(c.linear_num_key_heads, c.linear_num_value_heads);
+        for (int t = 0; t < hv; ++t) src[static_cast<size_t>(held[static_cast<size_t>(t)])] = t;
+      }
+      std::vector<ops::WeightView> in = {weight_rows(lw.linear_qkv, 0, 2 * kw)};  // q | k
+      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_qkv, 2 * kw + src[static_cast<size_t>(g)] * dv, dv));
+      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_z, src[static_cast<size_t>(g)] * dv, dv));
+      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_b, src[static_cast<size_t>(g)], 1));
+      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_a, src[static_cast<size_t>(g)], 1));
       L.w_in = dev.linear(in, layer + " in_proj_qkv/z/b/a");
-      L.conv = dev.vector(tensor_floats({lw.conv1d}));  // [conv][1][K] or [conv][K]: [conv][K] either way
-      std::vector<float> a_log = tensor_floats({lw.a_log});
+      // Per head: the rows of a [heads * width] vector in grouped order.
+      auto regroup = [&](const std::vector<float>& v, size_t first, int width) {
+        std::vector<float> out(v);
+        for (int g = 0; g < hv; ++g)
+          std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(src[static_cast<size_t>(g)]) * width),
+                      width, out.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(g) * width));
+        return out;
+      };
+      // conv1d [conv][1][K] or [conv][K]: [conv][K] either way; its v channels follow their heads.
+      L.conv = dev.vector(regroup(tensor_floats({lw.conv1d}), static_cast<size_t>(2 * kw) * conv_kernel_, dv * conv_kernel_));
+      std::vector<float> a_log = regroup(tensor_floats({lw.a_log}), 0, 1);
       if (c.linear_a_negexp)
         for (float& a : a_log) a = std::log(-a);  // GGUF's ssm_a holds A = -exp(A_log)
       L.a_log = dev.vector(a_log);
-      L.dt_bias = upload_floats(dev, {lw.dt_bias});
+      L.dt_bias = dev.vector(regroup(tensor_floats({lw.dt_bias}), 0, 1));
       L.out_norm = upload_floats(dev, {lw.linear_norm});
-      L.w_out = dev.linear(weight_view(lw.linear_out), layer + " out_proj");
+      if (c.linear_v_tiled && c.linear_num_key_heads != c.linear_num_value_heads) {
+        // out_proj [hidden][Hv dv]: its columns follow the heads, which a row view cannot reorder: a copy.
+        const std::vector<float> w_out = tensor_floats({lw.linear_out});
+        std::vector<float>& grouped = owned_.emplace_back(w_out.size());
+        const size_t row = static_cast<size_t>(hv) * dv;
+        for (size_t r = 0; r < w_out.size() / row; ++r) {
+          const std::vector<float> one(w_out.begin() + static_cast<std::ptrdiff_t>(r * row), w_out.begin() + static_cast<std::ptrdiff_t>((r + 1) * row));
+          const std::vector<float> g = regroup(one, 0, dv);
+          std::copy(g.begin(), g.end(), grouped.begin() + static_cast<std::ptrdiff_t>(r * row));
+        }
+        L.w_out = dev.linear(ops::WeightView::dense(ops::DType::F32, grouped.data(), static_cast<int64_t>(w_out.size() / row),
+                                                     static_cast<int64_t>(row)),
+                             layer + " out_proj");
+      } else {
+        L.w_out = dev.linear(weight_view(lw.linear_out), layer + " out_proj");
+      }
     } else {
       // Wq holds, per head, head_dim query rows then head_dim gate rows: stacked as every head's query rows,
       // then every head's gate rows, then Wk and Wv, so that q and gate come out as contiguous columns.

@@ -20,7 +20,9 @@
 //     + sigmoid(h . w_sg) (silu(h Wsgate^T) * (h Wsup^T)) Wsdown^T (the shared expert and its gate)
 // logits = RMSNorm(x) * final_norm  Wlm^T, for the rows whose logits are asked for.
 //
-// GGUF's tiled value heads (Hk != Hv) are refused for now.
+// A GGUF's value heads come tiled (the converter's order for ggml's broadcast); they are put back in the
+// grouped order the device's delta rule reads (key head j serves value heads [j r, (j + 1) r)) at load: row
+// slices stacked in that order (no copy), the small vectors and out_proj's columns copied permuted.
 #pragma once
 
 #include <vector>
@@ -67,6 +69,7 @@ class Qwen35 final : public Architecture {
   bool moe_ = false;
   MoeOptions moe_options_;
   ExpertWeights expert_weights_;  // the views the device's experts were built from
+  std::vector<std::vector<float>> owned_;  // matrices rebuilt at load (out_proj with its columns regrouped), read in place
   float eps_ = 0;
   std::vector<Layer> layers_;
   Linear embed_, lm_head_;   // [vocab][hidden]
