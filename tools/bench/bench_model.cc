@@ -5,8 +5,9 @@
 // Per KV configuration and path, per depth: sequence 0 is filled to the depth (prompt chunks of 512, not
 // timed); for a batch of B, sequences 1 .. B-1 are copies of its cache (forked with their own blocks, so
 // each sequence reads memory of its own), and the B sequences decode together, one token each per step.
-// Every repetition starts from the depth again (the sequences are truncated back to it). pp runs on
-// sequence 0 alone; tg reports the aggregate tokens per second of the batch.
+// Every repetition starts from the depth again (the sequences are truncated back to it; for models with
+// recurrent layers, whose states cannot go back, they are fresh copies of a sequence kept at the depth).
+// pp runs on sequence 0 alone; tg reports the aggregate tokens per second of the batch.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -65,6 +66,10 @@ int run_model(const ModelBenchArgs& a) {
   for (auto& t : tokens) t = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(V));
   const bool cuda = device->is_cuda();
   const std::string device_name = cuda ? "cuda" : "cpu";
+  // A recurrent layer's state cannot be truncated back to the depth: for such models every repetition runs
+  // on copies of a sequence kept at the depth (fork with copy), removed afterwards.
+  bool recurrent = false;
+  for (const LayerSpec& l : model->layer_specs()) recurrent = recurrent || l.kind == LayerKind::linear_attention;
 
   std::vector<Result> results;
   for (const std::string& spec : a.kv) {
@@ -77,20 +82,39 @@ int run_model(const ModelBenchArgs& a) {
       for (int depth : a.depths) {
         EngineOptions eo;
         eo.kv = kv;
-        eo.max_sequences = max_batch;
+        eo.max_sequences = max_batch + (recurrent ? 1 : 0);
         eo.ctx_size = depth + per_test;
-        eo.kv_pool_tokens = static_cast<int64_t>(max_batch) * (depth + per_test);
+        eo.kv_pool_tokens = static_cast<int64_t>(eo.max_sequences) * (depth + per_test);
         Engine engine(*model, eo);
-        const int seq0 = engine.add_sequence();
+        const int base = engine.add_sequence();  // filled to the depth; itself the batch's first sequence unless recurrent
+        int seq0 = base;
         for (int done = 0; done < depth;) {  // the context, in chunks as a prompt would be (not timed)
           const int n = std::min(512, depth - done);
-          const BatchEntry e{seq0, std::span<const int32_t>(tokens.data() + done, static_cast<size_t>(n)), -1, Logits::none};
+          const BatchEntry e{base, std::span<const int32_t>(tokens.data() + done, static_cast<size_t>(n)), -1, Logits::none};
           engine.forward({&e, 1});
           done += n;
         }
         for (int batch : a.batches) {
-          std::vector<int> seqs = {seq0};
-          for (int b = 1; b < batch; ++b) seqs.push_back(engine.fork_sequence(seq0, /*copy=*/true));
+          std::vector<int> seqs;
+          // Back to the depth: truncate the batch's sequences, or (recurrent) replace them by fresh copies of base.
+          auto rewind = [&] {
+            if (!recurrent) {
+              for (int s : seqs) engine.truncate(s, depth);
+              return;
+            }
+            for (int& s : seqs) {
+              engine.remove_sequence(s);
+              s = engine.fork_sequence(base, /*copy=*/true);
+            }
+            seq0 = seqs[0];
+          };
+          if (recurrent) {
+            seqs.push_back(engine.fork_sequence(base, /*copy=*/true));
+            seq0 = seqs[0];
+          } else {
+            seqs.push_back(seq0);
+          }
+          for (int b = 1; b < batch; ++b) seqs.push_back(engine.fork_sequence(base, /*copy=*/true));
           std::vector<double> pp, tg;
           std::vector<int32_t> next(static_cast<size_t>(batch));
           std::vector<BatchEntry> step(static_cast<size_t>(batch));
@@ -106,7 +130,7 @@ int run_model(const ModelBenchArgs& a) {
           if (a.gen > 0) {
             for (int b = 0; b < batch; ++b) next[b] = tokens[static_cast<size_t>(depth)];
             decode_step();
-            for (int s : seqs) engine.truncate(s, depth);
+            rewind();
           }
           const StepStats warm = engine.step_stats();
           for (int rep = 0; rep < a.reps; ++rep) {
@@ -116,15 +140,14 @@ int run_model(const ModelBenchArgs& a) {
               engine.forward({&e, 1});
               (void)engine.argmax();  // waits for the device
               pp.push_back(a.prompt / std::chrono::duration<double>(clock::now() - t0).count());
-              engine.truncate(seq0, depth);
+              rewind();
             }
             if (a.gen > 0) {
               for (int b = 0; b < batch; ++b) next[b] = tokens[static_cast<size_t>(depth)];
               const auto t0 = clock::now();
               for (int i = 0; i < a.gen; ++i) decode_step();
               tg.push_back(static_cast<double>(batch) * a.gen / std::chrono::duration<double>(clock::now() - t0).count());
-              if (rep + 1 < a.reps)
-                for (int s : seqs) engine.truncate(s, depth);
+              if (rep + 1 < a.reps) rewind();
             }
           }
           const MemoryUsage mem = engine.memory();
@@ -151,8 +174,9 @@ int run_model(const ModelBenchArgs& a) {
           } else {
             std::fprintf(stderr, "  %s %s depth %d batch %d done\n", spec.c_str(), path.c_str(), depth, batch);
           }
-          for (size_t b = 1; b < seqs.size(); ++b) engine.remove_sequence(seqs[b]);
-          engine.truncate(seq0, depth);
+          for (size_t b = recurrent ? 0 : 1; b < seqs.size(); ++b) engine.remove_sequence(seqs[b]);
+          if (!recurrent) engine.truncate(base, depth);
+          seq0 = base;
         }
       }
     }
