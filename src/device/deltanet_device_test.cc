@@ -12,25 +12,14 @@
 #include "device/cpu_device.h"
 #include "ops/reference.h"
 
+#include "core/test_util.h"
+
 namespace tq {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, double scale = 1.0) {
-  SplitMix64 rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
+using testing_util::gaussian;
 
-template <typename F>
-void expect_error_mentioning(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected tq::Error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing_util::expect_error_mentioning;
 
 // A small Gated DeltaNet layer's weights (no projections: the test feeds the projections' outputs).
 struct Layer {

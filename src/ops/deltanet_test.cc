@@ -14,15 +14,12 @@
 #include "ops/deltanet.h"
 #include "ops/reference.h"
 
+#include "core/test_util.h"
+
 namespace tq::ops {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, double scale = 1.0) {
-  SplitMix64 rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
+using testing_util::gaussian;
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

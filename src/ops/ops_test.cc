@@ -19,15 +19,12 @@
 #include "ops/ops.h"
 #include "ops/reference.h"
 
+#include "core/test_util.h"
+
 namespace tq::ops {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, double scale = 1.0) {
-  SplitMix64 rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
+using testing_util::gaussian;
 
 template <typename F>
 void expect_error_mentions(F&& f, const std::string& needle) {
