@@ -32,6 +32,18 @@ ops::WeightView weight_rows(const TensorView* t, int64_t row0, int64_t rows) {
   return ops::WeightView::dense(to_ops(t->dtype), base, rows, t->row_length());
 }
 
+void output_logits(Device& dev, const Tensor& x, const DeviceVector& final_norm, float eps, const Linear& lm_head, int64_t vocab) {
+  const int64_t m = static_cast<int64_t>(dev.step().output_rows.size());
+  if (m == 0) return;
+  const Tensor last = dev.scratch(m, x.cols);                          // [m][hidden]
+  const Tensor last_h = dev.scratch(m, x.cols, dev.matmul_input());    // [m][hidden]
+  const Tensor logits = dev.scratch(m, vocab);                         // [m][vocab]
+  dev.gather_output_rows(x, last);
+  dev.rms_norm(last, final_norm, eps, last_h);
+  dev.matmul(lm_head, last_h, logits);
+  dev.set_logits(logits);
+}
+
 std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensors) {
   std::vector<float> out;
   for (const TensorView* t : tensors) {

@@ -14,6 +14,9 @@ namespace tq {
 ops::WeightView weight_view(const TensorView* t);
 // Rows [row0, row0 + rows) of a validated matrix, in place.
 ops::WeightView weight_rows(const TensorView* t, int64_t row0, int64_t rows);
+// The step's logits, as every architecture ends: logits = (RMSNorm(x) * final_norm) . Wlm^T for the rows
+// the step asks for (Device::step().output_rows), handed to Device::set_logits. x: [rows][hidden].
+void output_logits(Device& dev, const Tensor& x, const DeviceVector& final_norm, float eps, const Linear& lm_head, int64_t vocab);
 // The float values of the tensors, one after another (stacked biases); empty when all are absent.
 std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensors);
 // The same, on the device; an empty DeviceVector when all are absent.

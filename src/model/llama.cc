@@ -100,15 +100,7 @@ void Llama::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cache
   }
 
   // logits = (RMSNorm(x) * final_norm) . Wlm^T, for the rows asked for
-  const int m = static_cast<int>(dev.step().output_rows.size());
-  if (m == 0) return;
-  const Tensor last = dev.scratch(m, hidden_);      // [m][hidden]
-  const Tensor last_h = dev.scratch(m, hidden_, mm);  // [m][hidden]
-  const Tensor logits = dev.scratch(m, config_.vocab_size);  // [m][vocab]
-  dev.gather_output_rows(x, last);
-  dev.rms_norm(last, final_norm_, eps_, last_h);
-  dev.matmul(lm_head_, last_h, logits);
-  dev.set_logits(logits);
+  output_logits(dev, x, final_norm_, eps_, lm_head_, config_.vocab_size);
 }
 
 }  // namespace tq
