@@ -323,24 +323,9 @@ struct TinyQwen35 {
   }
 };
 
-std::vector<int32_t> random_tokens(size_t n, uint64_t seed) {
-  SplitMix64 rng(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(rng.next() % kVocab);
-  return t;
-}
-
+std::vector<int32_t> random_tokens(size_t n, uint64_t seed) { return testing_util::random_tokens(n, seed, kVocab); }
 double worst_relative_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double worst = 0;
-  for (size_t p = 0; p < want.size() / kVocab; ++p) {
-    double err = 0, scale = 0;
-    for (size_t j = 0; j < kVocab; ++j) {
-      err = std::max(err, std::fabs(got[p * kVocab + j] - want[p * kVocab + j]));
-      scale = std::max(scale, std::fabs(want[p * kVocab + j]));
-    }
-    worst = std::max(worst, err / scale);
-  }
-  return worst;
+  return testing_util::worst_position_error(got, want, kVocab);
 }
 
 class Qwen35Model : public testing::Test {

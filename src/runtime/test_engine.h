@@ -1,10 +1,14 @@
 // Helpers for the tests that run models through the engine on the CPU.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "device/cpu_device.h"
 #include "runtime/engine.h"
 
@@ -40,6 +44,29 @@ inline std::vector<float> feed_all(Engine& engine, int seq, const std::vector<in
     done += n;
   }
   return logits;
+}
+
+// n token ids drawn uniformly from [0, vocab), reproducible from seed.
+inline std::vector<int32_t> random_tokens(size_t n, uint64_t seed, int vocab) {
+  SplitMix64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+// Logits against a reference, position by position ([positions][vocab] each): the largest |got - want| over
+// the largest |want| of a position, at the worst position.
+inline double worst_position_error(const std::vector<float>& got, const std::vector<double>& want, size_t vocab) {
+  double worst = 0;
+  for (size_t p = 0; p < want.size() / vocab; ++p) {
+    double err = 0, scale = 0;
+    for (size_t j = 0; j < vocab; ++j) {
+      err = std::max(err, std::fabs(got[p * vocab + j] - want[p * vocab + j]));
+      scale = std::max(scale, std::fabs(want[p * vocab + j]));
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
 }
 
 // Greedy decoding of a new sequence: the prompt in one forward pass, then one token at a time.
