@@ -312,6 +312,9 @@ class CudaDevice final : public Device {
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                        const CacheCapacity& capacity) override;
+  std::unique_ptr<RecurrentStateCache> state_cache(const StateShape&, const CacheCapacity&) override {
+    ::tq::fail("this model's linear-attention (Gated DeltaNet) layers are not implemented on CUDA yet: run it with --device cpu");
+  }
   // The attention kernels were tuned with 64-position pages (the CPU's default, kDefaultBlockTokens, is its
   // block kernel's).
   int default_block_tokens() const override { return 64; }

@@ -82,6 +82,10 @@ std::unique_ptr<LayerCache> CpuDevice::kv_cache(int n_kv_heads, int head_dim, co
   return cache;
 }
 
+std::unique_ptr<RecurrentStateCache> CpuDevice::state_cache(const StateShape& shape, const CacheCapacity&) {
+  return std::make_unique<StateCache>(shape);
+}
+
 const KVCache& CpuDevice::kv(const LayerCache& cache) const {
   const auto* kv = dynamic_cast<const KVCache*>(&cache);
   TQ_CHECK(kv != nullptr, "the CPU backend attends over KV caches, got ", cache.describe());

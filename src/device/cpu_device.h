@@ -27,6 +27,7 @@ class CpuDevice final : public Device {
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                        const CacheCapacity& capacity) override;
+  std::unique_ptr<RecurrentStateCache> state_cache(const StateShape& shape, const CacheCapacity& capacity) override;
   int default_block_tokens() const override { return kDefaultBlockTokens; }
 
   void run_step(const StepLayout& step, const std::function<void()>& forward) override;

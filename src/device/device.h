@@ -166,6 +166,9 @@ class Device {
   // A layer's KV cache on this device (a KVCache on the CPU, a device cache on CUDA).
   virtual std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                                const CacheCapacity& capacity) = 0;
+  // A linear-attention layer's state cache on this device, room for capacity.max_sequences sequences (a
+  // StateCache in host memory on the CPU).
+  virtual std::unique_ptr<RecurrentStateCache> state_cache(const StateShape& shape, const CacheCapacity& capacity) = 0;
   // The block size a KV cache gets when the settings do not say (the backend's kernels are tuned for it).
   virtual int default_block_tokens() const = 0;
   // Whether caches take their whole capacity when built (device memory) rather than growing.

@@ -600,11 +600,44 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
 
 // ------------------------------------------------------------------ StateCache
 
-StateCache::StateCache(const StateShape& shape) : shape_(shape) {
+StateSnapshot::StateSnapshot(const StateShape& shape, std::vector<float> conv, std::vector<float> recurrent, int length)
+    : shape_(shape), conv_(std::move(conv)), recurrent_(std::move(recurrent)), length_(length) {
+  TQ_CHECK(conv_.size() == static_cast<size_t>(shape.conv_channels) * std::max(0, shape.conv_kernel - 1) &&
+               recurrent_.size() == static_cast<size_t>(shape.state_heads) * shape.state_dk * shape.state_dv && length >= 0,
+           "a state snapshot's arrays do not match its shape");
+}
+
+RecurrentStateCache::RecurrentStateCache(const StateShape& shape) : shape_(shape) {
   TQ_CHECK(shape.conv_channels >= 0 && shape.conv_kernel >= 0 && shape.state_heads >= 0 && shape.state_dk >= 0 &&
                shape.state_dv >= 0,
            "state cache dimensions must not be negative");
 }
+
+std::string RecurrentStateCache::truncate_problem(int seq, int length) const {
+  const int held = this->length(seq);
+  if (length == held) return "";
+  std::ostringstream os;
+  os << "cannot truncate sequence " << seq << " from " << held << " to " << length
+     << " positions: a recurrent state holds no earlier positions to go back to";
+  return os.str();
+}
+
+void RecurrentStateCache::truncate(int seq, int length) {
+  const std::string problem = truncate_problem(seq, length);
+  TQ_CHECK(problem.empty(), problem);
+}
+
+void RecurrentStateCache::check_snapshot_shape(const StateSnapshot& snap) const {
+  const StateShape& a = snap.shape();
+  const StateShape& b = shape_;
+  TQ_CHECK(a.conv_channels == b.conv_channels && a.conv_kernel == b.conv_kernel && a.state_heads == b.state_heads &&
+               a.state_dk == b.state_dk && a.state_dv == b.state_dv,
+           "cannot restore a snapshot of a state of conv ", a.conv_channels, "x", a.conv_kernel, ", recurrent ", a.state_heads, "x",
+           a.state_dk, "x", a.state_dv, " into a state cache of conv ", b.conv_channels, "x", b.conv_kernel, ", recurrent ",
+           b.state_heads, "x", b.state_dk, "x", b.state_dv);
+}
+
+StateCache::StateCache(const StateShape& shape) : RecurrentStateCache(shape) {}
 
 std::string StateCache::describe() const {
   std::ostringstream os;
@@ -667,20 +700,6 @@ void StateCache::fork_sequence(int parent, int child, bool copy) {
   states_.emplace(child, std::move(child_state));
 }
 
-std::string StateCache::truncate_problem(int seq, int length) const {
-  const int held = this->length(seq);
-  if (length == held) return "";
-  std::ostringstream os;
-  os << "cannot truncate sequence " << seq << " from " << held << " to " << length
-     << " positions: a recurrent state holds no earlier positions to go back to";
-  return os.str();
-}
-
-void StateCache::truncate(int seq, int length) {
-  const std::string problem = truncate_problem(seq, length);
-  TQ_CHECK(problem.empty(), problem);
-}
-
 StateCache::State& StateCache::state(int seq) {
   auto it = states_.find(seq);
   TQ_CHECK(it != states_.end(), "no sequence ", seq, " in this state cache");
@@ -702,26 +721,15 @@ void StateCache::reset(int seq) {
 
 StateSnapshot StateCache::snapshot(int seq) const {
   const State& s = state(seq);
-  StateSnapshot snap;
-  snap.shape_ = shape_;
-  snap.conv_ = s.conv;
-  snap.recurrent_ = s.recurrent;
-  snap.length_ = s.length;
-  return snap;
+  return StateSnapshot(shape_, s.conv, s.recurrent, s.length);
 }
 
 void StateCache::restore(int seq, const StateSnapshot& snap) {
-  const StateShape& a = snap.shape_;
-  const StateShape& b = shape_;
-  TQ_CHECK(a.conv_channels == b.conv_channels && a.conv_kernel == b.conv_kernel && a.state_heads == b.state_heads &&
-               a.state_dk == b.state_dk && a.state_dv == b.state_dv,
-           "cannot restore a snapshot of a state of conv ", a.conv_channels, "x", a.conv_kernel, ", recurrent ", a.state_heads, "x",
-           a.state_dk, "x", a.state_dv, " into a state cache of conv ", b.conv_channels, "x", b.conv_kernel, ", recurrent ",
-           b.state_heads, "x", b.state_dk, "x", b.state_dv);
+  check_snapshot_shape(snap);
   State& s = state(seq);
-  s.conv = snap.conv_;
-  s.recurrent = snap.recurrent_;
-  s.length = snap.length_;
+  s.conv = snap.conv();
+  s.recurrent = snap.recurrent();
+  s.length = snap.length();
 }
 
 // ------------------------------------------------------------------ prompt caches

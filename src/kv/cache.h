@@ -205,21 +205,51 @@ struct StateShape {
   int state_heads = 0, state_dk = 0, state_dv = 0;
 };
 
-// A saved copy of one sequence's state (StateCache::snapshot), to go back to: a recurrent state cannot be
-// truncated, so prefix reuse and rollback restore the state saved at the position they return to.
+// A saved copy of one sequence's state (RecurrentStateCache::snapshot), to go back to: a recurrent state
+// cannot be truncated, so prefix reuse and rollback restore the state saved at the position they return to.
+// Held in host memory whatever the device (a snapshot is taken rarely: at a prefix boundary, before a draft).
 class StateSnapshot {
  public:
+  StateSnapshot() = default;
+  StateSnapshot(const StateShape& shape, std::vector<float> conv, std::vector<float> recurrent, int length);
   int length() const { return length_; }  // positions the state held when saved
+  const StateShape& shape() const { return shape_; }
+  const std::vector<float>& conv() const { return conv_; }            // [conv_channels][conv_kernel - 1]
+  const std::vector<float>& recurrent() const { return recurrent_; }  // [state_heads][state_dk][state_dv]
   int64_t bytes() const { return static_cast<int64_t>((conv_.size() + recurrent_.size()) * sizeof(float)); }
 
  private:
-  friend class StateCache;
   StateShape shape_;
   std::vector<float> conv_, recurrent_;
   int length_ = 0;
 };
 
-class StateCache final : public LayerCache {
+// The cache of a linear-attention layer on any device: per sequence a fixed-size state and the positions
+// it has taken in. It cannot be truncated back (only restored from a snapshot).
+class RecurrentStateCache : public LayerCache {
+ public:
+  const StateShape& shape() const { return shape_; }
+  // Records that n more positions went into the state (the layer that updates it calls this).
+  virtual void advance(int seq, int n) = 0;
+  virtual void reset(int seq) = 0;  // zeroes the state (a new prompt)
+  // A copy of the sequence's state and length now; restore() puts it back into any sequence of a cache of
+  // the same shape (its length becomes the snapshot's), so the sequence continues exactly from there.
+  virtual StateSnapshot snapshot(int seq) const = 0;
+  virtual void restore(int seq, const StateSnapshot& snapshot) = 0;
+  // Only to the current length: the state holds no earlier positions to go back to (restore a snapshot).
+  std::string truncate_problem(int seq, int length) const override;
+  void truncate(int seq, int length) override;
+  BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override { return {}; }
+
+ protected:
+  explicit RecurrentStateCache(const StateShape& shape);
+  // Throws unless the snapshot is of a state of this cache's shape (naming both).
+  void check_snapshot_shape(const StateSnapshot& snapshot) const;
+  StateShape shape_;
+};
+
+// The state in host memory (the CPU device's).
+class StateCache final : public RecurrentStateCache {
  public:
   explicit StateCache(const StateShape& shape);
   std::string describe() const override;
@@ -230,22 +260,14 @@ class StateCache final : public LayerCache {
   bool has_sequence(int seq) const override { return states_.count(seq) != 0; }
   std::vector<int> sequences() const override;
   int length(int seq) const override;
-  // Records that n more positions went into the state (the layer that updates it calls this).
-  void advance(int seq, int n);
+  void advance(int seq, int n) override;
   // A copy of the parent's state: a recurrent state cannot be shared.
   void fork_sequence(int parent, int child, bool copy = false) override;
-  // Only to the current length: the state holds no earlier positions to go back to (restore a snapshot).
-  void truncate(int seq, int length) override;
-  std::string truncate_problem(int seq, int length) const override;
-  BlockDemand demand(const std::vector<SequenceGrowth>& growth) const override { return {}; }
-  const StateShape& shape() const { return shape_; }
   float* conv_state(int seq);       // [conv_channels][conv_kernel - 1]
   float* recurrent_state(int seq);  // [state_heads][state_dk][state_dv]
-  void reset(int seq);              // zeroes both (a new prompt)
-  // A copy of the sequence's state and length now; restore() puts it back into any sequence of a cache of
-  // the same shape (its length becomes the snapshot's), so the sequence continues exactly from there.
-  StateSnapshot snapshot(int seq) const;
-  void restore(int seq, const StateSnapshot& snapshot);
+  void reset(int seq) override;
+  StateSnapshot snapshot(int seq) const override;
+  void restore(int seq, const StateSnapshot& snapshot) override;
 
  private:
   struct State {
@@ -254,7 +276,6 @@ class StateCache final : public LayerCache {
   };
   State& state(int seq);
   const State& state(int seq) const;
-  StateShape shape_;
   std::map<int, State> states_;
   int next_id_ = 0;
 };

@@ -55,7 +55,6 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   for (const LayerSpec& l : specs) {
     if (l.kind == LayerKind::linear_attention) {
       // A recurrent layer's state has a fixed size per sequence: nothing per position in the pool.
-      TQ_CHECK(!dev.is_cuda(), "this model's linear-attention (Gated DeltaNet) layers are not implemented on CUDA yet: run it with --device cpu");
       layer_options.emplace_back();
       continue;
     }
@@ -78,7 +77,7 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   }
   for (size_t l = 0; l < specs.size(); ++l) {
     if (specs[l].kind == LayerKind::linear_attention) {
-      caches_.push_back(std::make_unique<StateCache>(specs[l].state));
+      caches_.push_back(dev.state_cache(specs[l].state, capacity));
       continue;
     }
     KVCacheOptions& o = layer_options[l];
