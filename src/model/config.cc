@@ -41,14 +41,12 @@ constexpr ArchInfo kArchs[] = {
     {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", ModelArch::qwen3_5, 32768, "qwen3_5_moe_text", true},
     {"Qwen3_5ForCausalLM", "qwen3_5_text", ModelArch::qwen3_5, 32768},
     {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ModelArch::qwen3_5, 32768, nullptr, true},
+    // Qwen3-Next: the same layers stored differently (ModelConfig::qwen3_next); its feed-forward blocks are
+    // mixtures of experts unless num_experts is 0 (parse_qwen3_5 decides).
+    {"Qwen3NextForCausalLM", "qwen3_next", ModelArch::qwen3_5, 32768, nullptr, true},
 };
 
-// Qwen3-Next is a relative of Qwen3.5 whose differences are not small for a loader: its DeltaNet fuses
-// in_proj_qkvz and in_proj_ba grouped per key head, its experts are per-expert tensors, and it has
-// decoder_sparse_step / mlp_only_layers / norm_topk_prob. Named so that the refusal says so.
-constexpr const char* kQwen3NextNotSupported =
-    "Qwen3-Next is not supported yet (its fused, per-key-head-grouped in_proj_qkvz / in_proj_ba projections "
-    "and per-expert tensors are not read; Qwen3.5 / Qwen3.6 checkpoints are)";
+bool is_qwen3_next(const ArchInfo& a) { return std::string_view(a.model_type) == "qwen3_next"; }
 
 // Typed reads from one JSON object; every message names the file and the key. A key whose value is
 // null counts as absent (HF writes "rope_scaling": null, "sliding_window": null).
@@ -277,12 +275,63 @@ void parse_gpt_oss(const json& root, const std::string& source, ModelConfig& c) 
   }
 }
 
+// Qwen3-Next's feed-forward blocks (transformers Qwen3NextDecoderLayer): layer l is a Qwen3NextSparseMoeBlock
+// (router, experts, and the shared expert with its sigmoid gate, exactly Qwen3.5-MoE's block) when l is not in
+// mlp_only_layers, num_experts > 0 and (l + 1) % decoder_sparse_step == 0, else a Qwen3NextMLP of
+// intermediate_size. Every layer sparse, or none (a dense model), is what the model file runs; a mix is refused.
+// Qwen3NextTopKRouter renormalizes the top-k softmax weights only when norm_topk_prob (default true); the
+// device's MoE always does, so false is refused.
+void parse_qwen3_next_ffn(const Fields& f, const std::string& source, ModelConfig& c) {
+  const int64_t experts = f.opt_int("num_experts").value_or(512);
+  TQ_CHECK(experts >= 0, "'", source, "': num_experts ", experts, " is negative");
+  const int64_t step = f.opt_int("decoder_sparse_step").value_or(1);
+  TQ_CHECK(step > 0, "'", source, "': decoder_sparse_step ", step, " must be positive");
+  std::vector<bool> dense(static_cast<size_t>(c.num_hidden_layers), false);
+  std::string dense_list = "[]";
+  if (const json* only = f.get("mlp_only_layers")) {
+    TQ_CHECK(only->is_array(), "'", source, "': \"mlp_only_layers\" is ", only->dump(), ", expected a list of layer indices");
+    for (const json& v : *only) {
+      const int64_t l = f.as_int(v, "mlp_only_layers");
+      TQ_CHECK(l >= 0 && l < c.num_hidden_layers, "'", source, "': mlp_only_layers ", only->dump(), " has layer ", l,
+               ", outside 0..", c.num_hidden_layers - 1);
+      dense[static_cast<size_t>(l)] = true;
+    }
+    dense_list = only->dump();
+  }
+  int64_t sparse = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) sparse += !dense[static_cast<size_t>(l)] && experts > 0 && (l + 1) % step == 0;
+  auto width = [&](const char* key, int64_t fallback) {
+    const int64_t v = f.opt_int(key).value_or(fallback);
+    TQ_CHECK(v > 0, "'", source, "': \"", key, "\" is ", v, ", expected a positive integer");
+    return v;
+  };
+  if (sparse == 0) {  // every layer a Qwen3NextMLP
+    c.num_experts = 0;
+    c.intermediate_size = width("intermediate_size", 5632);
+    return;
+  }
+  TQ_CHECK(sparse == c.num_hidden_layers, "'", source, "': ", c.num_hidden_layers - sparse, " of ", c.num_hidden_layers,
+           " layers are dense MLPs (decoder_sparse_step ", step, ", mlp_only_layers ", dense_list,
+           "), which is not supported yet: every layer must be a mixture of experts, or none");
+  c.num_experts = experts;
+  c.intermediate_size = width("moe_intermediate_size", 512);
+  c.num_experts_per_tok = width("num_experts_per_tok", 10);
+  TQ_CHECK(c.num_experts_per_tok <= c.num_experts, "'", source, "': num_experts_per_tok ", c.num_experts_per_tok,
+           " must be between 1 and num_experts ", c.num_experts);
+  c.shared_expert_intermediate_size = width("shared_expert_intermediate_size", 512);
+  TQ_CHECK(f.opt_bool("norm_topk_prob").value_or(true), "'", source,
+           "': norm_topk_prob false is not supported (the top-k routing weights are always renormalized here)");
+}
+
 // Qwen3.5 text fields beyond the shared ones (transformers configuration_qwen3_5.py and
 // configuration_qwen3_5_moe.py; defaults are those classes' defaults). `root` is the text config
 // (text_config of the ConditionalGeneration classes), `top` the whole file (the same object for flat
-// configs), `experts` whether the class is the MoE one.
-void parse_qwen3_5(const json& root, const json& top, const std::string& source, bool experts, ModelConfig& c) {
+// configs), `experts` whether the class is the MoE one. `next`: Qwen3NextConfig
+// (configuration_qwen3_next.py), whose fields and defaults are the same for everything read here but the
+// feed-forward blocks (see the end), and whose weights are stored as ModelConfig::qwen3_next says.
+void parse_qwen3_5(const json& root, const json& top, const std::string& source, bool experts, bool next, ModelConfig& c) {
   Fields f(root, source);
+  c.qwen3_next = next;
 
   // Layer kinds: an explicit list, else transformers' rule from full_attention_interval (default 4):
   // layer i is linear unless (i + 1) is a multiple of the interval.
@@ -375,6 +424,10 @@ void parse_qwen3_5(const json& root, const json& top, const std::string& source,
     c.tie_word_embeddings = outer.value_or(inner.value_or(false));
   }
 
+  if (next) {
+    parse_qwen3_next_ffn(f, source, c);
+    return;
+  }
   if (!experts) {
     TQ_CHECK(f.get("num_experts") == nullptr || f.opt_int("num_experts") == 0, "'", source,
              "': num_experts is set but the architecture is the dense Qwen3.5 (use the Moe class)");
@@ -431,8 +484,10 @@ void check_dimensions(ModelConfig& c) {
   }
 }
 
-// The qwen35 / qwen35moe keys beyond the shared ones (llama.cpp's Qwen3.5 converter and
-// llama_model_qwen35{,moe}::load_arch_hparams), and what its converter changed in the tensors.
+// The qwen35 / qwen35moe / qwen3next keys beyond the shared ones (llama.cpp's Qwen3.5 and Qwen3-Next
+// converters, llama_model_qwen35{,moe}::load_arch_hparams and llama_model_qwen3next::load_arch_hparams, which
+// read the same keys), and what its converter changed in the tensors. qwen3next always has experts (its
+// loader refuses zero).
 void qwen3_5_from_gguf(const GgufFile& g, const std::string& p, bool experts, ModelConfig& c) {
   auto positive = [&](const std::string& key) {
     const int64_t v = g.get_i64(key);
@@ -483,10 +538,13 @@ void qwen3_5_from_gguf(const GgufFile& g, const std::string& p, bool experts, Mo
   }
 
   // llama.cpp's converter (conversion/qwen.py): +1 baked into every *norm.weight but the DeltaNet's
-  // linear_attn.norm, A_log stored as -exp(A_log), and the value heads reordered grouped -> tiled.
+  // linear_attn.norm, A_log stored as -exp(A_log), and the value heads reordered grouped -> tiled. The
+  // tiling is _LinearAttentionVReorderBase's, which the Qwen3.5 classes derive from; Qwen3NextModel itself
+  // does not reorder (its graph, src/models/qwen3next.cpp, repeats the key heads interleaved, the grouped
+  // order), so a qwen3next file keeps HF's grouped value heads.
   c.norm_zero_centred = false;
   c.linear_a_negexp = true;
-  c.linear_v_tiled = true;
+  c.linear_v_tiled = !c.qwen3_next;
 
   if (!experts) return;
   c.num_experts = positive(p + "expert_count");
@@ -587,7 +645,6 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
       for (const ArchInfo& k : kArchs) {
         if (info == nullptr && a.get<std::string>() == k.hf_class) info = &k;
       }
-      TQ_CHECK(info != nullptr || a != "Qwen3NextForCausalLM", "'", source, "': ", kQwen3NextNotSupported);
     }
     TQ_CHECK(info != nullptr, "'", source, "': unsupported architecture ", archs->dump(), " (supported: ",
              supported_architectures(), ")");
@@ -598,7 +655,6 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
     for (const ArchInfo& k : kArchs) {
       if (*model_type == k.model_type) info = &k;
     }
-    TQ_CHECK(info != nullptr || *model_type != "qwen3_next", "'", source, "': ", kQwen3NextNotSupported);
     TQ_CHECK(info != nullptr, "'", source, "': unsupported model_type '", *model_type, "' (supported: ",
              supported_architectures(), ")");
   }
@@ -625,8 +681,11 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   Fields f(root, text_source);
 
   c.hidden_size = f.positive_int("hidden_size");
-  // Qwen3.5-MoE has no dense MLP: its experts' width is moe_intermediate_size (default 512).
-  if (info->experts) {
+  // Qwen3.5-MoE has no dense MLP: its experts' width is moe_intermediate_size (default 512). Qwen3-Next
+  // has both fields; which one applies follows from its sparse layers (parse_qwen3_5).
+  if (is_qwen3_next(*info)) {
+    // set by parse_qwen3_5
+  } else if (info->experts) {
     c.intermediate_size = f.opt_int("moe_intermediate_size").value_or(512);
     TQ_CHECK(c.intermediate_size > 0, "'", text_source, "': \"moe_intermediate_size\" is ", c.intermediate_size,
              ", expected a positive integer");
@@ -682,7 +741,7 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
       parse_gpt_oss(root, source, c);
       break;
     case ModelArch::qwen3_5:
-      parse_qwen3_5(root, top, text_source, info->experts, c);
+      parse_qwen3_5(root, top, text_source, info->experts, is_qwen3_next(*info), c);
       break;
   }
 
@@ -763,10 +822,14 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.rope_layout = RopeLayout::rotate_half;
     c.attn_output_gate = true;
   } else if (arch == "qwen3next") {
-    fail("'", g.path(), "': ", kQwen3NextNotSupported);
+    // llama.cpp: LLAMA_ROPE_TYPE_NEOX, the HF q/k row order, the per-head [q | gate] rows of attn_q.
+    c.arch = ModelArch::qwen3_5;
+    c.rope_layout = RopeLayout::rotate_half;
+    c.attn_output_gate = true;
+    c.qwen3_next = true;
   } else {
     fail("'", g.path(), "': unsupported GGUF architecture '", arch,
-         "' (supported: llama, qwen2, qwen3, gpt-oss, qwen35, qwen35moe)");
+         "' (supported: llama, qwen2, qwen3, gpt-oss, qwen35, qwen35moe, qwen3next)");
   }
   c.architecture_class = "gguf:" + arch;
   const std::string p = arch + ".";
@@ -779,7 +842,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   c.hidden_size = positive(p + "embedding_length");
   // GPT-OSS's experts have their own width key (llama.cpp: n_ff_exp); feed_forward_length is the same.
   // GPT-OSS's and Qwen3.5-MoE's experts have their own width key (llama.cpp: n_ff_exp).
-  const bool expert_width = c.arch == ModelArch::gpt_oss || arch == "qwen35moe";
+  const bool expert_width = c.arch == ModelArch::gpt_oss || arch == "qwen35moe" || arch == "qwen3next";
   c.intermediate_size = expert_width ? positive(p + "expert_feed_forward_length") : positive(p + "feed_forward_length");
   c.num_hidden_layers = positive(p + "block_count");
   check_layer_count(c.num_hidden_layers, "'" + g.path() + "': metadata '" + p + "block_count'");
@@ -884,7 +947,7 @@ ModelConfig config_from_gguf(const GgufFile& g) {
     c.experts_mxfp4 = gate != nullptr && gate->dtype == DType::mxfp4;
   }
 
-  if (c.arch == ModelArch::qwen3_5) qwen3_5_from_gguf(g, p, arch == "qwen35moe", c);
+  if (c.arch == ModelArch::qwen3_5) qwen3_5_from_gguf(g, p, arch == "qwen35moe" || arch == "qwen3next", c);
 
   auto token_id = [&](const char* key) -> std::optional<int64_t> {
     if (!g.has(key)) return std::nullopt;

@@ -16,6 +16,8 @@ class GgufFile;
 
 // qwen3_5: the Qwen3.5 / Qwen3.6 hybrids (Gated DeltaNet and gated full attention), dense and MoE alike:
 // the two share every layer but the feed-forward block, so num_experts > 0 says which (as for GPT-OSS).
+// Qwen3-Next (HF Qwen3NextForCausalLM, GGUF qwen3next) is the same model file: its differences are how
+// the checkpoint stores the weights (ModelConfig::qwen3_next), not the layer math.
 enum class ModelArch { llama, mistral, qwen2, qwen3, gpt_oss, qwen3_5 };
 const char* architecture_name(ModelArch a);  // "llama", "mistral", "qwen2", "qwen3", "gpt_oss", "qwen3_5"
 
@@ -119,6 +121,18 @@ struct ModelConfig {
   bool norm_zero_centred = false;
   bool linear_a_negexp = false;
   bool linear_v_tiled = false;
+  // Qwen3-Next's storage of the same model (transformers modeling_qwen3_next.py, llama.cpp's qwen3next):
+  //  - the DeltaNet's input projections are fused per key head: in_proj_qkvz [2 Hk dk + 2 Hv dv, H] holds,
+  //    for each key head j, dk q rows, dk k rows, r dv v rows and r dv z rows (r = Hv / Hk: value heads
+  //    j r .. j r + r - 1, grouped), and in_proj_ba [2 Hv, H] r b rows then r a rows per key head
+  //    (Qwen3NextGatedDeltaNet.fix_query_key_value_ordering). GGUF: ssm_ba keeps the fused b/a; the
+  //    q/k/v/z are either the converter's split attn_qkv (q | k | v, contiguous) + attn_gate (z), or the
+  //    fused ssm_in of older files. Value heads stay grouped in both (no tiling: the qwen3next graph
+  //    repeats the key heads interleaved), so linear_v_tiled is false.
+  //  - HF experts may be stored per expert (mlp.experts.E.{gate,up,down}_proj.weight, the published
+  //    checkpoints; transformers merges them at load) or stacked as Qwen3.5-MoE's.
+  //  - no attn_output_gate field (the gate is always there), no multimodal wrapper.
+  bool qwen3_next = false;
   // Multi-token-prediction blocks the checkpoint carries (HF mtp.*, GGUF blocks past num_hidden_layers,
   // nextn_predict_layers); never run: their tensors are ignored.
   int64_t mtp_num_hidden_layers = 0;
@@ -162,7 +176,7 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
 // `path`: config.json or the folder holding it.
 ModelConfig load_hf_config(const std::string& path);
 
-// From GGUF metadata (general.architecture llama, qwen2, qwen3, gpt-oss, qwen35 or qwen35moe, and the
+// From GGUF metadata (general.architecture llama, qwen2, qwen3, gpt-oss, qwen35, qwen35moe or qwen3next, and the
 // <arch>.* keys) and the file's tensors (tied embeddings when there is no output.weight; rope_freqs.weight).
 ModelConfig config_from_gguf(const GgufFile& gguf);
 

@@ -141,7 +141,17 @@ ExpertWeights build_expert_weights(const ModelConfig& c, const ModelWeights& w, 
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     LayerExperts& X = out.layers[l];
-    if (L.gate_up_exps != nullptr) {
+    if (!L.expert_gate.empty()) {
+      // HF Qwen3-Next: one [out][in] matrix per expert and role, used in place; no biases.
+      auto view = [](const TensorView* t) {
+        return ops::WeightView::dense(to_ops_matrix(t->dtype), t->data, t->shape[0], t->shape[1]);
+      };
+      for (size_t e = 0; e < L.expert_gate.size(); ++e) {
+        X.gate.push_back(view(L.expert_gate[e]));
+        X.up.push_back(view(L.expert_up[e]));
+        X.down.push_back(view(L.expert_down[e]));
+      }
+    } else if (L.gate_up_exps != nullptr) {
       // HF Qwen3.5-MoE [E][2I][H], output-major: expert e's gate is rows [0, I) of its matrix and its up
       // rows [I, 2I), both used in place; no biases.
       const TensorView& gu = *L.gate_up_exps;

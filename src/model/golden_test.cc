@@ -80,13 +80,14 @@ TEST_P(Golden, LogitsMatchTransformersInOneBatch) {
 // golden/: head dimensions of 16 and 32; golden-hd64/: of 64 and 128 (the GPU's), Mistral with a
 // sliding window of 8 that the prompts cross; golden-gptoss/: GPT-OSS with BF16 experts and with MXFP4 experts
 // (transformers' own dequantization), a sliding window of 4 and sink logits far from zero; golden-qwen3_5/: the
-// hybrids (tools/fixtures/qwen3_5_golden.py; skipped until made on the GPU machine).
+// hybrids (tools/fixtures/qwen3_5_golden.py; skipped until made on the GPU machine); golden-qwen3_next/: Qwen3-Next
+// (make_golden_models.py --qwen3-next, the same script's NEXT_MODELS; skipped until made).
 INSTANTIATE_TEST_SUITE_P(Architectures, Golden,
                          testing::Values("golden/llama", "golden/llama3", "golden/mistral", "golden/qwen2", "golden/qwen3",
                                          "golden-hd64/llama", "golden-hd64/llama3", "golden-hd64/mistral", "golden-hd64/qwen2",
                                          "golden-hd64/qwen3", "golden-gptoss/gpt_oss_bf16", "golden-gptoss/gpt_oss_mxfp4",
                                          "golden-qwen3_5/qwen3_5_dense", "golden-qwen3_5/qwen3_5_dense_kv1",
-                                         "golden-qwen3_5/qwen3_5_moe"),
+                                         "golden-qwen3_5/qwen3_5_moe", "golden-qwen3_next/qwen3_next"),
                          [](const testing::TestParamInfo<std::string>& i) {
                            std::string n = i.param;
                            for (char& c : n)

@@ -26,6 +26,8 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
   const ModelConfig& c = config_;
   const ModelWeights& w = files.weights;
   TQ_CHECK(c.attn_output_gate, files.path, ": a Qwen3.5 model without attn_output_gate");
+  TQ_CHECK(!(c.qwen3_next && c.linear_v_tiled), files.path, ": Qwen3-Next's fused projections hold grouped value heads, "
+           "but the config says tiled");
   hidden_ = static_cast<int>(c.hidden_size);
   inter_ = static_cast<int>(c.intermediate_size);
   n_heads_ = static_cast<int>(c.num_attention_heads);
@@ -73,12 +75,34 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
         const std::vector<int64_t> held = tiled_v_heads_from_grouped(c.linear_num_key_heads, c.linear_num_value_heads);
         for (int t = 0; t < hv; ++t) src[static_cast<size_t>(held[static_cast<size_t>(t)])] = t;
       }
-      std::vector<ops::WeightView> in = {weight_rows(lw.linear_qkv, 0, 2 * kw)};  // q | k
-      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_qkv, 2 * kw + src[static_cast<size_t>(g)] * dv, dv));
-      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_z, src[static_cast<size_t>(g)] * dv, dv));
-      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_b, src[static_cast<size_t>(g)], 1));
-      for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_a, src[static_cast<size_t>(g)], 1));
-      L.w_in = dev.linear(in, layer + " in_proj_qkv/z/b/a");
+      // The input product's rows in the order the device reads them: q and k of every key head, then v, z,
+      // b and a of every value head in grouped order.
+      const int hk = delta_.k_heads, dk = delta_.k_dim, r = hv / hk;
+      std::vector<ops::WeightView> in;
+      if (lw.linear_qkvz != nullptr) {
+        // Qwen3-Next's in_proj_qkvz: per key head j a block of q (dk), k (dk), v (r dv), z (r dv) rows, the
+        // r value heads of j (grouped heads j r .. j r + r - 1) contiguous within v and within z.
+        const int64_t block = 2 * dk + 2 * static_cast<int64_t>(r) * dv;
+        for (int part = 0; part < 2; ++part)  // every q, then every k
+          for (int j = 0; j < hk; ++j) in.push_back(weight_rows(lw.linear_qkvz, j * block + part * dk, dk));
+        for (int part = 0; part < 2; ++part)  // every v, then every z
+          for (int j = 0; j < hk; ++j)
+            in.push_back(weight_rows(lw.linear_qkvz, j * block + 2 * dk + part * static_cast<int64_t>(r) * dv, r * dv));
+      } else {
+        in.push_back(weight_rows(lw.linear_qkv, 0, 2 * kw));  // q | k
+        for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_qkv, 2 * kw + src[static_cast<size_t>(g)] * dv, dv));
+        for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_z, src[static_cast<size_t>(g)] * dv, dv));
+      }
+      if (lw.linear_ba != nullptr) {
+        // Qwen3-Next's in_proj_ba: per key head j, r b rows then r a rows.
+        for (int part = 0; part < 2; ++part)  // every b, then every a
+          for (int j = 0; j < hk; ++j) in.push_back(weight_rows(lw.linear_ba, static_cast<int64_t>(j) * 2 * r + part * r, r));
+      } else {
+        for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_b, src[static_cast<size_t>(g)], 1));
+        for (int g = 0; g < hv; ++g) in.push_back(weight_rows(lw.linear_a, src[static_cast<size_t>(g)], 1));
+      }
+      L.w_in = dev.linear(in, layer + (lw.linear_qkvz != nullptr ? " in_proj_qkvz" : " in_proj_qkv/z") +
+                                  (lw.linear_ba != nullptr ? "/ba" : "/b/a"));
       // Per head: the rows of a [heads * width] vector in grouped order.
       auto regroup = [&](const std::vector<float>& v, size_t first, int width) {
         std::vector<float> out(v);

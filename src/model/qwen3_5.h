@@ -20,6 +20,13 @@
 //     + sigmoid(h . w_sg) (silu(h Wsgate^T) * (h Wsup^T)) Wsdown^T (the shared expert and its gate)
 // logits = RMSNorm(x) * final_norm  Wlm^T, for the rows whose logits are asked for.
 //
+// Qwen3-Next (ModelConfig::qwen3_next; transformers modeling_qwen3_next.py, llama.cpp qwen3next) is this
+// file too: the same layers (zero-centred RMSNorms but the DeltaNet's, per-head [q | gate] rows of Wq, partial
+// rotary, the DeltaNet, the MoE block with its gated shared expert), stored differently. Its fused
+// in_proj_qkvz (per key head: q, k, the key head's r value heads' v, then their z) and in_proj_ba (per key
+// head: r b, then r a) are taken as row slices of the same stacked input product (no copy), so the device
+// sees exactly the Qwen3.5 weights. Its GGUF keeps the grouped value heads (not tiled).
+//
 // A GGUF's value heads come tiled (the converter's order for ggml's broadcast); they are put back in the
 // grouped order the device's delta rule reads (key head j serves value heads [j r, (j + 1) r)) at load: row
 // slices stacked in that order (no copy), the small vectors and out_proj's columns copied permuted.

@@ -1,7 +1,9 @@
 // Qwen3.5 / Qwen3.6 loading: the real configs' fields (HF config.json in both layouts, GGUF qwen35 /
 // qwen35moe metadata), every bad field named, tiny dense and MoE models in each checkpoint layout
 // (multimodal ConditionalGeneration with ignored vision / MTP tensors, text-only CausalLM, GGUF as
-// llama.cpp's converter writes it) giving the same roles, and the GGUF value-head order.
+// llama.cpp's converter writes it) giving the same roles, and the GGUF value-head order. Then Qwen3-Next
+// (the same model file): its config, and the tiny MoE model stored the Qwen3-Next way (fused per key head,
+// per-expert tensors; HF and GGUF) giving the Qwen3.5-MoE folder's logits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -232,11 +234,6 @@ TEST(Qwen35Config, EveryBadFieldIsNamed) {
   json d = config_dense_text();
   d["num_experts"] = 8;
   expect_error([&] { parse(d); }, {"num_experts is set but the architecture is the dense Qwen3.5"});
-  // Qwen3-Next is refused by name, not as an unknown class.
-  json next = json::parse(R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"})");
-  expect_error([&] { parse(next); }, {"Qwen3-Next is not supported yet", "in_proj_qkvz"});
-  next.erase("architectures");
-  expect_error([&] { parse(next); }, {"Qwen3-Next is not supported yet"});
 }
 
 // ---------------------------------------------------------------- the value-head order
@@ -731,7 +728,8 @@ TEST(Qwen35Weights, BadFilesNameTheTensor) {
        {p + "1.mlp.experts.gate_up_proj", "has shape [8, 16, 32]", "expected [4, 32, 32]", "gate rows, then up rows"}},
       {true, [&](Tensors& t) { t[p + "1.mlp.experts.down_proj"].shape = {E, kExpertI, H}; },
        {p + "1.mlp.experts.down_proj", "has shape [4, 16, 32]", "expected [4, 32, 16]"}},
-      // Per-expert tensors (Qwen3-Next's layout, some re-exports): refused by name, not misread.
+      // Per-expert tensors (Qwen3-Next's layout, some re-exports) in a Qwen3.5-MoE folder: refused by name, not
+      // misread (no Qwen3.5-MoE checkpoint is known to store them so).
       {true, [&](Tensors& t) {
          const std::string x = p + "0.mlp.experts.";
          t.erase(x + "gate_up_proj");
@@ -880,11 +878,6 @@ TEST(Qwen35Gguf, RecurrentLayersArrayAndErrors) {
     const std::string msg = error_message([&] { open_model(dir.file("bad.gguf")); });
     for (const std::string& n : k.needles) EXPECT_NE(msg.find(n), std::string::npos) << "message lacks '" << n << "': " << msg;
   }
-  // Qwen3-Next GGUFs are refused by name.
-  GgufWriter next;
-  next.set_string("general.architecture", "qwen3next");
-  const GgufFile file = GgufFile::parse(MappedFile::from_bytes("next.gguf", next.bytes()));
-  expect_error([&] { config_from_gguf(file); }, {"next.gguf", "Qwen3-Next is not supported yet"});
 }
 
 // The GGUF forms the converter does not write for Qwen3.5 are refused by name, not guessed at.
@@ -942,6 +935,435 @@ TEST(Qwen35Weights, BuildArchitectureBuildsBothVariants) {
     CpuDevice device(1);
     EXPECT_EQ(build_architecture(m, device)->layer_specs().size(), static_cast<size_t>(L)) << (moe ? "moe" : "dense");
   }
+}
+
+// ---------------------------------------------------------------- Qwen3-Next
+
+// The fields of a Qwen3-Next-80B-A3B-shaped config.json as transformers 4.x writes Qwen3NextConfig (flat; rope
+// at the top level; full_attention_interval instead of layer_types).
+json next_80b_config() {
+  return json::parse(R"({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+    "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+    "decoder_sparse_step": 1, "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5120, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mlp_only_layers": [],
+    "moe_intermediate_size": 512, "norm_topk_prob": true, "num_attention_heads": 16, "num_experts": 512,
+    "num_experts_per_tok": 10, "num_hidden_layers": 48, "num_key_value_heads": 2, "output_router_logits": false,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+TEST(Qwen3NextConfig, ParsesThe80BShapedConfig) {
+  const ModelConfig c = parse(next_80b_config());
+  EXPECT_EQ(c.arch, ModelArch::qwen3_5);
+  EXPECT_EQ(c.architecture_class, "Qwen3NextForCausalLM");
+  EXPECT_TRUE(c.qwen3_next);
+  EXPECT_EQ(c.hf_prefix, "model.");
+  EXPECT_TRUE(c.norm_zero_centred && c.attn_output_gate);
+  EXPECT_FALSE(c.linear_v_tiled || c.linear_a_negexp);
+  EXPECT_EQ(c.num_experts, 512);
+  EXPECT_EQ(c.num_experts_per_tok, 10);
+  EXPECT_EQ(c.intermediate_size, 512);  // the experts' width; intermediate_size 5120 has no layer
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rope_dim, 64);
+  EXPECT_EQ(c.rope_theta, 1e7);
+  EXPECT_EQ(c.linear_conv_dim(), 2 * 16 * 128 + 32 * 128);
+  ASSERT_EQ(c.linear_layers.size(), 48u);
+  for (int64_t l = 0; l < 48; ++l) EXPECT_EQ(c.is_linear_layer(l), (l + 1) % 4 != 0) << l;
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{151645});
+  // model_type alone names it too.
+  json j = next_80b_config();
+  j.erase("architectures");
+  EXPECT_TRUE(parse(j).qwen3_next);
+}
+
+// Qwen3NextConfig as transformers 5 saves it (what tools/fixtures/qwen3_5_golden.py's NEXT_MODELS writes):
+// layer_types and rope_parameters; dense when no layer is sparse; every refused field named.
+TEST(Qwen3NextConfig, Transformers5FieldsDenseLayersAndBadFields) {
+  json j = next_80b_config();
+  for (const char* k : {"full_attention_interval", "rope_theta", "partial_rotary_factor", "rope_scaling", "torch_dtype"}) j.erase(k);
+  j["num_hidden_layers"] = 4;
+  j["layer_types"] = {"linear_attention", "linear_attention", "linear_attention", "full_attention"};
+  j["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})");
+  j["dtype"] = "float32";
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.linear_layers, (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(c.rope_dim, 64);
+  EXPECT_EQ(c.num_experts, 512);
+  // No sparse layer: every layer is Qwen3NextMLP(intermediate_size).
+  for (const json& dense : {json::parse(R"({"num_experts": 0})"), json::parse(R"({"mlp_only_layers": [0, 1, 2, 3]})"),
+                            json::parse(R"({"decoder_sparse_step": 5})")}) {
+    json d = j;
+    d.update(dense);
+    c = parse(d);
+    EXPECT_EQ(c.num_experts, 0) << dense.dump();
+    EXPECT_EQ(c.intermediate_size, 5120) << dense.dump();
+  }
+  struct Case {
+    json edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {json::parse(R"({"norm_topk_prob": false})"), {"norm_topk_prob false is not supported"}},
+      {json::parse(R"({"decoder_sparse_step": 2})"),
+       {"2 of 4 layers are dense MLPs (decoder_sparse_step 2, mlp_only_layers [])", "not supported yet"}},
+      {json::parse(R"({"mlp_only_layers": [1]})"), {"1 of 4 layers are dense MLPs", "mlp_only_layers [1]"}},
+      {json::parse(R"({"mlp_only_layers": [4]})"), {"mlp_only_layers [4] has layer 4, outside 0..3"}},
+      {json::parse(R"({"mlp_only_layers": 1})"), {"\"mlp_only_layers\" is 1, expected a list"}},
+      {json::parse(R"({"decoder_sparse_step": 0})"), {"decoder_sparse_step 0 must be positive"}},
+      {json::parse(R"({"num_experts": -1})"), {"num_experts -1 is negative"}},
+      {json::parse(R"({"num_experts_per_tok": 513})"), {"num_experts_per_tok 513 must be between 1 and num_experts 512"}},
+      {json::parse(R"({"shared_expert_intermediate_size": 0})"), {"\"shared_expert_intermediate_size\" is 0"}},
+      {json::parse(R"({"attention_bias": true})"), {"attention_bias true is not supported"}},
+      {json::parse(R"({"linear_num_value_heads": 24})"), {"linear_num_value_heads 24 is not a multiple of linear_num_key_heads 16"}},
+      {json::parse(R"({"hidden_act": "gelu"})"), {"hidden_act 'gelu' is not supported"}},
+      {json::parse(R"({"model_type": "qwen3_5_moe_text"})"), {"model_type 'qwen3_5_moe_text' does not match architecture Qwen3NextForCausalLM"}},
+  };
+  for (const Case& k : cases) {
+    json bad = j;
+    bad.update(k.edit);
+    const std::string msg = error_message([&] { parse(bad); });
+    for (const std::string& n : k.needles) EXPECT_NE(msg.find(n), std::string::npos) << "message lacks '" << n << "': " << msg;
+  }
+}
+
+// The tiny MoE model of hf_tensors stored the Qwen3-Next way. Its DeltaNet layers get random fused
+// in_proj_qkvz / in_proj_ba; the experts are per-expert tensors (the published layout) or the stacks.
+constexpr int64_t kR = Hv / Hk, kBlock = 2 * Dk + 2 * kR * Dv;  // value heads per key head; qkvz rows per key head
+
+Tensors next_tensors(bool per_expert) {
+  Tensors t = hf_tensors(true, "model.");
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (is_linear(l)) {
+      for (const char* n : {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}) t.erase(p + "linear_attn." + n + ".weight");
+      t[p + "linear_attn.in_proj_qkvz.weight"] = {{Hk * kBlock, H}, random_floats(Hk * kBlock * H, 100 + l)};
+      t[p + "linear_attn.in_proj_ba.weight"] = {{2 * Hv, H}, random_floats(2 * Hv * H, 200 + l)};
+    }
+    if (per_expert) {
+      const std::string x = p + "mlp.experts.";
+      const HfTensor gu = t.at(x + "gate_up_proj"), down = t.at(x + "down_proj");
+      t.erase(x + "gate_up_proj");
+      t.erase(x + "down_proj");
+      for (int64_t e = 0; e < E; ++e) {
+        const auto g0 = gu.values.begin() + e * 2 * kExpertI * H, d0 = down.values.begin() + e * H * kExpertI;
+        const std::string xe = x + std::to_string(e) + ".";
+        t[xe + "gate_proj.weight"] = {{kExpertI, H}, std::vector<float>(g0, g0 + kExpertI * H)};
+        t[xe + "up_proj.weight"] = {{kExpertI, H}, std::vector<float>(g0 + kExpertI * H, g0 + 2 * kExpertI * H)};
+        t[xe + "down_proj.weight"] = {{H, kExpertI}, std::vector<float>(d0, d0 + H * kExpertI)};
+      }
+    }
+  }
+  return t;
+}
+
+// Rows [first, first + count) of a row-major [*, H] tensor.
+std::vector<float> rows_of(const HfTensor& t, int64_t first, int64_t count) {
+  return std::vector<float>(t.values.begin() + first * H, t.values.begin() + (first + count) * H);
+}
+
+// The fused projections un-fused by hand, as transformers' fix_query_key_value_ordering reads them: per key
+// head j, q, k, v (r heads), z (r heads) of in_proj_qkvz and b (r), a (r) of in_proj_ba; q of every key head,
+// then k, then v form in_proj_qkv. naive: split them as if they were [q | k | v | z] and [b | a] over all
+// heads (the misreading the test must catch).
+Tensors unfused(const Tensors& next, bool naive = false) {
+  Tensors t = next;
+  for (int64_t l = 0; l < L; ++l) {
+    if (!is_linear(l)) continue;
+    const std::string a = "model.layers." + std::to_string(l) + ".linear_attn.";
+    const HfTensor qkvz = t.at(a + "in_proj_qkvz.weight"), ba = t.at(a + "in_proj_ba.weight");
+    t.erase(a + "in_proj_qkvz.weight");
+    t.erase(a + "in_proj_ba.weight");
+    std::vector<float> q, k, v, z, b, al;
+    auto append = [](std::vector<float>& to, const std::vector<float>& rows) { to.insert(to.end(), rows.begin(), rows.end()); };
+    if (naive) {
+      q = rows_of(qkvz, 0, Hk * Dk);
+      k = rows_of(qkvz, Hk * Dk, Hk * Dk);
+      v = rows_of(qkvz, 2 * Hk * Dk, Hv * Dv);
+      z = rows_of(qkvz, 2 * Hk * Dk + Hv * Dv, Hv * Dv);
+      b = rows_of(ba, 0, Hv);
+      al = rows_of(ba, Hv, Hv);
+    } else {
+      for (int64_t j = 0; j < Hk; ++j) {
+        append(q, rows_of(qkvz, j * kBlock, Dk));
+        append(k, rows_of(qkvz, j * kBlock + Dk, Dk));
+        append(v, rows_of(qkvz, j * kBlock + 2 * Dk, kR * Dv));
+        append(z, rows_of(qkvz, j * kBlock + 2 * Dk + kR * Dv, kR * Dv));
+        append(b, rows_of(ba, j * 2 * kR, kR));
+        append(al, rows_of(ba, j * 2 * kR + kR, kR));
+      }
+    }
+    std::vector<float> qkv = q;
+    append(qkv, k);
+    append(qkv, v);
+    t[a + "in_proj_qkv.weight"] = {{kConv, H}, qkv};
+    t[a + "in_proj_z.weight"] = {{kVdim, H}, z};
+    t[a + "in_proj_b.weight"] = {{Hv, H}, b};
+    t[a + "in_proj_a.weight"] = {{Hv, H}, al};
+  }
+  // Per-expert tensors stacked back into gate_up_proj [E][2I][H] (gate rows first) and down_proj [E][H][I].
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string x = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    if (!t.count(x + "0.gate_proj.weight")) continue;
+    std::vector<float> gu, down;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string xe = x + std::to_string(e) + ".";
+      for (const char* n : {"gate_proj", "up_proj"}) {
+        const std::vector<float>& w = t.at(xe + n + ".weight").values;
+        gu.insert(gu.end(), w.begin(), w.end());
+      }
+      const std::vector<float>& d = t.at(xe + "down_proj.weight").values;
+      down.insert(down.end(), d.begin(), d.end());
+      for (const char* n : {"gate_proj", "up_proj", "down_proj"}) t.erase(xe + n + ".weight");
+    }
+    t[x + "gate_up_proj"] = {{E, 2 * kExpertI, H}, gu};
+    t[x + "down_proj"] = {{E, H, kExpertI}, down};
+  }
+  return t;
+}
+
+// Qwen3NextForCausalLM's config.json for the tiny model: tiny_text_config's fields, less the Qwen3.5-only
+// ones, plus Qwen3NextConfig's.
+json next_tiny_config() {
+  json t = tiny_text_config(true);
+  for (const char* k : {"attn_output_gate", "mtp_num_hidden_layers"}) t.erase(k);
+  t["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25})");
+  t["architectures"] = json::array({"Qwen3NextForCausalLM"});
+  t["model_type"] = "qwen3_next";
+  t["intermediate_size"] = kDenseI;
+  t["decoder_sparse_step"] = 1;
+  t["mlp_only_layers"] = json::array();
+  t["norm_topk_prob"] = true;
+  return t;
+}
+
+// A folder of these tensors (written as write_hf writes every layout: experts BF16, the rest F32).
+void write_tensors(const std::string& dir, const Tensors& tensors, const json& config) {
+  write_hf(dir, true, false, [&](Tensors& t) { t = tensors; }, config);
+}
+
+// The Qwen3-Next GGUF as llama.cpp's converter writes it (conversion/qwen.py Qwen3NextModel.modify_tensors and
+// Qwen2MoeModel's expert merge): in_proj_qkvz split into attn_qkv (q of every key head | k | v) and attn_gate
+// (z), or, legacy_ssm_in, kept fused as ssm_in (older converters; llama.cpp still reads it); in_proj_ba kept
+// fused as ssm_ba; +1 in every norm but ssm_norm; ssm_a = -exp(A_log); conv squeezed; value heads NOT
+// tiled; experts stacked per role. edit (for bad files) sees each F32 tensor before it is written and may
+// change it, or drop it by returning false.
+using GgufEdit = std::function<bool(const std::string& name, std::vector<int64_t>& shape, std::vector<float>& values)>;
+void write_next_gguf(const std::string& path, const Tensors& next, bool legacy_ssm_in, const GgufEdit& edit = {}) {
+  const Tensors split = unfused(next);  // the un-fused q/k/v/z rows and stacked experts
+  const std::string a = "qwen3next.";
+  GgufWriter w;
+  w.set_string("general.architecture", "qwen3next");
+  w.set_u32(a + "block_count", L);
+  w.set_u32(a + "context_length", 262144);
+  w.set_u32(a + "embedding_length", H);
+  w.set_u32(a + "feed_forward_length", kDenseI);
+  w.set_u32(a + "attention.head_count", kHeads);
+  w.set_u32(a + "attention.head_count_kv", kKv);
+  w.set_u32(a + "attention.key_length", kHd);
+  w.set_u32(a + "attention.value_length", kHd);
+  w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.set_f32(a + "rope.freq_base", 1e7f);
+  w.set_u32(a + "rope.dimension_count", 4);
+  w.set_u32(a + "expert_count", E);
+  w.set_u32(a + "expert_used_count", 2);
+  w.set_u32(a + "expert_feed_forward_length", kExpertI);
+  w.set_u32(a + "expert_shared_feed_forward_length", kShared);
+  w.set_u32(a + "ssm.conv_kernel", K);
+  w.set_u32(a + "ssm.state_size", Dk);
+  w.set_u32(a + "ssm.group_count", Hk);
+  w.set_u32(a + "ssm.time_step_rank", Hv);
+  w.set_u32(a + "ssm.inner_size", kVdim);
+  w.set_u32(a + "full_attention_interval", 2);
+  w.set_u32(a + "vocab_size", kVocab);
+  auto put = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v, bool plus_one = false) {
+    if (plus_one)
+      for (float& x : v) x += 1.0f;
+    if (!edit || edit(name, shape, v)) w.add_tensor(name, DType::f32, std::move(shape), v);
+  };
+  put("token_embd.weight", {kVocab, H}, next.at("model.embed_tokens.weight").values);
+  put("output.weight", {kVocab, H}, next.at("lm_head.weight").values);
+  put("output_norm.weight", {H}, next.at("model.norm.weight").values, true);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".", b = "blk." + std::to_string(l) + ".";
+    auto v = [&](const std::string& n) { return split.at(p + n).values; };
+    put(b + "attn_norm.weight", {H}, v("input_layernorm.weight"), true);
+    put(b + "post_attention_norm.weight", {H}, v("post_attention_layernorm.weight"), true);
+    if (is_linear(l)) {
+      if (legacy_ssm_in) {
+        put(b + "ssm_in.weight", {Hk * kBlock, H}, next.at(p + "linear_attn.in_proj_qkvz.weight").values);
+      } else {
+        put(b + "attn_qkv.weight", {kConv, H}, v("linear_attn.in_proj_qkv.weight"));
+        put(b + "attn_gate.weight", {kVdim, H}, v("linear_attn.in_proj_z.weight"));
+      }
+      put(b + "ssm_ba.weight", {2 * Hv, H}, next.at(p + "linear_attn.in_proj_ba.weight").values);
+      put(b + "ssm_conv1d.weight", {kConv, K}, v("linear_attn.conv1d.weight"));
+      put(b + "ssm_dt.bias", {Hv}, v("linear_attn.dt_bias"));
+      std::vector<float> A = v("linear_attn.A_log");
+      for (float& x : A) x = -std::exp(x);
+      put(b + "ssm_a", {Hv}, A);
+      put(b + "ssm_norm.weight", {Dv}, v("linear_attn.norm.weight"));
+      put(b + "ssm_out.weight", {H, kVdim}, v("linear_attn.out_proj.weight"));
+    } else {
+      put(b + "attn_q.weight", {kHeads * kHd * 2, H}, v("self_attn.q_proj.weight"));
+      put(b + "attn_k.weight", {kKv * kHd, H}, v("self_attn.k_proj.weight"));
+      put(b + "attn_v.weight", {kKv * kHd, H}, v("self_attn.v_proj.weight"));
+      put(b + "attn_output.weight", {H, kHeads * kHd}, v("self_attn.o_proj.weight"));
+      put(b + "attn_q_norm.weight", {kHd}, v("self_attn.q_norm.weight"), true);
+      put(b + "attn_k_norm.weight", {kHd}, v("self_attn.k_norm.weight"), true);
+    }
+    put(b + "ffn_gate_inp.weight", {E, H}, v("mlp.gate.weight"));
+    const std::vector<float> gu = v("mlp.experts.gate_up_proj");  // [E][2I][H]
+    std::vector<float> gate, up;
+    for (int64_t e = 0; e < E; ++e) {
+      const auto at = gu.begin() + e * 2 * kExpertI * H;
+      gate.insert(gate.end(), at, at + kExpertI * H);
+      up.insert(up.end(), at + kExpertI * H, at + 2 * kExpertI * H);
+    }
+    w.add_tensor(b + "ffn_gate_exps.weight", DType::bf16, {E, kExpertI, H}, gate);  // BF16 as in the HF folder
+    w.add_tensor(b + "ffn_up_exps.weight", DType::bf16, {E, kExpertI, H}, up);
+    w.add_tensor(b + "ffn_down_exps.weight", DType::bf16, {E, H, kExpertI}, v("mlp.experts.down_proj"));
+    put(b + "ffn_gate_shexp.weight", {kShared, H}, v("mlp.shared_expert.gate_proj.weight"));
+    put(b + "ffn_up_shexp.weight", {kShared, H}, v("mlp.shared_expert.up_proj.weight"));
+    put(b + "ffn_down_shexp.weight", {H, kShared}, v("mlp.shared_expert.down_proj.weight"));
+    put(b + "ffn_gate_inp_shexp.weight", {H}, v("mlp.shared_expert_gate.weight"));
+  }
+  write_bytes_to_file(path, w.bytes());
+}
+
+// Every logit of 23 tokens fed in chunks of 5, and the worst difference relative to the largest.
+std::vector<float> next_logits(const std::string& path) {
+  testing_util::CpuModel m(path, 2);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 23; ++i) tokens.push_back((i * 7 + 3) % static_cast<int>(kVocab));
+  auto engine = testing_util::dense_engine(*m.model, "f32");
+  return testing_util::feed_all(*engine, engine->add_sequence(), tokens, 5);
+}
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+  }
+  EXPECT_GT(scale, 0.0);
+  return err / scale;
+}
+
+// The Qwen3-Next folder gives the logits of the same weights as a Qwen3.5-MoE (text-only) folder, with the
+// experts per expert or stacked; the wrong un-fusing would not (so the comparison can fail).
+TEST(Qwen3NextWeights, SameLogitsAsTheUnfusedQwen35MoeFolder) {
+  for (bool per_expert : {true, false}) {
+    SCOPED_TRACE(per_expert ? "per-expert" : "stacked experts");
+    const Tensors next = next_tensors(per_expert);
+    ScratchDir nd("qwen3next_hf"), qd("qwen3next_as_35"), wd("qwen3next_naive");
+    write_tensors(nd.path(), next, next_tiny_config());
+    write_tensors(qd.path(), unfused(next), tiny_config(true, false));
+    const ModelFiles m = open_model(nd.path());
+    EXPECT_TRUE(m.config.qwen3_next);
+    const LayerWeights& lw = m.weights.layers[0];
+    ASSERT_NE(lw.linear_qkvz, nullptr);
+    EXPECT_EQ(lw.linear_qkvz->shape, (std::vector<int64_t>{Hk * kBlock, H}));
+    EXPECT_EQ(lw.linear_ba->shape, (std::vector<int64_t>{2 * Hv, H}));
+    EXPECT_TRUE(lw.linear_qkv == nullptr && lw.linear_z == nullptr && lw.linear_b == nullptr && lw.linear_a == nullptr);
+    EXPECT_EQ(lw.expert_gate.size(), per_expert ? static_cast<size_t>(E) : 0u);
+    EXPECT_EQ(lw.gate_up_exps == nullptr, per_expert);
+    EXPECT_TRUE(m.weights.unused.empty()) << m.weights.unused.front();
+    const std::vector<float> want = next_logits(qd.path());
+    EXPECT_LE(relative_error(want, next_logits(nd.path())), 1e-5);
+    if (per_expert) {
+      write_tensors(wd.path(), unfused(next, /*naive=*/true), tiny_config(true, false));
+      EXPECT_GT(relative_error(want, next_logits(wd.path())), 1e-3) << "the naive split should change the logits";
+    }
+  }
+}
+
+// The GGUF llama.cpp's converter writes (split attn_qkv + attn_gate, or the legacy fused ssm_in; ssm_ba fused;
+// grouped value heads) gives the HF folder's logits.
+TEST(Qwen3NextGguf, SameLogitsAsTheHfFolder) {
+  const Tensors next = next_tensors(true);
+  ScratchDir dir("qwen3next_gguf");
+  write_tensors(dir.path(), next, next_tiny_config());
+  const std::vector<float> want = next_logits(dir.path());
+  for (bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "ssm_in" : "attn_qkv + attn_gate");
+    write_next_gguf(dir.file("next.gguf"), next, legacy);
+    const ModelFiles g = open_model(dir.file("next.gguf"));
+    const ModelConfig& c = g.config;
+    EXPECT_EQ(c.architecture_class, "gguf:qwen3next");
+    EXPECT_TRUE(c.qwen3_next && c.linear_a_negexp);
+    EXPECT_FALSE(c.linear_v_tiled || c.norm_zero_centred);
+    EXPECT_EQ(c.num_experts, E);
+    EXPECT_EQ(c.intermediate_size, kExpertI);
+    EXPECT_EQ(c.shared_expert_intermediate_size, kShared);
+    EXPECT_EQ(c.linear_layers, (std::vector<bool>{true, false, true, false}));
+    EXPECT_EQ(g.weights.layers[0].linear_qkvz != nullptr, legacy);
+    EXPECT_EQ(g.weights.layers[0].linear_qkv != nullptr, !legacy);
+    EXPECT_NE(g.weights.layers[0].linear_ba, nullptr);
+    EXPECT_TRUE(g.weights.unused.empty()) << g.weights.unused.front();
+    EXPECT_LE(relative_error(want, next_logits(dir.file("next.gguf"))), 1e-5);
+  }
+}
+
+// Bad Qwen3-Next files name the tensor, its expected shape and why.
+TEST(Qwen3NextWeights, BadFilesNameTheTensor) {
+  const std::string p = "model.layers.";
+  struct Case {
+    std::function<void(Tensors&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {[&](Tensors& t) { t[p + "0.linear_attn.in_proj_qkvz.weight"] = {{kConv, H}, random_floats(kConv * H, 9)}; },
+       {p + "0.linear_attn.in_proj_qkvz.weight", "has shape [64, 32]", "expected [96, 32]",
+        "per key head: q, k, then 2 value heads' v and z"}},
+      {[&](Tensors& t) { t.erase(p + "2.linear_attn.in_proj_ba.weight"); },
+       {"'" + p + "2.linear_attn.in_proj_ba.weight' is missing", "[8, 32]", "per key head: b, then a"}},
+      {[&](Tensors& t) { t[p + "0.linear_attn.in_proj_ba.weight"].shape = {Hv, 2 * H}; },
+       {p + "0.linear_attn.in_proj_ba.weight", "has shape [4, 64]", "expected [8, 32]"}},
+      // The Qwen3.5 tensors instead of the fused ones.
+      {[&](Tensors& t) { t = unfused(t); }, {"'" + p + "0.linear_attn.in_proj_qkvz.weight' is missing"}},
+      {[&](Tensors& t) { t.erase(p + "1.mlp.experts.3.down_proj.weight"); },
+       {"'" + p + "1.mlp.experts.3.down_proj.weight' is missing", "expert 3 of num_experts 4", "[32, 16]"}},
+      {[&](Tensors& t) { t[p + "1.mlp.experts.2.up_proj.weight"].shape = {H, kExpertI}; },
+       {p + "1.mlp.experts.2.up_proj.weight", "has shape [32, 16]", "expected [16, 32]"}},
+      {[&](Tensors& t) { t[p + "1.mlp.experts.4.gate_proj.weight"] = t.at(p + "1.mlp.experts.3.gate_proj.weight"); },
+       {p + "1.mlp.experts.4.gate_proj.weight' is expert 4 but num_experts is 4"}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.needles.front());
+    ScratchDir dir("qwen3next_bad");
+    Tensors t = next_tensors(true);
+    k.edit(t);
+    write_tensors(dir.path(), t, next_tiny_config());
+    const std::string msg = error_message([&] { open_model(dir.path()); });
+    for (const std::string& n : k.needles) EXPECT_NE(msg.find(n), std::string::npos) << "message lacks '" << n << "': " << msg;
+  }
+  // GGUF: ssm_ba missing, a wrong ssm_in, attn_gate missing beside attn_qkv.
+  ScratchDir dir("qwen3next_bad_gguf");
+  const Tensors next = next_tensors(true);
+  write_next_gguf(dir.file("bad.gguf"), next, false, [](const std::string& n, auto&, auto&) { return n != "blk.2.ssm_ba.weight"; });
+  expect_error([&] { open_model(dir.file("bad.gguf")); }, {"'blk.2.ssm_ba.weight' is missing", "[8, 32]", "per key head: b, then a"});
+  write_next_gguf(dir.file("bad.gguf"), next, true, [](const std::string& n, std::vector<int64_t>& shape, std::vector<float>& v) {
+    if (n == "blk.2.ssm_in.weight") {
+      shape[0] -= 8;
+      v.resize(static_cast<size_t>(shape[0] * shape[1]));
+    }
+    return true;
+  });
+  expect_error([&] { open_model(dir.file("bad.gguf")); }, {"'blk.2.ssm_in.weight' has shape [88, 32], expected [96, 32]"});
+  write_next_gguf(dir.file("bad.gguf"), next, false, [](const std::string& n, auto&, auto&) { return n != "blk.0.attn_gate.weight"; });
+  expect_error([&] { open_model(dir.file("bad.gguf")); }, {"'blk.0.attn_gate.weight' is missing"});
+}
+
+// The refused GGUF metadata of a qwen3next file is named like qwen35's.
+TEST(Qwen3NextGguf, MissingMetadataIsNamed) {
+  GgufWriter next;
+  next.set_string("general.architecture", "qwen3next");
+  const GgufFile file = GgufFile::parse(MappedFile::from_bytes("next.gguf", next.bytes()));
+  expect_error([&] { config_from_gguf(file); }, {"next.gguf", "qwen3next.embedding_length"});
 }
 
 }  // namespace

@@ -230,10 +230,26 @@ void validate_qwen3_5_layer(const ModelConfig& c, Checker& ck, WeightNaming nami
     const std::string v_why = dims("linear_num_value_heads", Hv, "linear_value_head_dim", dv);
     const std::string hv_why = "linear_num_value_heads " + std::to_string(Hv);
     const std::string k_why = "linear_conv_kernel_dim " + std::to_string(K);
-    L.linear_qkv = ck.require(n("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"), {conv, H}, true, conv_why + by_h);
-    L.linear_z = ck.require(n("linear_attn.in_proj_z.weight", "attn_gate.weight"), {vdim, H}, true, v_why + by_h);
-    L.linear_b = ck.require(n("linear_attn.in_proj_b.weight", "ssm_beta.weight"), {Hv, H}, true, hv_why + by_h);
-    L.linear_a = ck.require(n("linear_attn.in_proj_a.weight", "ssm_alpha.weight"), {Hv, H}, true, hv_why + by_h);
+    if (c.qwen3_next) {
+      // Fused per key head (see ModelConfig::qwen3_next). The converter splits q/k/v/z into attn_qkv and
+      // attn_gate (Qwen3NextModel.modify_tensors); llama.cpp still reads the fused ssm_in of older files.
+      const std::string r_why = " (per key head: q, k, then " + std::to_string(Hv / c.linear_num_key_heads) + " value heads' v and z)";
+      const std::string legacy = gg_layer + "ssm_in.weight";
+      if (hf || ck.tensors().contains(legacy)) {
+        L.linear_qkvz = ck.require(hf ? hf_layer + "linear_attn.in_proj_qkvz.weight" : legacy, {conv + vdim, H}, true,
+                                   conv_why + " + " + v_why + r_why + by_h);
+      } else {
+        L.linear_qkv = ck.require(gg_layer + "attn_qkv.weight", {conv, H}, true, conv_why + by_h);
+        L.linear_z = ck.require(gg_layer + "attn_gate.weight", {vdim, H}, true, v_why + by_h);
+      }
+      L.linear_ba = ck.require(n("linear_attn.in_proj_ba.weight", "ssm_ba.weight"), {2 * Hv, H}, true,
+                               "2 x " + hv_why + " (per key head: b, then a)" + by_h);
+    } else {
+      L.linear_qkv = ck.require(n("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"), {conv, H}, true, conv_why + by_h);
+      L.linear_z = ck.require(n("linear_attn.in_proj_z.weight", "attn_gate.weight"), {vdim, H}, true, v_why + by_h);
+      L.linear_b = ck.require(n("linear_attn.in_proj_b.weight", "ssm_beta.weight"), {Hv, H}, true, hv_why + by_h);
+      L.linear_a = ck.require(n("linear_attn.in_proj_a.weight", "ssm_alpha.weight"), {Hv, H}, true, hv_why + by_h);
+    }
     // nn.Conv1d keeps its singleton input-channel axis; the converter squeezes it.
     const std::vector<int64_t> conv_shape = hf ? std::vector<int64_t>{conv, 1, K} : std::vector<int64_t>{conv, K};
     L.conv1d = ck.require(n("linear_attn.conv1d.weight", "ssm_conv1d.weight"), conv_shape, false,
@@ -268,14 +284,32 @@ void validate_qwen3_5_layer(const ModelConfig& c, Checker& ck, WeightNaming nami
       return ck.tensors().contains(base) || !ck.tensors().contains(base + ".weight") ? base : base + ".weight";
     };
     const bool per_expert = ck.tensors().contains(x + "0.gate_proj.weight") || ck.tensors().contains(x + "0.up_proj.weight");
-    TQ_CHECK(!per_expert || ck.tensors().contains(stack(x + "gate_up_proj")), "'", ck.tensors().source(), "': tensor '",
-             x, "0.gate_proj.weight' is a per-expert tensor, which is not supported yet: the published Qwen3.5 / ",
-             "Qwen3.6 MoE checkpoints fuse the experts as '", x, "gate_up_proj' [", E, ", ", 2 * I, ", ", H, "] and '",
-             x, "down_proj' [", E, ", ", H, ", ", I, "]");
-    L.gate_up_exps = ck.require(stack(x + "gate_up_proj"), {E, 2 * I, H}, Kind::hf_experts,
-                                e_why + " x 2 x moe_intermediate_size " + std::to_string(I) + " x hidden_size " +
-                                    std::to_string(H) + " (gate rows, then up rows, per expert)");
-    L.down_exps = ck.require(stack(x + "down_proj"), {E, H, I}, Kind::hf_experts, down_why);
+    if (c.qwen3_next && per_expert) {
+      // Qwen3-Next as published: transformers' qwen2_moe conversion (conversion_mapping.py) stacks
+      // experts.E.gate_proj / up_proj into gate_up_proj (gate rows first) and down_proj at load; the
+      // same matrices are used here one by one, in place.
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string xe = x + std::to_string(e) + ".";
+        const std::string why = "expert " + std::to_string(e) + " of " + e_why + ": ";
+        L.expert_gate.push_back(ck.require(xe + "gate_proj.weight", {I, H}, Kind::hf_experts,
+                                           why + dims("moe_intermediate_size", I, "hidden_size", H)));
+        L.expert_up.push_back(ck.require(xe + "up_proj.weight", {I, H}, Kind::hf_experts,
+                                         why + dims("moe_intermediate_size", I, "hidden_size", H)));
+        L.expert_down.push_back(ck.require(xe + "down_proj.weight", {H, I}, Kind::hf_experts,
+                                           why + dims("hidden_size", H, "moe_intermediate_size", I)));
+      }
+      TQ_CHECK(!ck.tensors().contains(x + std::to_string(E) + ".gate_proj.weight"), "'", ck.tensors().source(),
+               "': tensor '", x, E, ".gate_proj.weight' is expert ", E, " but num_experts is ", E, " (", c.source, ")");
+    } else {
+      TQ_CHECK(!per_expert || ck.tensors().contains(stack(x + "gate_up_proj")), "'", ck.tensors().source(), "': tensor '",
+               x, "0.gate_proj.weight' is a per-expert tensor, which is not supported yet: the published Qwen3.5 / ",
+               "Qwen3.6 MoE checkpoints fuse the experts as '", x, "gate_up_proj' [", E, ", ", 2 * I, ", ", H, "] and '",
+               x, "down_proj' [", E, ", ", H, ", ", I, "]");
+      L.gate_up_exps = ck.require(stack(x + "gate_up_proj"), {E, 2 * I, H}, Kind::hf_experts,
+                                  e_why + " x 2 x moe_intermediate_size " + std::to_string(I) + " x hidden_size " +
+                                      std::to_string(H) + " (gate rows, then up rows, per expert)");
+      L.down_exps = ck.require(stack(x + "down_proj"), {E, H, I}, Kind::hf_experts, down_why);
+    }
   } else {
     TQ_CHECK(!ck.tensors().contains(gg_layer + "ffn_gate_up_exps.weight"), "'", ck.tensors().source(), "': tensor '",
              gg_layer, "ffn_gate_up_exps.weight' (fused gate and up experts) is not supported yet: the order of its ",

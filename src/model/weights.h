@@ -70,6 +70,11 @@ struct LayerWeights {
   // HF Qwen3.5-MoE mlp.experts.gate_up_proj, output-major (y = W[e] x): rows [0, I) of each expert are
   // its gate and rows [I, 2I) its up (contiguous halves, unlike GPT-OSS's interleaved columns).
   const TensorView* gate_up_exps = nullptr;    // [E, 2I, H]
+  // HF Qwen3-Next as published: one matrix per expert (mlp.experts.E.{gate,up,down}_proj.weight), instead of
+  // gate_up_exps / down_exps; [E] pointers each.
+  std::vector<const TensorView*> expert_gate;  // [E] of [I, H]
+  std::vector<const TensorView*> expert_up;    // [E] of [I, H]
+  std::vector<const TensorView*> expert_down;  // [E] of [H, I]
   // Qwen3.5-MoE's shared expert (Is = shared_expert_intermediate_size), a SwiGLU every token runs, scaled
   // by sigmoid(shared_expert_gate . x).
   const TensorView* shared_gate = nullptr;         // [Is, H]
@@ -91,6 +96,12 @@ struct LayerWeights {
   const TensorView* a_log = nullptr;        // [Hv]: A_log (HF), or A = -exp(A_log) (GGUF, linear_a_negexp)
   const TensorView* linear_norm = nullptr;  // [dv]: the gated RMSNorm's weight, plain w (not zero-centred)
   const TensorView* linear_out = nullptr;   // [H, Hv dv]
+  // Qwen3-Next (config.qwen3_next) fuses the inputs per key head (r = Hv / Hk; grouped value heads): then
+  // linear_qkvz replaces linear_qkv + linear_z where the file fuses them (HF in_proj_qkvz, older GGUFs'
+  // ssm_in; a current GGUF has the converter's split attn_qkv + attn_gate), and linear_ba replaces
+  // linear_b + linear_a (HF in_proj_ba, GGUF ssm_ba).
+  const TensorView* linear_qkvz = nullptr;  // [2 Hk dk + 2 Hv dv, H]: per key head j, rows q (dk) | k (dk) | v (r dv) | z (r dv)
+  const TensorView* linear_ba = nullptr;    // [2 Hv, H]: per key head j, rows b (r) | a (r)
 };
 
 // Tensors of a checkpoint that belong to parts this engine does not run (a vision tower, MTP heads),
