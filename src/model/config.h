@@ -129,8 +129,8 @@ struct ModelConfig {
   //    q/k/v/z are either the converter's split attn_qkv (q | k | v, contiguous) + attn_gate (z), or the
   //    fused ssm_in of older files. Value heads stay grouped in both (no tiling: the qwen3next graph
   //    repeats the key heads interleaved), so linear_v_tiled is false.
-  //  - HF experts may be stored per expert (mlp.experts.E.{gate,up,down}_proj.weight, the published
-  //    checkpoints; transformers merges them at load) or stacked as Qwen3.5-MoE's.
+  //  - HF experts stored per expert (mlp.experts.E.{gate,up,down}_proj.weight, the published checkpoints;
+  //    transformers merges them at load), as transformers 5 also saves Qwen3.5-MoE, or stacked.
   //  - no attn_output_gate field (the gate is always there), no multimodal wrapper.
   bool qwen3_next = false;
   // Multi-token-prediction blocks the checkpoint carries (HF mtp.*, GGUF blocks past num_hidden_layers,

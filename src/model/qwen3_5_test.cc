@@ -728,15 +728,13 @@ TEST(Qwen35Weights, BadFilesNameTheTensor) {
        {p + "1.mlp.experts.gate_up_proj", "has shape [8, 16, 32]", "expected [4, 32, 32]", "gate rows, then up rows"}},
       {true, [&](Tensors& t) { t[p + "1.mlp.experts.down_proj"].shape = {E, kExpertI, H}; },
        {p + "1.mlp.experts.down_proj", "has shape [4, 16, 32]", "expected [4, 32, 16]"}},
-      // Per-expert tensors (Qwen3-Next's layout, some re-exports) in a Qwen3.5-MoE folder: refused by name, not
-      // misread (no Qwen3.5-MoE checkpoint is known to store them so).
+      // Per-expert tensors (as transformers 5 saves them) with one missing.
       {true, [&](Tensors& t) {
          const std::string x = p + "0.mlp.experts.";
          t.erase(x + "gate_up_proj");
          t[x + "0.gate_proj.weight"] = {{kExpertI, H}, random_floats(kExpertI * H, 9)};
        },
-       {p + "0.mlp.experts.0.gate_proj.weight' is a per-expert tensor, which is not supported yet",
-        "gate_up_proj' [4, 32, 32]"}},
+       {"'" + p + "0.mlp.experts.0.up_proj.weight' is missing", "expert 0 of num_experts 4"}},
       // A layer past the config's count.
       {false, [&](Tensors& t) { t[p + "4.input_layernorm.weight"] = {{H}, random_floats(H, 9)}; },
        {p + "4.input_layernorm.weight", "belongs to layer 4 but the config has 4 layers"}},
@@ -1034,29 +1032,33 @@ TEST(Qwen3NextConfig, Transformers5FieldsDenseLayersAndBadFields) {
 // in_proj_qkvz / in_proj_ba; the experts are per-expert tensors (the published layout) or the stacks.
 constexpr int64_t kR = Hv / Hk, kBlock = 2 * Dk + 2 * kR * Dv;  // value heads per key head; qkvz rows per key head
 
+// The stacked experts of every layer (model.*) as one matrix per expert and role, as transformers 5 saves them.
+void split_experts(Tensors& t) {
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string x = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    const HfTensor gu = t.at(x + "gate_up_proj"), down = t.at(x + "down_proj");
+    t.erase(x + "gate_up_proj");
+    t.erase(x + "down_proj");
+    for (int64_t e = 0; e < E; ++e) {
+      const auto g0 = gu.values.begin() + e * 2 * kExpertI * H, d0 = down.values.begin() + e * H * kExpertI;
+      const std::string xe = x + std::to_string(e) + ".";
+      t[xe + "gate_proj.weight"] = {{kExpertI, H}, std::vector<float>(g0, g0 + kExpertI * H)};
+      t[xe + "up_proj.weight"] = {{kExpertI, H}, std::vector<float>(g0 + kExpertI * H, g0 + 2 * kExpertI * H)};
+      t[xe + "down_proj.weight"] = {{H, kExpertI}, std::vector<float>(d0, d0 + H * kExpertI)};
+    }
+  }
+}
+
 Tensors next_tensors(bool per_expert) {
   Tensors t = hf_tensors(true, "model.");
   for (int64_t l = 0; l < L; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    if (is_linear(l)) {
-      for (const char* n : {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}) t.erase(p + "linear_attn." + n + ".weight");
-      t[p + "linear_attn.in_proj_qkvz.weight"] = {{Hk * kBlock, H}, random_floats(Hk * kBlock * H, 100 + l)};
-      t[p + "linear_attn.in_proj_ba.weight"] = {{2 * Hv, H}, random_floats(2 * Hv * H, 200 + l)};
-    }
-    if (per_expert) {
-      const std::string x = p + "mlp.experts.";
-      const HfTensor gu = t.at(x + "gate_up_proj"), down = t.at(x + "down_proj");
-      t.erase(x + "gate_up_proj");
-      t.erase(x + "down_proj");
-      for (int64_t e = 0; e < E; ++e) {
-        const auto g0 = gu.values.begin() + e * 2 * kExpertI * H, d0 = down.values.begin() + e * H * kExpertI;
-        const std::string xe = x + std::to_string(e) + ".";
-        t[xe + "gate_proj.weight"] = {{kExpertI, H}, std::vector<float>(g0, g0 + kExpertI * H)};
-        t[xe + "up_proj.weight"] = {{kExpertI, H}, std::vector<float>(g0 + kExpertI * H, g0 + 2 * kExpertI * H)};
-        t[xe + "down_proj.weight"] = {{H, kExpertI}, std::vector<float>(d0, d0 + H * kExpertI)};
-      }
-    }
+    if (!is_linear(l)) continue;
+    const std::string a = "model.layers." + std::to_string(l) + ".linear_attn.";
+    for (const char* n : {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}) t.erase(a + n + ".weight");
+    t[a + "in_proj_qkvz.weight"] = {{Hk * kBlock, H}, random_floats(Hk * kBlock * H, 100 + l)};
+    t[a + "in_proj_ba.weight"] = {{2 * Hv, H}, random_floats(2 * Hv * H, 200 + l)};
   }
+  if (per_expert) split_experts(t);
   return t;
 }
 
@@ -1279,6 +1281,21 @@ TEST(Qwen3NextWeights, SameLogitsAsTheUnfusedQwen35MoeFolder) {
       EXPECT_GT(relative_error(want, next_logits(wd.path())), 1e-3) << "the naive split should change the logits";
     }
   }
+}
+
+// Qwen3.5-MoE with per-expert tensors (transformers 5.17's save_pretrained, the golden fixture) gives the stacked
+// folder's logits.
+TEST(Qwen35Weights, PerExpertTensorsAsTransformersSavesThem) {
+  Tensors t = hf_tensors(true, "model.");
+  ScratchDir stacked("qwen35_stacked"), split("qwen35_per_expert");
+  write_tensors(stacked.path(), t, tiny_config(true, false));
+  split_experts(t);
+  write_tensors(split.path(), t, tiny_config(true, false));
+  const ModelFiles m = open_model(split.path());
+  EXPECT_FALSE(m.config.qwen3_next);
+  EXPECT_EQ(m.weights.layers[1].expert_down.size(), static_cast<size_t>(E));
+  EXPECT_TRUE(m.weights.unused.empty()) << m.weights.unused.front();
+  EXPECT_LE(relative_error(next_logits(stacked.path()), next_logits(split.path())), 1e-5);
 }
 
 // The GGUF llama.cpp's converter writes (split attn_qkv + attn_gate, or the legacy fused ssm_in; ssm_ba fused;

@@ -70,8 +70,8 @@ struct LayerWeights {
   // HF Qwen3.5-MoE mlp.experts.gate_up_proj, output-major (y = W[e] x): rows [0, I) of each expert are
   // its gate and rows [I, 2I) its up (contiguous halves, unlike GPT-OSS's interleaved columns).
   const TensorView* gate_up_exps = nullptr;    // [E, 2I, H]
-  // HF Qwen3-Next as published: one matrix per expert (mlp.experts.E.{gate,up,down}_proj.weight), instead of
-  // gate_up_exps / down_exps; [E] pointers each.
+  // HF one matrix per expert (mlp.experts.E.{gate,up,down}_proj.weight: Qwen3-Next as published, and
+  // Qwen3-Next / Qwen3.5-MoE as transformers 5 saves them), instead of gate_up_exps / down_exps; [E] each.
   std::vector<const TensorView*> expert_gate;  // [E] of [I, H]
   std::vector<const TensorView*> expert_up;    // [E] of [I, H]
   std::vector<const TensorView*> expert_down;  // [E] of [H, I]
