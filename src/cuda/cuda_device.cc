@@ -945,8 +945,7 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
   TQ_CHECK(handle.id >= 0 && static_cast<size_t>(handle.id) < moes_.size(), "moe: unknown experts handle ", handle.id);
   const MoeOnDevice& m = moes_[static_cast<size_t>(handle.id)];
   check_cuda_moe_call(m.shape, x, out, o);
-  TQ_CHECK(o.up_offset == 1.0f, "the MoE kernels compute GPT-OSS's (up + 1) activation; up_offset ", o.up_offset,
-           " (Qwen3.5-MoE's plain SwiGLU) is not implemented on CUDA yet");
+  TQ_CHECK(std::isfinite(o.up_offset), "moe: up_offset must be finite, got ", o.up_offset);
   if (x.rows == 0) return;
   const moe_kernels::MoeLayer layer = m.params();
   const int rows = static_cast<int>(x.rows);
@@ -961,6 +960,7 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
   note(o.top_k);
   note(o.limit);
   note(o.alpha);
+  note(o.up_offset);
   note(o.accumulate);
   // The profile's bandwidth counts the experts as if every chosen one were different (at most E of them).
   const double expert_bytes = static_cast<double>(3 * m.shape.hidden * m.shape.intermediate) *
@@ -970,8 +970,8 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
                                             : std::string();
   Timed timed(*this, "moe", shape, expert_bytes * static_cast<double>(std::min<int64_t>(int64_t{rows} * o.top_k, m.shape.experts)));
   if (launching())
-    moe_kernels::moe(layer, x.data, x.type == ActType::bf16, x.stride, rows, out.f32(), out.stride, o.top_k, o.limit, o.alpha, o.accumulate,
-                     scratch, stream_);
+    moe_kernels::moe(layer, x.data, x.type == ActType::bf16, x.stride, rows, out.f32(), out.stride, o.top_k, o.limit, o.alpha, o.up_offset,
+                     o.accumulate, scratch, stream_);
 }
 
 void CudaDevice::gather_output_rows(const Tensor& x, const Tensor& out) {
