@@ -17,10 +17,12 @@
 #include "core/half.h"
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/deltanet_kernels.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/moe_kernels.h"
 #include "cuda/ops_kernels.h"
 #include "cuda/plan.h"
+#include "cuda/state_cache.h"
 
 namespace tq::cuda {
 namespace {
@@ -312,9 +314,7 @@ class CudaDevice final : public Device {
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::unique_ptr<LayerCache> kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                        const CacheCapacity& capacity) override;
-  std::unique_ptr<RecurrentStateCache> state_cache(const StateShape&, const CacheCapacity&) override {
-    ::tq::fail("this model's linear-attention (Gated DeltaNet) layers are not implemented on CUDA yet: run it with --device cpu");
-  }
+  std::unique_ptr<RecurrentStateCache> state_cache(const StateShape& shape, const CacheCapacity& capacity) override;
   // The attention kernels were tuned with 64-position pages (the CPU's default, kDefaultBlockTokens, is its
   // block kernel's).
   int default_block_tokens() const override { return 64; }
@@ -328,25 +328,15 @@ class CudaDevice final : public Device {
   void matmul(const Linear& w, const Tensor& x, const Tensor& out, const DeviceVector& bias, bool accumulate) override;
   void rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) override;
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-  // Qwen3.5's attention gate: with the Gated DeltaNet layers (not on CUDA yet either), refused clearly.
-  void sigmoid_mul(const Tensor&, const Tensor&, const Tensor&) override {
-    ::tq::fail("the sigmoid gate (Qwen3.5 attention) is not implemented on CUDA yet: run this model with --device cpu");
-  }
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override;
   void append_kv(LayerCache& cache, const Tensor& k, const Tensor& v) override;
   void attention(const LayerCache& cache, const Tensor& q, const Tensor& out, const AttentionParams& params,
                  AttentionStats* stats) override;
-  // Linear-attention layers have no CUDA kernels yet: these refuse (a model with Gated DeltaNet layers runs
-  // on the CPU device) rather than fall back to host code in the middle of a step.
-  void causal_conv1d_silu(LayerCache& state, const Tensor& x, const DeviceVector& weight, const Tensor& out) override {
-    ::tq::fail("causal conv1d (gated delta net) is not implemented on CUDA yet");
-  }
+  // Linear-attention (Gated DeltaNet) layers over CudaStateCache (deltanet_kernels.h).
+  void causal_conv1d_silu(LayerCache& state, const Tensor& x, const DeviceVector& weight, const Tensor& out) override;
   void gated_delta_net(LayerCache& state, const Tensor& qkv, const Tensor& a, const Tensor& b, const DeviceVector& A_log,
-                       const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) override {
-    ::tq::fail("gated delta net is not implemented on CUDA yet");
-  }
-  void gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) override {
-    ::tq::fail("gated RMSNorm (gated delta net) is not implemented on CUDA yet");
-  }
+                       const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) override;
+  void gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) override;
   void gather_output_rows(const Tensor& x, const Tensor& out) override;
   void set_logits(const Tensor& logits) override { logits_ = logits; }
   void read_logits(float* host) override;
@@ -369,6 +359,15 @@ class CudaDevice final : public Device {
     note(t.rows);
   }
   CudaLayerCache& layer(const LayerCache& cache) const;
+  // The state cache of a linear-attention layer, its sequences checked to continue at the step's positions
+  // (not in the recording pass: the planning pass has advanced them).
+  CudaStateCache& state_at_step(LayerCache& cache, const char* op) const;
+  // The step's sequences (slot, first row, rows) in device memory for the per-sequence kernels: in the
+  // step's upload batch when planning a replay (an address that stays put from step to step), else through
+  // the table's own staging.
+  const deltanet_kernels::SequenceEntry* sequence_table(const CudaStateCache& cache, CudaStateCache::Table& table);
+  void launch_conv(const CudaStateCache& cache, const CudaStateCache::ConvLaunch& l);
+  void launch_delta(CudaStateCache& cache, const CudaStateCache::DeltaLaunch& l);
   void take_step_inputs();
   void wait_and_settle();
 
@@ -914,6 +913,230 @@ void CudaDevice::attention(const LayerCache& cache, const Tensor& q, const Tenso
   }
 }
 
+// ------------------------------------------------------------------ linear attention (Gated DeltaNet)
+
+std::unique_ptr<RecurrentStateCache> CudaDevice::state_cache(const StateShape& shape, const CacheCapacity& capacity) {
+  TQ_CHECK(shape.conv_kernel >= 1 && shape.conv_kernel <= deltanet_kernels::kMaxConvKernel, "a state cache for a convolution of width ",
+           shape.conv_kernel, ": the CUDA kernels take 1 to ", deltanet_kernels::kMaxConvKernel);
+  TQ_CHECK(shape.state_dk <= deltanet_kernels::kMaxKeyDim, "a recurrent state of key dimension ", shape.state_dk,
+           ": the CUDA delta rule takes up to ", deltanet_kernels::kMaxKeyDim);
+  return std::make_unique<CudaStateCache>(shape, capacity.max_sequences, stream_);
+}
+
+CudaStateCache& CudaDevice::state_at_step(LayerCache& cache, const char* op) const {
+  auto* c = dynamic_cast<CudaStateCache*>(&cache);
+  TQ_CHECK(c != nullptr, op, " runs on a linear-attention layer's CUDA state cache, got ", cache.describe());
+  if (pass_ == Pass::record) return *c;
+  for (const StepSequence& s : step().sequences) {
+    const int held = c->length(s.seq);
+    TQ_CHECK(held == s.pos0, op, ": the state of sequence ", s.seq, " holds ", held, " positions, but the step continues it from ", s.pos0,
+             " (a state cannot skip or go back; restore a snapshot)");
+  }
+  return *c;
+}
+
+const deltanet_kernels::SequenceEntry* CudaDevice::sequence_table(const CudaStateCache& cache, CudaStateCache::Table& table) {
+  using deltanet_kernels::SequenceEntry;
+  const auto& seqs = step().sequences;
+  const size_t bytes = std::max<size_t>(1, seqs.size()) * sizeof(SequenceEntry);
+  // Only the planning pass fills the batch (the eager pass has sent it before the forward runs).
+  const UploadBatch::Region region = pass_ == Pass::plan ? upload_.take(bytes) : UploadBatch::Region{};
+  uint8_t* host = region.host;
+  if (host == nullptr) {
+    table.device.reserve(std::max<size_t>(bytes, size_t{4} << 10));  // room for 256 sequences: it seldom moves
+    host = table.stage.begin(bytes);
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceEntry e{cache.slot(seqs[i].seq), seqs[i].row0, seqs[i].n, 0};
+    std::memcpy(host + i * sizeof(SequenceEntry), &e, sizeof(SequenceEntry));
+  }
+  if (region.host != nullptr) return reinterpret_cast<const SequenceEntry*>(region.device);
+  table.stage.upload(table.device, bytes, stream_);
+  return table.device.as<SequenceEntry>();
+}
+
+namespace {
+// Bytes from a tensor's first element to the end of its last row.
+int64_t span_bytes(const Tensor& t) { return t.rows == 0 ? 0 : ((t.rows - 1) * t.stride + t.cols) * static_cast<int64_t>(t.element_bytes()); }
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.data);
+  const auto* pb = static_cast<const char*>(b.data);
+  return a.rows > 0 && b.rows > 0 && pa < pb + span_bytes(b) && pb < pa + span_bytes(a);
+}
+// An output that may replace its input: the same elements (type, address, stride), or no overlap at all.
+void check_in_place(const Tensor& x, const Tensor& out, const char* op) {
+  if (x.data == out.data) {
+    TQ_CHECK(x.type == out.type && x.stride == out.stride, op, ": an output in place of its input must have its type and stride");
+  } else {
+    TQ_CHECK(!overlap(x, out), op, ": the output overlaps the input without being it");
+  }
+}
+}  // namespace
+
+void CudaDevice::launch_conv(const CudaStateCache& c, const CudaStateCache::ConvLaunch& l) {
+  deltanet_kernels::causal_conv1d_silu(l.x, l.x_stride, l.out, l.out_stride, l.out_bf16, c.shape().conv_channels, c.shape().conv_kernel, l.weight,
+                                       c.conv_states(), l.seqs, l.n_seqs, stream_);
+}
+
+void CudaDevice::causal_conv1d_silu(LayerCache& cache, const Tensor& x, const DeviceVector& weight, const Tensor& out) {
+  CudaStateCache& c = state_at_step(cache, "causal conv1d");
+  if (pass_ == Pass::record) {  // planned: the table went up with the step's copy
+    launch_conv(c, c.step_conv);
+    return;
+  }
+  const StateShape& shape = c.shape();
+  TQ_CHECK(x.rows == step().rows() && out.rows == x.rows && out.cols == x.cols, "causal conv1d of ", x.rows, " x ", x.cols, " into ", out.rows,
+           " x ", out.cols, " (the step has ", step().rows(), " rows)");
+  TQ_CHECK(x.cols == shape.conv_channels && weight.size == static_cast<int64_t>(shape.conv_channels) * shape.conv_kernel,
+           "causal conv1d over ", x.cols, " channels with a weight of ", weight.size, " values, for a state of ", shape.conv_channels,
+           " channels and width ", shape.conv_kernel);
+  TQ_CHECK(x.type == ActType::f32, "causal conv1d: the CUDA kernel reads float32 rows (a product's output)");
+  check_in_place(x, out, "causal conv1d");
+  CudaStateCache::ConvLaunch l;
+  l.x = x.f32();
+  l.x_stride = x.stride;
+  l.out = out.data;
+  l.out_stride = out.stride;
+  l.out_bf16 = out.type == ActType::bf16;
+  l.weight = vectors_.at(static_cast<size_t>(weight.id)).as<float>();
+  l.seqs = sequence_table(c, c.conv_table);
+  l.n_seqs = static_cast<int>(step().sequences.size());
+  note_tensor(x);
+  note_tensor(out);
+  note(out.type);
+  note(l.weight);
+  note(l.seqs);
+  note(l.n_seqs);
+  note(c.conv_states());
+  if (pass_ == Pass::plan) {
+    c.step_conv = l;
+    return;
+  }
+  Timed timed(*this, "causal_conv1d_silu");
+  launch_conv(c, l);
+}
+
+void CudaDevice::launch_delta(CudaStateCache& c, const CudaStateCache::DeltaLaunch& l) {
+  deltanet_kernels::delta_rule_inputs(l.qkv, l.qkv_stride, l.a, l.a_stride, l.b, l.b_stride, l.A_log, l.dt_bias, l.rows, l.Hk, l.Hv, l.dk, l.qk,
+                                      l.g, l.beta, stream_);
+  const float* v = l.qkv + 2 * static_cast<int64_t>(l.Hk) * l.dk;  // [rows][Hv dv] after q | k
+  deltanet_kernels::delta_rule_recurrent(l.qk, l.g, l.beta, v, l.qkv_stride, c.recurrent_states(), l.seqs, l.n_seqs, l.Hk, l.Hv, l.dk, l.dv,
+                                         l.out, l.out_stride, l.out_bf16, stream_);
+}
+
+void CudaDevice::gated_delta_net(LayerCache& cache, const Tensor& qkv, const Tensor& a, const Tensor& b, const DeviceVector& A_log,
+                                 const DeviceVector& dt_bias, const Tensor& out, const DeltaNetShape& shape) {
+  CudaStateCache& c = state_at_step(cache, "gated delta net");
+  const int Hk = shape.k_heads, Hv = shape.v_heads, dk = shape.k_dim, dv = shape.v_dim;
+  TQ_CHECK(Hk > 0 && Hv > 0 && dk > 0 && dv > 0 && Hv % Hk == 0, "gated delta net with ", Hk, " key heads and ", Hv, " value heads of ", dk,
+           " and ", dv, " (value heads must be a multiple of key heads)");
+  const int64_t rows = step().rows();
+  // The per-row inputs of the rule (scratch of the step, taken in every pass so that the recording pass
+  // sees the planning pass's addresses): qk [rows][2 Hk dk] normalised q (scaled) | k, g and beta [rows][Hv].
+  const int64_t qk_width = 2 * shape.key_width();
+  auto* qk = static_cast<float*>(arena_.take(static_cast<size_t>(std::max<int64_t>(1, rows * qk_width)) * sizeof(float)));
+  auto* g = static_cast<float*>(arena_.take(static_cast<size_t>(std::max<int64_t>(1, rows * Hv)) * sizeof(float)));
+  auto* beta = static_cast<float*>(arena_.take(static_cast<size_t>(std::max<int64_t>(1, rows * Hv)) * sizeof(float)));
+  if (pass_ == Pass::record) {
+    launch_delta(c, c.step_delta);
+    return;
+  }
+  TQ_CHECK(qkv.rows == rows && qkv.cols == shape.qkv_width(), "gated delta net: qkv of ", qkv.rows, " x ", qkv.cols, ", expected ", rows, " x ",
+           shape.qkv_width());
+  TQ_CHECK(a.rows == rows && b.rows == rows && a.cols == Hv && b.cols == Hv, "gated delta net: a and b must be ", rows, " x ", Hv);
+  TQ_CHECK(out.rows == rows && out.cols == shape.value_width(), "gated delta net: out of ", out.rows, " x ", out.cols, ", expected ", rows, " x ",
+           shape.value_width());
+  TQ_CHECK(A_log.size == Hv && dt_bias.size == Hv, "gated delta net: A_log and dt_bias must have ", Hv, " values");
+  const StateShape& ss = c.shape();
+  TQ_CHECK(ss.state_heads == Hv && ss.state_dk == dk && ss.state_dv == dv, "gated delta net of ", Hv, " heads of ", dk, " x ", dv,
+           " on a state of ", ss.state_heads, " heads of ", ss.state_dk, " x ", ss.state_dv);
+  TQ_CHECK(qkv.type == ActType::f32 && a.type == ActType::f32 && b.type == ActType::f32,
+           "gated delta net: the CUDA kernels read float32 qkv, a and b (the products' outputs)");
+  TQ_CHECK(!overlap(out, qkv) && !overlap(out, a) && !overlap(out, b), "gated delta net: the output may not overlap the inputs");
+  CudaStateCache::DeltaLaunch l;
+  l.qkv = qkv.f32();
+  l.qkv_stride = qkv.stride;
+  l.a = a.f32();
+  l.a_stride = a.stride;
+  l.b = b.f32();
+  l.b_stride = b.stride;
+  l.A_log = vectors_.at(static_cast<size_t>(A_log.id)).as<float>();
+  l.dt_bias = vectors_.at(static_cast<size_t>(dt_bias.id)).as<float>();
+  l.rows = static_cast<int>(rows);
+  l.Hk = Hk;
+  l.Hv = Hv;
+  l.dk = dk;
+  l.dv = dv;
+  l.qk = qk;
+  l.g = g;
+  l.beta = beta;
+  l.out = out.data;
+  l.out_stride = out.stride;
+  l.out_bf16 = out.type == ActType::bf16;
+  l.seqs = sequence_table(c, c.delta_table);
+  l.n_seqs = static_cast<int>(step().sequences.size());
+  // Everything the launches take by value (the table's contents are data, refreshed by each step's copy).
+  note_tensor(qkv);
+  note_tensor(a);
+  note_tensor(b);
+  note_tensor(out);
+  note(out.type);
+  note(l.A_log);
+  note(l.dt_bias);
+  note(shape);
+  note(l.qk);
+  note(l.g);
+  note(l.beta);
+  note(l.seqs);
+  note(l.n_seqs);
+  note(c.recurrent_states());
+  // The state has taken the rows in once the launches are enqueued (planned: once the replay runs them).
+  for (const StepSequence& s : step().sequences) c.advance(s.seq, s.n);
+  if (pass_ == Pass::plan) {
+    c.step_delta = l;
+    return;
+  }
+  Timed timed(*this, "gated_delta_net", profiling_step_ ? std::to_string(Hv) + "x" + std::to_string(dk) + "x" + std::to_string(dv) : std::string());
+  launch_delta(c, l);
+}
+
+void CudaDevice::gated_rms_norm(const Tensor& x, const Tensor& z, const DeviceVector& w, float eps, const Tensor& out) {
+  TQ_CHECK(w.size > 0 && x.cols % w.size == 0 && z.cols == x.cols && z.rows == x.rows && out.cols == x.cols && out.rows == x.rows,
+           "gated RMSNorm of ", x.rows, " x ", x.cols, " by a gate of ", z.rows, " x ", z.cols, " and a weight of ", w.size);
+  TQ_CHECK(x.type == ActType::f32 && z.type == ActType::f32, "gated RMSNorm: the CUDA kernel reads float32 x and z");
+  TQ_CHECK(out.data != z.data && !overlap(out, z), "gated RMSNorm: the output may replace x, not the gate z");
+  check_in_place(x, out, "gated RMSNorm");
+  const float* weight = vectors_.at(static_cast<size_t>(w.id)).as<float>();
+  note_tensor(x);
+  note_tensor(z);
+  note_tensor(out);
+  note(out.type);
+  note(weight);
+  note(eps);
+  Timed timed(*this, "gated_rms_norm", out.type == ActType::bf16 ? "to bf16" : "");
+  if (launching())
+    deltanet_kernels::gated_rms_norm(x.f32(), x.stride, z.f32(), z.stride, weight, eps, x.rows, static_cast<int>(x.cols / w.size),
+                                     static_cast<int>(w.size), out.data, out.stride, out.type == ActType::bf16, stream_);
+}
+
+void CudaDevice::sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) {
+  TQ_CHECK((x.cols == gate.cols || gate.cols == 1) && x.cols == out.cols && x.rows == gate.rows && x.rows == out.rows, "sigmoid gate of ",
+           x.rows, " x ", x.cols, " by ", gate.rows, " x ", gate.cols);
+  TQ_CHECK(gate.type == ActType::f32, "sigmoid gate: the CUDA kernel reads a float32 gate (a product's output)");
+  TQ_CHECK(!overlap(out, gate) || out.data == gate.data, "sigmoid gate: the output overlaps the gate");
+  check_in_place(x, out, "sigmoid gate");
+  const bool per_row = gate.cols == 1 && x.cols > 1;
+  note_tensor(x);
+  note(x.type);
+  note_tensor(gate);
+  note_tensor(out);
+  note(out.type);
+  Timed timed(*this, "sigmoid_mul", per_row ? "per row" : "");
+  if (launching())
+    deltanet_kernels::sigmoid_mul(x.data, x.type == ActType::bf16, x.stride, gate.f32(), gate.stride, per_row, x.rows, static_cast<int>(x.cols),
+                                  out.data, out.stride, out.type == ActType::bf16, stream_);
+}
+
 namespace {
 // check_moe_call (device.cc) checks a call with float32 input, the CPU's; this device's products also read
 // BF16 (matmul_input(), what the model's RMSNorm writes), so the same checks are made here for either type,
@@ -945,8 +1168,7 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
   TQ_CHECK(handle.id >= 0 && static_cast<size_t>(handle.id) < moes_.size(), "moe: unknown experts handle ", handle.id);
   const MoeOnDevice& m = moes_[static_cast<size_t>(handle.id)];
   check_cuda_moe_call(m.shape, x, out, o);
-  TQ_CHECK(o.up_offset == 1.0f, "the MoE kernels compute GPT-OSS's (up + 1) activation; up_offset ", o.up_offset,
-           " (Qwen3.5-MoE's plain SwiGLU) is not implemented on CUDA yet");
+  TQ_CHECK(std::isfinite(o.up_offset), "moe: up_offset must be finite, got ", o.up_offset);
   if (x.rows == 0) return;
   const moe_kernels::MoeLayer layer = m.params();
   const int rows = static_cast<int>(x.rows);
@@ -961,6 +1183,7 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
   note(o.top_k);
   note(o.limit);
   note(o.alpha);
+  note(o.up_offset);
   note(o.accumulate);
   // The profile's bandwidth counts the experts as if every chosen one were different (at most E of them).
   const double expert_bytes = static_cast<double>(3 * m.shape.hidden * m.shape.intermediate) *
@@ -970,8 +1193,8 @@ void CudaDevice::moe(const Moe& handle, const Tensor& x, const Tensor& out, cons
                                             : std::string();
   Timed timed(*this, "moe", shape, expert_bytes * static_cast<double>(std::min<int64_t>(int64_t{rows} * o.top_k, m.shape.experts)));
   if (launching())
-    moe_kernels::moe(layer, x.data, x.type == ActType::bf16, x.stride, rows, out.f32(), out.stride, o.top_k, o.limit, o.alpha, o.accumulate,
-                     scratch, stream_);
+    moe_kernels::moe(layer, x.data, x.type == ActType::bf16, x.stride, rows, out.f32(), out.stride, o.top_k, o.limit, o.alpha, o.up_offset,
+                     o.accumulate, scratch, stream_);
 }
 
 void CudaDevice::gather_output_rows(const Tensor& x, const Tensor& out) {

@@ -10,6 +10,9 @@
 // marked fused, standard otherwise. Mixture-of-experts layers (moe_kernels.h) keep MXFP4 experts as MXFP4
 // (dense ones as BF16) and route on the device: a few rows run each chosen expert as GEMVs, more rows are
 // grouped by expert first; no step synchronizes with the host, so MoE decode steps are replayed too.
+// Linear-attention (Gated DeltaNet) layers keep their states in CudaStateCache (state_cache.h: every slot
+// allocated up front) and run deltanet_kernels.h; the kernels find each sequence's slot in a table of the
+// step's sequences uploaded with the step's inputs, so their decode steps are replayed too.
 //
 // Decode steps (every sequence one token) are replayed from CUDA graphs, one per batch size: a step
 // launches a few kernels per layer, and launched one by one (~5 us each) the step would be bound by the

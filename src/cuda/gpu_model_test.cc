@@ -21,6 +21,8 @@
 #include "cuda/device_cache_impl.h"
 #include "cuda/ops_kernels.h"
 #include "device/cpu_device.h"
+#include "model/model_test_util.h"
+#include "model/writer.h"
 #include "ops/ops.h"
 #include "runtime/batch_check.h"
 #include "runtime/test_engine.h"
@@ -174,7 +176,7 @@ TEST_P(GoldenModels, LogitsMatchTransformers) {
   TQ_REQUIRE_GPU();
   const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/" + GetParam();
   if (!std::filesystem::exists(dir + "/logits.json"))
-    GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpu-shapes, or --gpt-oss)";
+    GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpu-shapes, --gpt-oss or --qwen3-5)";
   const auto golden = nlohmann::json::parse(std::ifstream(dir + "/logits.json"));
   GpuModel gpu(dir);
   const KVSettings kv = parse_kv_spec("f16");
@@ -206,15 +208,17 @@ TEST_P(GoldenModels, LogitsMatchTransformers) {
   };
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& p : golden["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
+  int64_t ctx = 64;  // room for the longest prompt (the Qwen3.5 goldens have one of 100 tokens)
+  for (const auto& p : prompts) ctx = std::max<int64_t>(ctx, static_cast<int64_t>(p.size()));
   for (size_t p = 0; p < prompts.size(); ++p) {
-    const auto whole = testing_util::alone_logits(*gpu.model, kv, prompts[p], prompts[p].size(), 64);
-    const auto steps = testing_util::alone_logits(*gpu.model, kv, prompts[p], 1, 64);
+    const auto whole = testing_util::alone_logits(*gpu.model, kv, prompts[p], prompts[p].size(), ctx);
+    const auto steps = testing_util::alone_logits(*gpu.model, kv, prompts[p], 1, ctx);
     for (size_t i = 0; i < prompts[p].size(); ++i) {
       check(whole, i, golden["prompts"][p]["logits"][i], "prompt of " + std::to_string(prompts[p].size()) + " position " + std::to_string(i));
       check(steps, i, golden["prompts"][p]["logits"][i], "(decode) position " + std::to_string(i));
     }
   }
-  auto engine = testing_util::make_engine(*gpu.model, kv, static_cast<int>(prompts.size()), 64);
+  auto engine = testing_util::make_engine(*gpu.model, kv, static_cast<int>(prompts.size()), ctx);
   std::vector<BatchEntry> batch;
   for (const auto& p : prompts) batch.push_back({engine->add_sequence(), p, -1, Logits::all});
   const BatchOutput out = engine->forward(batch);
@@ -267,9 +271,12 @@ TEST(GpuModelDiagnostics, GptOssPromptInChunks) {
 }
 
 // golden-gptoss: GPT-OSS with BF16 and with MXFP4 experts (sinks, a sliding window of 4, YaRN, the MoE).
+// golden-qwen3_5: the Qwen3.5 hybrids (3 Gated DeltaNet layers and a gated full-attention layer; dense, one
+// KV head with as many value heads as key heads, and MoE with its shared expert), prompts of 1 to 100 tokens.
 INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels,
                          ::testing::Values("golden-hd64/llama", "golden-hd64/llama3", "golden-hd64/mistral", "golden-hd64/qwen2",
-                                           "golden-hd64/qwen3", "golden-gptoss/gpt_oss_bf16", "golden-gptoss/gpt_oss_mxfp4"),
+                                           "golden-hd64/qwen3", "golden-gptoss/gpt_oss_bf16", "golden-gptoss/gpt_oss_mxfp4",
+                                           "golden-qwen3_5/qwen3_5_dense", "golden-qwen3_5/qwen3_5_dense_kv1", "golden-qwen3_5/qwen3_5_moe"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            for (char& c : n)
@@ -464,6 +471,240 @@ TEST(GpuModel, DecodeGraphsReplayTheEagerSteps) {
   EXPECT_EQ(engine->step_stats().replays, 0);
   EXPECT_NE(engine->step_stats().eager_reason.find("standard"), std::string::npos);
 }
+
+
+// ------------------------------------------------------------------ Qwen3.5 hybrids
+
+// A random-weight Qwen3.5 checkpoint in shapes the GPU kernels take, written by the test: layers [linear,
+// linear, linear, full]; 2 query heads and 1 KV head of 128 (a quarter rotated); the DeltaNet with 2 key
+// heads and 4 value heads of 128 x 128 (Qwen3.5's head size), convolution width 4; a dense MLP of 256, or
+// (moe) 4 experts of 64, top 2, and a shared expert of 64 with its sigmoid gate.
+void write_qwen35(const std::string& dir, bool moe, uint64_t seed) {
+  constexpr int64_t kLayers = 4, kH = 128, kHeads = 2, kKv = 1, kHd = 128, kInter = 256, kVocab = 256;
+  constexpr int64_t kHk = 2, kHv = 4, kD = 128, kConvK = 4, kExperts = 4, kExpertI = 64, kSharedI = 64;
+  constexpr int64_t kKeyW = kHk * kD, kValW = kHv * kD, kConvW = 2 * kKeyW + kValW;
+  SplitMix64 rng(seed);
+  auto normal = [&](int64_t n, double scale, double base = 0) {
+    std::vector<float> m(static_cast<size_t>(n));
+    for (float& v : m) v = static_cast<float>(base + scale * rng.normal());
+    return m;
+  };
+  SafetensorsWriter w;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, const std::vector<float>& m) { w.add(name, DType::f32, std::move(shape), m); };
+  const double s = 1.0 / std::sqrt(static_cast<double>(kH));
+  add("model.embed_tokens.weight", {kVocab, kH}, normal(kVocab * kH, 1.0));
+  add("lm_head.weight", {kVocab, kH}, normal(kVocab * kH, s));
+  add("model.norm.weight", {kH}, normal(kH, 0.2));  // zero-centred: applied as 1 + w
+  nlohmann::json types = nlohmann::json::array();
+  for (int64_t l = 0; l < kLayers; ++l) {
+    const bool linear = (l + 1) % 4 != 0;
+    types.push_back(linear ? "linear_attention" : "full_attention");
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {kH}, normal(kH, 0.2));
+    add(p + "post_attention_layernorm.weight", {kH}, normal(kH, 0.2));
+    if (linear) {
+      const std::string a = p + "linear_attn.";
+      add(a + "in_proj_qkv.weight", {kConvW, kH}, normal(kConvW * kH, s));
+      add(a + "in_proj_z.weight", {kValW, kH}, normal(kValW * kH, s));
+      add(a + "in_proj_b.weight", {kHv, kH}, normal(kHv * kH, s));
+      add(a + "in_proj_a.weight", {kHv, kH}, normal(kHv * kH, s));
+      add(a + "conv1d.weight", {kConvW, 1, kConvK}, normal(kConvW * kConvK, 0.5));
+      std::vector<float> a_log(kHv);  // decays of different speeds: A in [0.5, 8)
+      for (float& v : a_log) v = static_cast<float>(std::log(0.5 + 7.5 * static_cast<double>(rng.next() % 1000) / 1000.0));
+      add(a + "A_log", {kHv}, a_log);
+      add(a + "dt_bias", {kHv}, normal(kHv, 0.5));
+      add(a + "norm.weight", {kD}, normal(kD, 0.2, 1.0));  // plain weight
+      add(a + "out_proj.weight", {kH, kValW}, normal(kH * kValW, 1.0 / std::sqrt(static_cast<double>(kValW))));
+    } else {
+      const std::string a = p + "self_attn.";
+      add(a + "q_proj.weight", {kHeads * 2 * kHd, kH}, normal(kHeads * 2 * kHd * kH, s));  // query and gate rows per head
+      add(a + "k_proj.weight", {kKv * kHd, kH}, normal(kKv * kHd * kH, s));
+      add(a + "v_proj.weight", {kKv * kHd, kH}, normal(kKv * kHd * kH, s));
+      add(a + "o_proj.weight", {kH, kHeads * kHd}, normal(kH * kHeads * kHd, 1.0 / std::sqrt(static_cast<double>(kHeads * kHd))));
+      add(a + "q_norm.weight", {kHd}, normal(kHd, 0.2));
+      add(a + "k_norm.weight", {kHd}, normal(kHd, 0.2));
+    }
+    const int64_t inter = moe ? kSharedI : kInter;
+    const std::string mlp = moe ? p + "mlp.shared_expert." : p + "mlp.";
+    add(mlp + "gate_proj.weight", {inter, kH}, normal(inter * kH, s));
+    add(mlp + "up_proj.weight", {inter, kH}, normal(inter * kH, s));
+    add(mlp + "down_proj.weight", {kH, inter}, normal(kH * inter, 1.0 / std::sqrt(static_cast<double>(inter))));
+    if (moe) {
+      add(p + "mlp.gate.weight", {kExperts, kH}, normal(kExperts * kH, 2.0 * s));
+      add(p + "mlp.experts.gate_up_proj", {kExperts, 2 * kExpertI, kH}, normal(kExperts * 2 * kExpertI * kH, s));
+      add(p + "mlp.experts.down_proj", {kExperts, kH, kExpertI}, normal(kExperts * kH * kExpertI, 1.0 / std::sqrt(static_cast<double>(kExpertI))));
+      add(p + "mlp.shared_expert_gate.weight", {1, kH}, normal(kH, s));
+    }
+  }
+  write_bytes_to_file(dir + "/model.safetensors", w.bytes());
+  nlohmann::json config = {{"architectures", {moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"}},
+                           {"model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text"}, {"num_hidden_layers", kLayers},
+                           {"hidden_size", kH}, {"intermediate_size", kInter}, {"num_attention_heads", kHeads},
+                           {"num_key_value_heads", kKv}, {"head_dim", kHd}, {"layer_types", types}, {"attn_output_gate", true},
+                           {"linear_num_key_heads", kHk}, {"linear_num_value_heads", kHv}, {"linear_key_head_dim", kD},
+                           {"linear_value_head_dim", kD}, {"linear_conv_kernel_dim", kConvK}, {"rms_norm_eps", 1e-6},
+                           {"vocab_size", kVocab}, {"tie_word_embeddings", false}, {"eos_token_id", 2}, {"max_position_embeddings", 4096},
+                           {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}}}};
+  if (moe) {
+    config.erase("intermediate_size");
+    config["num_experts"] = kExperts;
+    config["num_experts_per_tok"] = 2;
+    config["moe_intermediate_size"] = kExpertI;
+    config["shared_expert_intermediate_size"] = kSharedI;
+  }
+  const std::string text = config.dump();
+  write_bytes_to_file(dir + "/config.json", std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+class GpuQwen35 : public ::testing::TestWithParam<bool> {  // the parameter: the MoE variant
+ protected:
+  void SetUp() override { write_qwen35(dir_.path(), GetParam(), GetParam() ? 36 : 35); }
+  testing_util::ScratchDir dir_{"gpu_qwen3_5"};
+};
+
+// The relative error of every row of logits, GPU against CPU: a prompt of n_prompt tokens in one call, then
+// n_decode tokens one at a time.
+std::vector<double> row_errors_against_cpu(const std::string& path, const KVSettings& kv, int n_prompt, int n_decode) {
+  CpuDevice cpu_device(4);
+  const auto cpu = Model::open(path, cpu_device);
+  GpuModel gpu(path);
+  const int64_t V = cpu->vocab_size();
+  SplitMix64 rng(7);
+  const auto tokens = testing_util::random_ids(V, n_prompt + n_decode, rng);
+  std::vector<double> errors;
+  std::vector<float> c, g;
+  auto ce = testing_util::make_engine(*cpu, kv, 1, n_prompt + n_decode), ge = testing_util::make_engine(*gpu.model, kv, 1, n_prompt + n_decode);
+  const int cs = ce->add_sequence(), gs = ge->add_sequence();
+  for (int done = 0; done < n_prompt + n_decode;) {
+    const int n = done == 0 ? n_prompt : 1;
+    const std::span<const int32_t> part(tokens.data() + done, static_cast<size_t>(n));
+    const BatchEntry a{cs, part, -1, Logits::all}, b{gs, part, -1, Logits::all};
+    ce->forward({&a, 1});
+    ge->forward({&b, 1});
+    c = ce->logits();
+    g = ge->logits();
+    for (int i = 0; i < n; ++i) errors.push_back(relative_error(g.data() + i * V, c.data() + i * V, V));
+    done += n;
+  }
+  EXPECT_EQ(ge->length(gs), n_prompt + n_decode);
+  return errors;
+}
+
+// A prompt of 70 tokens (the CPU's chunk of 64 and 6 more) in one call, then decode steps, on the CPU and
+// the GPU, with a dense and with a compressed full-attention cache: every row within the BF16 tolerance for
+// the dense model. The MoE model's routing is discontinuous: where two router logits nearly tie, the GPU's
+// BF16 rounding can switch an expert (see GoldenModels), which moves that row by O(1) and, through the
+// states and the KV cache, later rows by a few percent; so its rows are held to the tolerance by their
+// median, and most of them (a wrong gate, norm, state or expert layout moves every row far past it).
+TEST_P(GpuQwen35, RandomModelMatchesTheCpu) {
+  TQ_REQUIRE_GPU();
+  const bool moe = GetParam();
+  for (const char* spec : {"f16", "k8v4+fused"}) {
+    SCOPED_TRACE(spec);
+    const KVSettings kv = parse_kv_spec(spec);
+    const double tolerance = kv.compressed() ? kCompressedTolerance : kTolerance;
+    std::vector<double> e = row_errors_against_cpu(dir_.path(), kv, 70, 12);
+    const double worst = *std::max_element(e.begin(), e.end());
+    std::printf("  qwen3.5 %s %s: largest row error %.4f\n", moe ? "moe" : "dense", spec, worst);
+    if (!moe) {
+      for (size_t i = 0; i < e.size(); ++i) EXPECT_LT(e[i], tolerance) << "row " << i;
+      continue;
+    }
+    std::sort(e.begin(), e.end());
+    EXPECT_LT(e[e.size() / 2], tolerance) << "median row";
+    EXPECT_LT(e[e.size() * 9 / 10], 4 * tolerance) << "90th percentile row";
+  }
+}
+
+// The engine's batch contract on the GPU with recurrent layers: mixed batches of prompt chunks and decode
+// tokens against each sequence alone (the dense model: a batch of 3 or more rows takes cuBLAS's BF16 GEMMs,
+// fewer rows the small-batch kernel, and with experts that difference may switch one at a near-tie, as in
+// RandomModelMatchesTheCpu); decode steps replayed from the recorded graph against the same steps launched
+// kernel by kernel (within 1e-5: the same kernels on the same inputs), the graph recorded once.
+TEST_P(GpuQwen35, BatchesAndDecodeGraphs) {
+  TQ_REQUIRE_GPU();
+  GpuModel gpu(dir_.path());
+  const KVSettings kv = parse_kv_spec("f16");
+  if (!GetParam()) {
+    for (int sequences : {1, 3, 7}) {
+      const double e = testing_util::batch_vs_alone(*gpu.model, kv, sequences, 300 + sequences);
+      EXPECT_LT(e, kTolerance) << sequences << " sequences";
+    }
+  }
+  CudaDeviceOptions eager_options;
+  eager_options.graphs = false;
+  GpuModel eager(dir_.path(), eager_options);
+  const int64_t V = gpu.model->vocab_size();
+  constexpr int kBatch = 3, kPrompt = 30, kDecode = 12;
+  SplitMix64 rng(8);
+  std::vector<std::vector<int32_t>> tokens;
+  for (int b = 0; b < kBatch; ++b) tokens.push_back(testing_util::random_ids(V, kPrompt + kDecode, rng));
+  auto ge = testing_util::make_engine(*gpu.model, kv, kBatch, kPrompt + kDecode), ee = testing_util::make_engine(*eager.model, kv, kBatch, kPrompt + kDecode);
+  std::vector<BatchEntry> batch;
+  for (int b = 0; b < kBatch; ++b) {
+    batch.push_back({ge->add_sequence(), std::span<const int32_t>(tokens[b].data(), kPrompt - 5 * b), -1, Logits::last});
+    ee->add_sequence();
+  }
+  ge->forward(batch);
+  ee->forward(batch);
+  // The prompts were of different lengths: the shorter ones take their next tokens as decode steps too, so
+  // the sequences decode at different positions (other slots, other lengths) in one replayed step.
+  std::vector<int> at(kBatch);
+  for (int b = 0; b < kBatch; ++b) at[b] = kPrompt - 5 * b;
+  const StepStats g0 = ge->step_stats();
+  for (int i = 0; i < kDecode; ++i) {
+    for (int b = 0; b < kBatch; ++b) batch[b].tokens = std::span<const int32_t>(&tokens[b][at[b]++], 1);
+    ge->forward(batch);
+    ee->forward(batch);
+    const std::vector<float> a = ge->logits(), c = ee->logits();
+    for (int r = 0; r < kBatch; ++r) EXPECT_LT(relative_error(a.data() + r * V, c.data() + r * V, V), 1e-5) << "step " << i << " row " << r;
+  }
+  const StepStats g = ge->step_stats();
+  EXPECT_EQ(g.replays - g0.replays, kDecode);
+  EXPECT_EQ(g.captures - g0.captures, 1);
+  EXPECT_TRUE(g.eager_reason.empty()) << g.eager_reason;
+}
+
+// What turboquant-bench model does with recurrent layers: a base sequence filled to a depth, copies of it
+// forked (a device copy of each state) and decoded, removed, forked again. Each copy's logits are those of
+// the base's tokens and its own run alone.
+TEST_P(GpuQwen35, ForkedCopiesContinueAsTheBase) {
+  TQ_REQUIRE_GPU();
+  GpuModel gpu(dir_.path());
+  const KVSettings kv = parse_kv_spec("f16");
+  const int64_t V = gpu.model->vocab_size();
+  SplitMix64 rng(12);
+  const std::vector<int32_t> base_tokens = testing_util::random_ids(V, 40, rng);
+  auto engine = testing_util::make_engine(*gpu.model, kv, 3, 64);
+  const int base = engine->add_sequence();
+  const BatchEntry fill{base, base_tokens, -1, Logits::none};
+  engine->forward({&fill, 1});
+  for (int round = 0; round < 2; ++round) {
+    std::vector<int> copies = {engine->fork_sequence(base, /*copy=*/true), engine->fork_sequence(base, /*copy=*/true)};
+    std::vector<std::vector<int32_t>> next = {testing_util::random_ids(V, 4, rng), testing_util::random_ids(V, 4, rng)};
+    std::vector<std::vector<float>> got(2);
+    for (int i = 0; i < 4; ++i) {
+      std::vector<BatchEntry> step;
+      for (int c = 0; c < 2; ++c) step.push_back({copies[c], std::span<const int32_t>(&next[c][i], 1), -1, Logits::last});
+      engine->forward(step);
+      const std::vector<float> l = engine->logits();
+      for (int c = 0; c < 2; ++c) got[c].insert(got[c].end(), l.begin() + c * V, l.begin() + (c + 1) * V);
+    }
+    for (int c = 0; c < 2; ++c) {
+      std::vector<int32_t> all = base_tokens;
+      all.insert(all.end(), next[c].begin(), next[c].end());
+      const std::vector<float> alone = testing_util::alone_logits(*gpu.model, kv, all, 1, 64, base_tokens.size());
+      for (int i = 0; i < 4; ++i)
+        EXPECT_LT(relative_error(got[c].data() + i * V, alone.data() + (base_tokens.size() + i) * V, V), kTolerance)
+            << "round " << round << " copy " << c << " token " << i;
+      engine->remove_sequence(copies[c]);
+    }
+  }
+  EXPECT_EQ(engine->length(base), 40);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuModel, GpuQwen35, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? std::string("moe") : std::string("dense"); });
 
 }  // namespace
 }  // namespace tq::cuda

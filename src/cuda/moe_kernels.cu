@@ -6,7 +6,7 @@
 //              scattered into slots grouped by expert, and cut into tiles of at most kTileRows slots of one
 //              expert. With few rows the route kernel makes every pair a tile of its own instead.
 //   gate_up    a block per (tile, 8 outputs i): a warp per i reads expert e's gate row i and up row i once
-//              for all of the tile's rows, and writes h = (clamp(u) + 1) * g' * sigmoid(alpha g') per slot
+//              for all of the tile's rows, and writes h = (clamp(u) + up_offset) * g' * sigmoid(alpha g') per slot
 //   down       decode: a warp per (row, output c) runs the down products of the row's chosen experts in
 //              index order and sums w_e * y_e as it goes, into out;
 //              grouped: a warp per (tile, output c) writes y = h . down_e^T + bias per (row, expert) pair,
@@ -143,13 +143,15 @@ __device__ __forceinline__ void warp_dot(const Row& row, int cols, const V* cons
     for (int o = 16; o > 0; o >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], o));
 }
 
-// GPT-OSS's clamped SwiGLU in the CPU's order (cpu_device.cc, clamped_swiglu): g = min(g, limit),
-// u = clamp(u, -limit, limit), h = (u + 1) * (g * sigmoid(g * alpha)). NaN stays NaN, as std::min/clamp.
-__device__ __forceinline__ float clamped_swiglu(float g, float u, float limit, float alpha) {
+// The clamped SwiGLU in the CPU's order (cpu_device.cc, clamped_swiglu): g = min(g, limit),
+// u = clamp(u, -limit, limit), h = (u + up_offset) * (g * sigmoid(g * alpha)). GPT-OSS: up_offset 1;
+// Qwen3.5-MoE: up_offset 0, alpha 1, limit infinity, which is silu(g) * u (u + 0 is u exactly, the clamps
+// change nothing). NaN stays NaN, as std::min/clamp.
+__device__ __forceinline__ float clamped_swiglu(float g, float u, float limit, float alpha, float up_offset) {
   g = limit < g ? limit : g;
   u = u < -limit ? -limit : limit < u ? limit : u;
   const float sigmoid = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, alpha))));
-  return __fmul_rn(__fadd_rn(u, 1.0f), __fmul_rn(g, sigmoid));
+  return __fmul_rn(__fadd_rn(u, up_offset), __fmul_rn(g, sigmoid));
 }
 
 // ---- the scratch of a call
@@ -313,7 +315,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
 
 template <typename Row, typename X, int T>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(MoeLayer L, const X* __restrict__ x, int64_t x_stride, int k, Tiles tiles,
-                                                              float limit, float alpha, float* __restrict__ h) {
+                                                              float limit, float alpha, float up_offset, float* __restrict__ h) {
   __shared__ float table[16];
   load_e2m1_table(table);
   const int t = blockIdx.x;
@@ -331,7 +333,7 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(MoeLayer L, const 
   const float gb = L.gate_bias[static_cast<int64_t>(e) * I + i], ub = L.up_bias[static_cast<int64_t>(e) * I + i];
 #pragma unroll
   for (int r = 0; r < T; ++r)
-    if (r < n) h[static_cast<int64_t>(first + r) * I + i] = clamped_swiglu(__fadd_rn(g[r], gb), __fadd_rn(u[r], ub), limit, alpha);
+    if (r < n) h[static_cast<int64_t>(first + r) * I + i] = clamped_swiglu(__fadd_rn(g[r], gb), __fadd_rn(u[r], ub), limit, alpha, up_offset);
 }
 
 // ---- down, decode: blockIdx.x = row, blockIdx.y = a block of kWarps outputs c; h by pair (slot = pair)
@@ -399,16 +401,16 @@ __global__ void combine_kernel(const float* __restrict__ y, const float* __restr
 
 template <typename Row, typename X>
 void launch_products(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
-                     bool accumulate, const Scratch& s, cudaStream_t stream) {
+                     float up_offset, bool accumulate, const Scratch& s, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>(max_tiles(rows, k, L.experts));
   const dim3 threads(32 * kWarps);
   const unsigned i_blocks = static_cast<unsigned>((L.intermediate + kWarps - 1) / kWarps), c_blocks = static_cast<unsigned>((L.hidden + kWarps - 1) / kWarps);
   if (rows <= kDecodeRows) {
-    gate_up_kernel<Row, X, 1><<<dim3(tiles, i_blocks), threads, 0, stream>>>(L, x, x_stride, k, s.tiles, limit, alpha, s.h);
+    gate_up_kernel<Row, X, 1><<<dim3(tiles, i_blocks), threads, 0, stream>>>(L, x, x_stride, k, s.tiles, limit, alpha, up_offset, s.h);
     down_sum_kernel<Row><<<dim3(static_cast<unsigned>(rows), c_blocks), threads, 0, stream>>>(L, s.h, s.chosen, s.weight, k, out, out_stride,
                                                                                               accumulate);
   } else {
-    gate_up_kernel<Row, X, kTileRows><<<dim3(tiles, i_blocks), threads, 0, stream>>>(L, x, x_stride, k, s.tiles, limit, alpha, s.h);
+    gate_up_kernel<Row, X, kTileRows><<<dim3(tiles, i_blocks), threads, 0, stream>>>(L, x, x_stride, k, s.tiles, limit, alpha, up_offset, s.h);
     down_kernel<Row, kTileRows><<<dim3(tiles, c_blocks), threads, 0, stream>>>(L, s.h, s.tiles, s.y);
     combine_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(s.y, s.weight, k, L.hidden, out, out_stride, accumulate);
   }
@@ -416,7 +418,7 @@ void launch_products(const MoeLayer& L, const X* x, int64_t x_stride, int rows, 
 
 template <typename X>
 void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
-            bool accumulate, const Scratch& s, cudaStream_t stream) {
+            float up_offset, bool accumulate, const Scratch& s, cudaStream_t stream) {
   const bool decode = rows <= kDecodeRows;
   const size_t route_shared = static_cast<size_t>(3 * L.experts) * sizeof(float);
   route_kernel<<<static_cast<unsigned>(rows), kRouteThreads, route_shared, stream>>>(x, x_stride, L.router, L.router_bias, L.experts, L.hidden, k,
@@ -424,9 +426,9 @@ void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* ou
   if (!decode) group_kernel<<<1, kGroupThreads, 0, stream>>>(s.chosen, rows * k, L.experts, s.tiles);
   // The two matrices of a layer are in one format (moe_experts converts the rest to BF16).
   if (L.gate_up.format == ExpertFormat::mxfp4) {
-    launch_products<Mxfp4Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, accumulate, s, stream);
+    launch_products<Mxfp4Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
   } else {
-    launch_products<Bf16Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, accumulate, s, stream);
+    launch_products<Bf16Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
   }
 }
 
@@ -435,7 +437,7 @@ void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* ou
 size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k) { return carve(layer, rows, top_k, nullptr, nullptr); }
 
 void moe(const MoeLayer& L, const void* x, bool x_bf16, int64_t x_stride, int rows, float* out, int64_t out_stride, int top_k, float limit,
-         float alpha, bool accumulate, void* scratch, void* stream) {
+         float alpha, float up_offset, bool accumulate, void* scratch, void* stream) {
   if (rows == 0) return;
   TQ_CHECK(L.experts >= 1 && L.experts <= kMaxExperts && top_k >= 1 && top_k <= L.experts, "internal error: moe of ", L.experts,
            " experts, top ", top_k);
@@ -448,9 +450,9 @@ void moe(const MoeLayer& L, const void* x, bool x_bf16, int64_t x_stride, int ro
   Scratch s;
   carve(L, rows, top_k, scratch, &s);
   if (x_bf16) {
-    launch(L, static_cast<const __nv_bfloat16*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, accumulate, s, as_stream(stream));
+    launch(L, static_cast<const __nv_bfloat16*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, up_offset, accumulate, s, as_stream(stream));
   } else {
-    launch(L, static_cast<const float*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, accumulate, s, as_stream(stream));
+    launch(L, static_cast<const float*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, up_offset, accumulate, s, as_stream(stream));
   }
   TQ_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,6 +1,6 @@
 // Kernels of the CUDA device's mixture-of-experts layer (moe_kernels.cu): the router with its top-k and
-// softmax, the experts' products read straight from their storage (MXFP4 blocks or BF16), GPT-OSS's clamped
-// SwiGLU, and the weighted sum of the chosen experts. Everything stays on the device (no host round trip,
+// softmax, the experts' products read straight from their storage (MXFP4 blocks or BF16), the clamped
+// SwiGLU with its up offset (GPT-OSS's; Qwen3.5-MoE's plain one with offset 0, alpha 1, no clamp), and the weighted sum of the chosen experts. Everything stays on the device (no host round trip,
 // nothing synchronizes), so a decode step that calls it can be recorded into a CUDA graph. The contract is
 // Device::moe's (device/device.h); CpuDevice::moe is the slow reference the tests compare with.
 // Plain C++ header.
@@ -57,6 +57,6 @@ size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k);
 // weights); no value is rounded to BF16 on the way. Deterministic: a row's output does not depend on the
 // other rows of the call, nor on the path (decode or grouped) it takes.
 void moe(const MoeLayer& layer, const void* x, bool x_bf16, int64_t x_stride, int rows, float* out, int64_t out_stride, int top_k,
-         float limit, float alpha, bool accumulate, void* scratch, void* stream);
+         float limit, float alpha, float up_offset, bool accumulate, void* scratch, void* stream);
 
 }  // namespace tq::cuda::moe_kernels
