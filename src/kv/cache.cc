@@ -361,6 +361,7 @@ MemoryUsage& MemoryUsage::operator+=(const MemoryUsage& o) {
   blocks_in_use += o.blocks_in_use;
   blocks_shared += o.blocks_shared;
   block_bytes = std::max(block_bytes, o.block_bytes);
+  snapshot_bytes += o.snapshot_bytes;
   return *this;
 }
 

@@ -66,6 +66,7 @@ struct MemoryUsage {
   int64_t blocks_in_use = 0;     // main-tier blocks held by sequences, each shared block once
   int64_t blocks_shared = 0;     // of those, blocks that more than one (forked) sequence holds
   int64_t block_bytes = 0;       // bytes of one block (all KV heads)
+  int64_t snapshot_bytes = 0;    // state snapshots the engine keeps (Engine::snapshot; each shared one once), not in bytes_in_use()
   int64_t bytes_in_use() const { return sink_bytes + main_bytes; }
   MemoryUsage& operator+=(const MemoryUsage& o);
 };
