@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,9 @@ class LayerCache {
   virtual BlockDemand demand(const std::vector<SequenceGrowth>& growth) const = 0;
 };
 
+// The checksum that ends every cache file (64-bit FNV-1a over the bytes before it).
+uint64_t fnv1a(const uint8_t* p, size_t n);
+
 struct KVCacheOptions {
   VectorFormatSpec k;             // main tier formats
   VectorFormatSpec v;
@@ -168,9 +172,13 @@ class KVCache final : public LayerCache {
   bool fused() const { return fused_; }
   void set_fused(bool on) { fused_ = on; }
 
-  // Versioned file with a checksum; load() rebuilds the cache from the file alone.
+  // Versioned file with a checksum; load() rebuilds the cache from the file alone. to_bytes / from_bytes
+  // are the same bytes in memory (a layer of a prompt cache file, kv/cache_file.h); `name` is what the
+  // errors call them ("cache file 'x.tqkv'").
   void save(const std::string& path) const;
   static std::unique_ptr<KVCache> load(const std::string& path);
+  std::vector<uint8_t> to_bytes() const;
+  static std::unique_ptr<KVCache> from_bytes(std::span<const uint8_t> bytes, const std::string& name);
 
  private:
   struct Sequence {
