@@ -22,6 +22,8 @@ std::string Model::weights_dtype() const {
   return t ? dtype_name(t->dtype) : "none";
 }
 
+ModelFingerprint Model::fingerprint() const { return model_fingerprint(architecture_name(config().arch), layer_specs()); }
+
 int64_t Model::file_weight_bytes() const {
   int64_t bytes = 0;
   for (const TensorView& t : files_->tensors().all()) bytes += static_cast<int64_t>(t.nbytes);
@@ -273,6 +275,19 @@ void Engine::truncate(int seq, int length) {
     it->second.erase(it->second.upper_bound(length), it->second.end());
     if (it->second.empty()) snapshots_.erase(it);
   }
+}
+
+void Engine::save_prompt_cache(const std::string& path, const PromptCacheMetadata& metadata) const {
+  tq::save_prompt_cache(path, caches_, model_.fingerprint(), metadata);
+}
+
+std::unique_ptr<Engine> Engine::load_prompt_cache(Model& model, const std::string& path, const EngineOptions& options,
+                                                  PromptCacheMetadata* metadata) {
+  TQ_CHECK(!model.device().is_cuda(), "cannot load the prompt cache file '", path, "' on ", model.device().name(),
+           ": its caches load into host memory, for the CPU");
+  LoadedPromptCache loaded = tq::load_prompt_cache(path, model.fingerprint());
+  if (metadata) *metadata = std::move(loaded.metadata);
+  return std::make_unique<Engine>(model, std::move(loaded.caches), options);
 }
 
 BatchOutput Engine::forward(std::span<const BatchEntry> batch) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "device/device.h"
+#include "kv/cache_file.h"
 #include "model/architecture.h"
 #include "runtime/kv_settings.h"
 
@@ -44,6 +45,8 @@ class Model {
   int64_t vocab_size() const { return arch_->vocab_size(); }
   std::vector<LayerSpec> layer_specs() const { return arch_->layer_specs(); }
   std::string weights_dtype() const;  // of the files' first layer matrix
+  // What a prompt cache file of this model carries to be loaded only into this model (kv/cache_file.h).
+  ModelFingerprint fingerprint() const;
   int64_t file_weight_bytes() const;  // the tensors' bytes in the files
 
   // Positions beyond the model's max_position_embeddings are refused unless the limit is raised
@@ -130,6 +133,13 @@ class Engine {
   bool has_sequence(int seq) const;
   int length(int seq) const;
   std::vector<int> sequences() const;
+
+  // ---- prompt cache files (kv/cache_file.h): every layer's cache of every sequence (not the snapshots)
+  void save_prompt_cache(const std::string& path, const PromptCacheMetadata& metadata = {}) const;
+  // An engine over the caches of a file of this model, holding its sequences; refused on a device other
+  // than the CPU (the file loads into host caches). options.kv is only reported.
+  static std::unique_ptr<Engine> load_prompt_cache(Model& model, const std::string& path, const EngineOptions& options,
+                                                   PromptCacheMetadata* metadata = nullptr);
 
   // ---- one batch
   BatchOutput forward(std::span<const BatchEntry> batch);
