@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "kv/json_field.h"
 
 namespace tq {
 
@@ -361,6 +362,7 @@ MemoryUsage& MemoryUsage::operator+=(const MemoryUsage& o) {
   blocks_in_use += o.blocks_in_use;
   blocks_shared += o.blocks_shared;
   block_bytes = std::max(block_bytes, o.block_bytes);
+  snapshot_bytes += o.snapshot_bytes;
   return *this;
 }
 
@@ -388,18 +390,19 @@ bool KVCache::is_plain_dense_growing() const {
 
 // ------------------------------------------------------------------ save / load
 
-namespace {
-
-constexpr char kMagic[8] = {'T', 'Q', 'K', 'V', 'C', 'A', 'C', 'H'};
-constexpr uint32_t kVersion = 1;
-
-uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
     h *= 0x100000001b3ull;
   }
   return h;
 }
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'Q', 'K', 'V', 'C', 'A', 'C', 'H'};
+constexpr uint32_t kVersion = 1;
 
 nlohmann::json spec_json(const VectorFormatSpec& s) {
   const auto& q = s.quantizer;
@@ -414,26 +417,6 @@ nlohmann::json spec_json(const VectorFormatSpec& s) {
           {"rotation_block", q.rotation_block == RotationBlock::dim ? "dim" : q.rotation_block == RotationBlock::group ? "group" : "none"},
           {"codebook", to_string(q.codebook)},
           {"quantizer_seed", q.seed}};
-}
-
-// A header's integer field, whole and in Int's range: nlohmann's get<int> takes 4294967296 as 0 and
-// converts 1e300 with undefined behaviour, which would make a lying header look like another one.
-template <class Int>
-Int integer_field(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = j.at(key);
-  bool fits = false;
-  if (v.is_number_unsigned()) {
-    fits = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
-  } else if (v.is_number_integer()) {
-    const int64_t x = v.get<int64_t>();
-    if constexpr (std::is_signed_v<Int>)
-      fits = x >= static_cast<int64_t>(std::numeric_limits<Int>::min()) && x <= static_cast<int64_t>(std::numeric_limits<Int>::max());
-    else
-      fits = x >= 0 && static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
-  }
-  TQ_CHECK(fits, "'", key, "' must be an integer from ", +std::numeric_limits<Int>::min(), " to ", +std::numeric_limits<Int>::max(),
-           ", got ", v.dump());
-  return v.get<Int>();
 }
 
 VectorFormatSpec spec_from_json(const nlohmann::json& j) {
@@ -459,7 +442,7 @@ VectorFormatSpec spec_from_json(const nlohmann::json& j) {
 // lengths), then per sequence in header order: sink K and V [n_kv_heads][min(length, min_tokens)][record],
 // then each held main-tier block in order, whole (the block layout of cache.h); last, the u64
 // FNV-1a hash of every byte before it. All integers little-endian.
-void KVCache::save(const std::string& path) const {
+std::vector<uint8_t> KVCache::to_bytes() const {
   nlohmann::json header = {{"n_kv_heads", n_kv_heads_},
                            {"head_dim", head_dim_},
                            {"k", spec_json(options_.k)},
@@ -497,6 +480,11 @@ void KVCache::save(const std::string& path) const {
   }
   const uint64_t hash = fnv1a(bytes.data(), bytes.size());
   put(&hash, 8);
+  return bytes;
+}
+
+void KVCache::save(const std::string& path) const {
+  const std::vector<uint8_t> bytes = to_bytes();
   std::ofstream f(path, std::ios::binary);
   TQ_CHECK(f.good(), "cannot open '", path, "' for writing");
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
@@ -506,17 +494,21 @@ void KVCache::save(const std::string& path) const {
 std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   TQ_CHECK(f.good(), "cannot open the cache file '", path, "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  TQ_CHECK(bytes.size() >= 24, "cache file '", path, "' is truncated (", bytes.size(), " bytes)");
-  TQ_CHECK(std::memcmp(bytes.data(), kMagic, 8) == 0, "'", path, "' is not a turboquant cache file (bad magic)");
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return from_bytes(bytes, "cache file '" + path + "'");
+}
+
+std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, const std::string& name) {
+  TQ_CHECK(bytes.size() >= 24, name, " is truncated (", bytes.size(), " bytes)");
+  TQ_CHECK(std::memcmp(bytes.data(), kMagic, 8) == 0, name, " is not a turboquant KV cache (bad magic)");
   uint32_t version, len;
   std::memcpy(&version, bytes.data() + 8, 4);
   std::memcpy(&len, bytes.data() + 12, 4);
-  TQ_CHECK(version == kVersion, "cache file '", path, "' has version ", version, "; this build reads version ", kVersion);
+  TQ_CHECK(version == kVersion, name, " has version ", version, "; this build reads version ", kVersion);
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  TQ_CHECK(fnv1a(bytes.data(), bytes.size() - 8) == stored, "cache file '", path, "' is corrupt (checksum mismatch)");
-  TQ_CHECK(16 + static_cast<size_t>(len) + 8 <= bytes.size(), "cache file '", path, "' is truncated inside its header");
+  TQ_CHECK(fnv1a(bytes.data(), bytes.size() - 8) == stored, name, " is corrupt (checksum mismatch)");
+  TQ_CHECK(16 + static_cast<size_t>(len) + 8 <= bytes.size(), name, " is truncated inside its header");
   nlohmann::json header;
   std::unique_ptr<KVCache> cache;
   try {
@@ -531,14 +523,14 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
     cache = std::make_unique<KVCache>(integer_field<int>(header, "n_kv_heads"), integer_field<int>(header, "head_dim"), o);
     cache->fused_ = header.at("fused").get<bool>();
   } catch (const nlohmann::json::exception& e) {
-    fail("cache file '", path, "' has a malformed header: ", e.what());
+    fail(name, " has a malformed header: ", e.what());
   } catch (const Error& e) {
-    fail("cache file '", path, "' has a malformed header: ", e.what());
+    fail(name, " has a malformed header: ", e.what());
   }
   size_t off = 16 + len;
   const size_t end = bytes.size() - 8;
   auto take = [&](size_t n) {
-    TQ_CHECK(off + n <= end, "cache file '", path, "' is truncated (payload shorter than its header says)");
+    TQ_CHECK(off + n <= end, name, " is truncated (payload shorter than its header says)");
     const uint8_t* p = bytes.data() + off;
     off += n;
     return p;
@@ -554,15 +546,15 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
     for (const auto& js : header.at("sequences"))
       saved.push_back({integer_field<int>(js, "id"), integer_field<int>(js, "length"), integer_field<int>(js, "first_main")});
   } catch (const nlohmann::json::exception& e) {
-    fail("cache file '", path, "' has a malformed sequence list: ", e.what());
+    fail(name, " has a malformed sequence list: ", e.what());
   } catch (const Error& e) {
-    fail("cache file '", path, "' has a malformed sequence list: ", e.what());
+    fail(name, " has a malformed sequence list: ", e.what());
   }
   const int T = cache->options_.block_tokens;
   const size_t block_bytes = cache->block_head_bytes_ * static_cast<size_t>(H);
   for (const auto& [id, length, first_main] : saved) {
-    TQ_CHECK(length >= 0 && first_main >= M && first_main <= std::max(length, M), "cache file '", path,
-             "' has an inconsistent sequence ", id);
+    TQ_CHECK(length >= 0 && first_main >= M && first_main <= std::max(length, M), name,
+             " has an inconsistent sequence ", id);
     const int n_sink = std::min(length, M);
     // The sequence's bytes must be in the payload before anything is allocated for them: a header that
     // lies about the sizes would otherwise allocate whatever it names. In 128 bits: no product overflows.
@@ -570,7 +562,7 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
     const u128 main_blocks = length > first_main ? (static_cast<u128>(length - first_main) + T - 1) / T : 0;
     const u128 need = static_cast<u128>(2) * H * n_sink * sink_rec + main_blocks * block_bytes;
     cache->add_sequence_with_id(id);  // first: a repeated id is named as such
-    TQ_CHECK(need <= end - off, "cache file '", path, "' is truncated (payload shorter than its header says)");
+    TQ_CHECK(need <= end - off, name, " is truncated (payload shorter than its header says)");
     Sequence& s = cache->seqs_.at(id);
     // What is still allocated beyond the payload: the sink tier's whole capacity (M positions per head) and
     // the pool's first chunk (about 1024 positions); a header can name more than the machine has.
@@ -589,12 +581,12 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
       for (int64_t pos = s.first_block_pos; pos < length; pos += T)
         std::memcpy(cache->main_block(s, static_cast<int>(pos)), take(block_bytes), block_bytes);
     } catch (const std::bad_alloc&) {
-      fail("cache file '", path, "': sequence ", id, " needs more memory than can be allocated (", H, " KV heads, ", M,
+      fail(name, ": sequence ", id, " needs more memory than can be allocated (", H, " KV heads, ", M,
            " sink positions, blocks of ", block_bytes, " bytes)");
     }
     s.length = length;
   }
-  TQ_CHECK(off == end, "cache file '", path, "' has ", end - off, " unexpected trailing bytes");
+  TQ_CHECK(off == end, name, " has ", end - off, " unexpected trailing bytes");
   return cache;
 }
 

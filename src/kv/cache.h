@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,7 @@ struct MemoryUsage {
   int64_t blocks_in_use = 0;     // main-tier blocks held by sequences, each shared block once
   int64_t blocks_shared = 0;     // of those, blocks that more than one (forked) sequence holds
   int64_t block_bytes = 0;       // bytes of one block (all KV heads)
+  int64_t snapshot_bytes = 0;    // state snapshots the engine keeps (Engine::snapshot; each shared one once), not in bytes_in_use()
   int64_t bytes_in_use() const { return sink_bytes + main_bytes; }
   MemoryUsage& operator+=(const MemoryUsage& o);
 };
@@ -110,6 +112,9 @@ class LayerCache {
   // What appending these positions would take from the block pool (nothing is changed).
   virtual BlockDemand demand(const std::vector<SequenceGrowth>& growth) const = 0;
 };
+
+// The checksum that ends every cache file (64-bit FNV-1a over the bytes before it).
+uint64_t fnv1a(const uint8_t* p, size_t n);
 
 struct KVCacheOptions {
   VectorFormatSpec k;             // main tier formats
@@ -167,9 +172,13 @@ class KVCache final : public LayerCache {
   bool fused() const { return fused_; }
   void set_fused(bool on) { fused_ = on; }
 
-  // Versioned file with a checksum; load() rebuilds the cache from the file alone.
+  // Versioned file with a checksum; load() rebuilds the cache from the file alone. to_bytes / from_bytes
+  // are the same bytes in memory (a layer of a prompt cache file, kv/cache_file.h); `name` is what the
+  // errors call them ("cache file 'x.tqkv'").
   void save(const std::string& path) const;
   static std::unique_ptr<KVCache> load(const std::string& path);
+  std::vector<uint8_t> to_bytes() const;
+  static std::unique_ptr<KVCache> from_bytes(std::span<const uint8_t> bytes, const std::string& name);
 
  private:
   struct Sequence {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -20,6 +21,8 @@ std::string Model::weights_dtype() const {
   const TensorView* t = w.layers.empty() ? w.embed : w.layers[0].wq;
   return t ? dtype_name(t->dtype) : "none";
 }
+
+ModelFingerprint Model::fingerprint() const { return model_fingerprint(architecture_name(config().arch), layer_specs()); }
 
 int64_t Model::file_weight_bytes() const {
   int64_t bytes = 0;
@@ -153,6 +156,7 @@ void Engine::remove_sequence(int seq) {
   check_sequence(seq, "remove");
   for (auto& c : caches_) c->remove_sequence(seq);
   lengths_[static_cast<size_t>(seq)] = -1;
+  snapshots_.erase(seq);
   --alive_;
 }
 
@@ -171,21 +175,119 @@ int Engine::fork_sequence(int parent, bool copy) {
   }
   if (static_cast<size_t>(id) >= lengths_.size()) lengths_.resize(static_cast<size_t>(id) + 1, -1);
   lengths_[static_cast<size_t>(id)] = lengths_[static_cast<size_t>(parent)];
+  if (auto it = snapshots_.find(parent); it != snapshots_.end()) snapshots_[id] = it->second;  // shared pointers: no copy
   ++alive_;
   return id;
 }
 
-void Engine::truncate(int seq, int length) {
+int Engine::fork_sequence_at(int parent, int length) {
+  check_sequence(parent, "fork");
+  // The child would hold what the parent holds, so what stops the parent's truncation stops the child's.
+  const std::string problem = truncate_problem(parent, length);
+  TQ_CHECK(problem.empty(), "cannot fork sequence ", parent, " at ", length, " positions: ", problem);
+  const int child = fork_sequence(parent);
+  truncate(child, length);
+  return child;
+}
+
+std::vector<size_t> Engine::recurrent_layers() const {
+  std::vector<size_t> layers;
+  for (size_t l = 0; l < caches_.size(); ++l)
+    if (dynamic_cast<const RecurrentStateCache*>(caches_[l].get())) layers.push_back(l);
+  return layers;
+}
+
+int64_t Engine::Snapshot::bytes() const {
+  int64_t b = 0;
+  for (const StateSnapshot& s : states) b += s.bytes();
+  return b;
+}
+
+void Engine::snapshot(int seq) {
+  check_sequence(seq, "snapshot");
+  const std::vector<size_t> layers = recurrent_layers();
+  if (layers.empty()) return;  // every layer truncates to any position: nothing to keep
+  auto snap = std::make_shared<Snapshot>();
+  for (size_t l : layers) snap->states.push_back(static_cast<const RecurrentStateCache&>(*caches_[l]).snapshot(seq));
+  snapshots_[seq][lengths_[static_cast<size_t>(seq)]] = std::move(snap);
+}
+
+std::vector<int> Engine::snapshot_positions(int seq) const {
+  check_sequence(seq, "snapshot positions");
+  std::vector<int> positions;
+  if (auto it = snapshots_.find(seq); it != snapshots_.end())
+    for (const auto& [pos, snap] : it->second) positions.push_back(pos);
+  return positions;
+}
+
+std::string Engine::truncate_problem(int seq, int length) const {
   check_sequence(seq, "truncate");
   const int held = lengths_[static_cast<size_t>(seq)];
-  TQ_CHECK(length >= 0 && length <= held, "cannot truncate sequence ", seq, " to ", length, " positions: it holds ", held);
-  // Every layer first says whether it can (a rotating cache's window); then all go back together.
-  for (const auto& c : caches_) {
-    const std::string problem = c->truncate_problem(seq, length);
-    TQ_CHECK(problem.empty(), problem);
+  std::ostringstream os;
+  if (length < 0 || length > held) {
+    os << "cannot truncate sequence " << seq << " to " << length << " positions: it holds " << held;
+    return os.str();
   }
-  for (auto& c : caches_) c->truncate(seq, length);
+  const std::vector<size_t> recurrent = recurrent_layers();
+  if (length < held && !recurrent.empty() && !snapshot_at(seq, length)) {
+    const std::vector<int> kept = snapshot_positions(seq);
+    os << "cannot truncate sequence " << seq << " from " << held << " to " << length << " positions: its " << recurrent.size()
+       << " recurrent layers hold no earlier positions and go back only to a snapshot, and none was kept at " << length;
+    if (kept.empty()) os << " (it has no snapshots)";
+    for (size_t i = 0; i < kept.size(); ++i) os << (i ? ", " : " (it has snapshots at ") << kept[i] << (i + 1 == kept.size() ? ")" : "");
+    return os.str();
+  }
+  // The KV layers (a rotating cache's window); the recurrent ones are restored, not truncated.
+  for (size_t l = 0; l < caches_.size(); ++l) {
+    if (std::find(recurrent.begin(), recurrent.end(), l) != recurrent.end()) continue;
+    std::string problem = caches_[l]->truncate_problem(seq, length);
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
+const Engine::Snapshot* Engine::snapshot_at(int seq, int length) const {
+  const auto it = snapshots_.find(seq);
+  if (it == snapshots_.end()) return nullptr;
+  const auto at = it->second.find(length);
+  return at == it->second.end() ? nullptr : at->second.get();
+}
+
+void Engine::truncate(int seq, int length) {
+  // Every layer first says whether it can (a rotating cache's window, a recurrent state's snapshot); then
+  // all go back together.
+  const std::string problem = truncate_problem(seq, length);
+  TQ_CHECK(problem.empty(), problem);
+  const int held = lengths_[static_cast<size_t>(seq)];
+  const std::vector<size_t> recurrent = recurrent_layers();
+  const Snapshot* snap = length < held ? snapshot_at(seq, length) : nullptr;
+  for (size_t l = 0, r = 0; l < caches_.size(); ++l) {
+    if (r < recurrent.size() && recurrent[r] == l) {
+      if (snap) static_cast<RecurrentStateCache&>(*caches_[l]).restore(seq, snap->states[r]);
+      ++r;
+      continue;
+    }
+    caches_[l]->truncate(seq, length);
+  }
   lengths_[static_cast<size_t>(seq)] = length;
+  if (auto it = snapshots_.find(seq); it != snapshots_.end()) {
+    // Positions past the new length will be written again, by other tokens perhaps.
+    it->second.erase(it->second.upper_bound(length), it->second.end());
+    if (it->second.empty()) snapshots_.erase(it);
+  }
+}
+
+void Engine::save_prompt_cache(const std::string& path, const PromptCacheMetadata& metadata) const {
+  tq::save_prompt_cache(path, caches_, model_.fingerprint(), metadata);
+}
+
+std::unique_ptr<Engine> Engine::load_prompt_cache(Model& model, const std::string& path, const EngineOptions& options,
+                                                  PromptCacheMetadata* metadata) {
+  TQ_CHECK(!model.device().is_cuda(), "cannot load the prompt cache file '", path, "' on ", model.device().name(),
+           ": its caches load into host memory, for the CPU");
+  LoadedPromptCache loaded = tq::load_prompt_cache(path, model.fingerprint());
+  if (metadata) *metadata = std::move(loaded.metadata);
+  return std::make_unique<Engine>(model, std::move(loaded.caches), options);
 }
 
 BatchOutput Engine::forward(std::span<const BatchEntry> batch) {
@@ -263,6 +365,11 @@ std::vector<int32_t> Engine::argmax() {
 MemoryUsage Engine::memory() const {
   MemoryUsage total;
   for (const auto& c : caches_) total += c->memory();
+  // A snapshot that forks share is held once.
+  std::set<const Snapshot*> counted;
+  for (const auto& [seq, snaps] : snapshots_)
+    for (const auto& [pos, snap] : snaps)
+      if (counted.insert(snap.get()).second) total.snapshot_bytes += snap->bytes();
   return total;
 }
 

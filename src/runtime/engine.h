@@ -12,18 +12,21 @@
 //     weight is read once for all rows (one matrix product per weight), attention runs per sequence over
 //     its own cache pages. Logits come back for the rows each entry asks for (none, its last, all).
 //   - Sequences are added, removed, forked (the child shares the parent's blocks, copy-on-write: a
-//     prefix cache) and truncated back to a position (stop strings, rejected draft tokens).
+//     prefix cache) and truncated back to a position (stop strings, rejected draft tokens); on a model
+//     with recurrent layers, back to a position where snapshot() kept their states.
 //   - Bad use is a tq::Error that names it, and changes nothing: an unknown sequence, a batch entry that
 //     does not continue its sequence, positions past the context, token ids outside the vocabulary, a
 //     batch the KV pool cannot hold (how much it needs, how much is free).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "device/device.h"
+#include "kv/cache_file.h"
 #include "model/architecture.h"
 #include "runtime/kv_settings.h"
 
@@ -42,6 +45,8 @@ class Model {
   int64_t vocab_size() const { return arch_->vocab_size(); }
   std::vector<LayerSpec> layer_specs() const { return arch_->layer_specs(); }
   std::string weights_dtype() const;  // of the files' first layer matrix
+  // What a prompt cache file of this model carries to be loaded only into this model (kv/cache_file.h).
+  ModelFingerprint fingerprint() const;
   int64_t file_weight_bytes() const;  // the tensors' bytes in the files
 
   // Positions beyond the model's max_position_embeddings are refused unless the limit is raised
@@ -105,13 +110,36 @@ class Engine {
   int add_sequence();
   void remove_sequence(int seq);
   // A new sequence holding what `parent` holds (its blocks shared, copy-on-write; with copy, copied at
-  // once); returns its id.
+  // once) and the parent's snapshots (shared: they never change); returns its id.
   int fork_sequence(int parent, bool copy = false);
-  // Forgets positions [length, length(seq)); the next token goes to position `length`.
+  // A fork of `parent` truncated to `length` (a prefix reused from a snapshot on a hybrid model); refused
+  // before anything is forked when the parent could not be truncated there (truncate_problem).
+  int fork_sequence_at(int parent, int length);
+  // Forgets positions [length, length(seq)); the next token goes to position `length`. The KV layers drop
+  // their positions; a recurrent layer (a state holds no earlier positions) restores the snapshot kept at
+  // exactly `length` (snapshot()), or the call is refused naming the positions that have one, with nothing
+  // changed. Snapshots after `length` are dropped.
   void truncate(int seq, int length);
+  // Why truncate(seq, length) would be refused, or "" when it would not (nothing is changed).
+  std::string truncate_problem(int seq, int length) const;
+  // Keeps a snapshot of every recurrent layer's state of the sequence at its current length, so that a
+  // truncation or a fork can come back to this position (replacing one kept there already). Held in host
+  // memory (memory().snapshot_bytes) until the sequence is removed or truncated below it. On a model
+  // without recurrent layers it costs nothing and keeps nothing: its KV layers truncate to any position.
+  void snapshot(int seq);
+  // The positions of the snapshots kept for the sequence, in increasing order (none on a model without
+  // recurrent layers).
+  std::vector<int> snapshot_positions(int seq) const;
   bool has_sequence(int seq) const;
   int length(int seq) const;
   std::vector<int> sequences() const;
+
+  // ---- prompt cache files (kv/cache_file.h): every layer's cache of every sequence (not the snapshots)
+  void save_prompt_cache(const std::string& path, const PromptCacheMetadata& metadata = {}) const;
+  // An engine over the caches of a file of this model, holding its sequences; refused on a device other
+  // than the CPU (the file loads into host caches). options.kv is only reported.
+  static std::unique_ptr<Engine> load_prompt_cache(Model& model, const std::string& path, const EngineOptions& options,
+                                                   PromptCacheMetadata* metadata = nullptr);
 
   // ---- one batch
   BatchOutput forward(std::span<const BatchEntry> batch);
@@ -122,7 +150,7 @@ class Engine {
   std::vector<int32_t> argmax();
 
   // ---- reports
-  MemoryUsage memory() const;                   // all layers together
+  MemoryUsage memory() const;                   // all layers together, and the snapshots kept
   std::vector<MemoryUsage> layer_memory() const;
   std::vector<LayerAttentionReport> attention_report() const;
   StepStats step_stats() const { return model_.device().step_stats(); }
@@ -132,6 +160,17 @@ class Engine {
 
  private:
   void check_sequence(int seq, const char* what) const;
+  // The layers whose cache is a recurrent state (indices into caches_, increasing).
+  std::vector<size_t> recurrent_layers() const;
+
+  // Every recurrent layer's state of one sequence at one position: states[i] is layer
+  // recurrent_layers()[i]'s. Immutable once taken, so forks share it.
+  struct Snapshot {
+    std::vector<StateSnapshot> states;  // [recurrent layers]
+    int64_t bytes() const;
+  };
+  using Snapshots = std::map<int, std::shared_ptr<const Snapshot>>;  // position -> the states there
+  const Snapshot* snapshot_at(int seq, int length) const;           // null when none is kept there
 
   Model& model_;
   EngineOptions options_;
@@ -139,6 +178,7 @@ class Engine {
   std::vector<std::unique_ptr<LayerCache>> caches_;  // one per layer
   std::vector<AttentionStats> attention_;            // one per layer
   std::vector<int> lengths_;                         // [sequence id]: positions held, -1: no such sequence
+  std::map<int, Snapshots> snapshots_;               // sequence id -> its snapshots (absent: none)
   int alive_ = 0;
   int last_output_rows_ = 0;
   StepLayout step_;

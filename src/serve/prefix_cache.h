@@ -14,10 +14,14 @@
 // the LRU order and the bound on entries. It is not thread-safe (the scheduler thread owns it).
 //
 // For a hybrid architecture (recurrent layers beside attention), reuse is exact only where the
-// recurrent state at the match's end is known: an entry will carry one state snapshot per boundary
-// (`Entry` is where it goes), taken when the sequence crossed it, and a match restores the snapshot of
-// its boundary. Matches already end only on boundaries, so nothing else changes (docs/ARCHITECTURE.md,
-// "The server").
+// recurrent state at the match's end is known. The engine keeps those states with the sequence
+// (Engine::snapshot, shared by its forks; Engine::truncate restores the one at the position it goes
+// back to), so no Entry field is needed: the scheduler can call engine.snapshot(seq) after the step in
+// which a sequence reaches a boundary, and then the finish-time truncation to a boundary and a match's
+// fork + truncate (Engine::fork_sequence_at) work for recurrent layers as they do for full attention,
+// leaving prefix_by_fork to sliding windows; memory().snapshot_bytes is what the entries' snapshots
+// hold, to count when evicting. Matches already end only on boundaries (docs/ARCHITECTURE.md, "The
+// server"). Not wired yet: today hybrids still take the prefix_by_fork path.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +81,6 @@ class PrefixCache {
     std::vector<int32_t> tokens;       // the positions the sequence holds, [boundary]
     std::vector<uint64_t> block_hash;  // [blocks]: chain hash of tokens up to the end of block k
     uint64_t last_used = 0;            // the use clock when last inserted or matched
-    // (hybrid architectures: one recurrent-state snapshot per block boundary goes here)
   };
   // Chain hashes of the blocks of tokens[0, limit) that end at a boundary <= limit.
   std::vector<uint64_t> chain(std::span<const int32_t> tokens, size_t limit) const;
