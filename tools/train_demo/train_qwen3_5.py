@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--max-seconds", type=float, default=240,
                     help="training time: the step count is planned from the first 50 steps so that the schedule ends in it")
     args = ap.parse_args()
@@ -103,6 +103,7 @@ def main():
     from transformers import Qwen3_5ForCausalLM
     config = make_config(args.vocab, eot, args.seq)
     model = Qwen3_5ForCausalLM(config).to(dev)
+    model.config.use_cache = False  # training and evaluation forwards build no cache (generate passes its own)
     print("attention implementation:", model.config._attn_implementation, flush=True)
     # Dropout 0.1 on the embeddings and on every token mixer's and MLP's output, during training only.
     mixers = [layer.linear_attn if t == "linear_attention" else layer.self_attn for layer, t in zip(model.model.layers, LAYER_TYPES)]
@@ -124,6 +125,7 @@ def main():
     print(f"held-out Persuasion ({args.seq}-token windows): loss {final:.4f} ppl {math.exp(final):.2f}; "
           f"1024-token windows: loss {final_1k:.4f} ppl {math.exp(final_1k):.2f}", flush=True)
     os.makedirs(args.out, exist_ok=True)
+    model.config.use_cache = True
     model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
     model.generation_config.temperature = 0.8
     model.generation_config.top_p = 0.95
