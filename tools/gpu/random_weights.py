@@ -23,7 +23,8 @@ machine, so the GPU model benchmark runs on a stand-in made in two steps:
       gate; hidden 2048, its vocabulary of 248320 rows: 34.7 G parameters, 69 GB in BF16 (more than the GPU
       machine's disk: scripts/test-cuda --bench-qwen3-6 makes it in memory, under /dev/shm);
       --shape qwen3.6-tiny is the same kind at a test size (4 layers, hidden 128, 8 experts of 64, the
-      source's vocabulary), for checking the plan against the loader on the CPU;
+      source's vocabulary), for checking the plan against the loader on the CPU; --shape qwen3.6-depth has
+      Qwen3.6's 40 layers and heads at hidden 512 with 8 experts (0.6 G parameters), for `check`;
   tools/gpu/random_weights.py make .gpu/tq-llama-hd128
       (on the GPU machine with torch; without torch, small folders only, in plain Python) writes
       model.safetensors, one tensor at a time (host memory stays at the largest tensor): norm weights 1,
@@ -33,6 +34,10 @@ machine, so the GPU model benchmark runs on a stand-in made in two steps:
       the DeltaNet output norm (a plain weight) at 1, A_log = log U(0.5, 8) and dt_bias U(-1, 1) (decays
       in the range trained models have), conv1d taps U(-1/sqrt(K), 1/sqrt(K)) as nn.Conv1d draws them, so
       that activations stay finite and far from zero through every layer.
+  tools/gpu/random_weights.py check .gpu/qwen3.6-depth
+      (with torch and transformers) loads a made folder with the class its config names: no tensor may be
+      missing, unexpected or of another shape; prints the hidden state's RMS after every layer for 256 random
+      tokens and fails unless it and the logits are finite.
 """
 import json
 import math
@@ -93,6 +98,10 @@ SHAPES["qwen3.6-tiny"] = dict(SHAPES["qwen3.6-35b-a3b"], hidden_size=128, num_hi
                               linear_key_head_dim=64, linear_value_head_dim=64, num_experts=8, num_experts_per_tok=2,
                               moe_intermediate_size=64, shared_expert_intermediate_size=64, max_position_embeddings=4096)
 del SHAPES["qwen3.6-tiny"]["vocab_size"]
+# Qwen3.6's depth and heads (40 layers; 16 / 2 heads of 256; DeltaNet 16 / 32 heads of 128) at hidden 512 with 8
+# experts: 0.6 G parameters, for `check` (activations through 40 layers of drawn weights) on the GPU machine.
+SHAPES["qwen3.6-depth"] = dict(SHAPES["qwen3.6-35b-a3b"], hidden_size=512, num_experts=8, max_position_embeddings=4096)
+del SHAPES["qwen3.6-depth"]["vocab_size"]
 
 
 def gpt_oss_layer_shapes(config, p):
@@ -337,6 +346,32 @@ def make(folder):
           f"{' (zero-centred norms at 0, DeltaNet output norm at 1)' if zero_centred else ''}")
 
 
+def check(folder):
+    """Loads a made folder with transformers (the class config.json names), fails on missing, unexpected or
+    mismatched tensors, and runs 256 random tokens through it: the RMS of the hidden state after every layer
+    and of the logits, which must be finite."""
+    import torch
+    import transformers
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    cls = getattr(transformers, config["architectures"][0])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, info = cls.from_pretrained(folder, dtype=torch.bfloat16, output_loading_info=True)
+    problems = {k: list(v)[:8] for k, v in info.items() if v and k != "error_msgs"}
+    print(f"{folder}: transformers {transformers.__version__} {cls.__name__}:", "every tensor read" if not problems else problems)
+    model = model.to(device).eval()
+    ids = torch.randint(0, config["vocab_size"], (1, 256), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    rms = [h.float().pow(2).mean().sqrt().item() for h in out.hidden_states]
+    logits = out.logits.float()
+    finite = all(math.isfinite(r) for r in rms) and bool(torch.isfinite(logits).all())
+    print("hidden-state RMS after each layer:", " ".join(f"{r:.3g}" for r in rms))
+    print(f"logits: std {logits.std().item():.3g}, max |.| {logits.abs().max().item():.3g}; {'finite' if finite else 'NOT FINITE'}")
+    if problems or not finite:
+        sys.exit(1)
+
+
 def main():
     if len(sys.argv) == 6 and sys.argv[1] == "plan" and sys.argv[2] == "--shape":
         plan_shape(sys.argv[3], sys.argv[4], sys.argv[5])
@@ -344,6 +379,8 @@ def main():
         plan(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "check":
+        check(sys.argv[2])
     else:
         sys.exit(__doc__)
 
