@@ -17,36 +17,15 @@ import argparse
 import json
 import math
 import os
-import time
+import sys
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM
 
-TRAIN_BOOKS = ["emma", "mansfieldpark", "northangerabbey", "prideprejudice", "sensesensibility", "jargon", "devil",
-               "fortunes"]
-HELD_OUT = "persuasion"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training import (HELD_OUT, TRAIN_BOOKS, Corpus, add_dropout, evaluate, make_optimizer,  # noqa: E402
+                      next_token_loss, save_tokenizer, train)
 
-
-def read(data, name):
-    with open(os.path.join(data, name + ".txt"), encoding="utf-8") as f:
-        return f.read()
-
-
-def next_token_loss(model, batch):
-    """Mean cross-entropy of predicting batch[:, t + 1] from batch[:, :t + 1] (the shift done here)."""
-    logits = model(batch[:, :-1]).logits.float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-
-
-def build_tokenizer(texts, vocab_size):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return tok
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 
 def main():
@@ -62,22 +41,9 @@ def main():
     torch.manual_seed(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
-    texts = [read(args.data, b) for b in TRAIN_BOOKS]
-    held = read(args.data, HELD_OUT)
-    tok = build_tokenizer(texts, args.vocab)
-    eot = tok.token_to_id("<|endoftext|>")
-    ids, val_ids = [], []
-    for t in texts:
-        enc = tok.encode(t).ids
-        cut = int(len(enc) * 0.97)
-        ids.append(eot)
-        ids.extend(enc[:cut])
-        val_ids.append(eot)
-        val_ids.extend(enc[cut:])
-    data = torch.tensor(ids, dtype=torch.long)
-    val = torch.tensor(val_ids, dtype=torch.long)
-    held_ids = torch.tensor(tok.encode(held).ids, dtype=torch.long)
-    print(f"train tokens {len(data)}, held-out tokens {len(held_ids)}, bytes/token {sum(map(len, texts)) / len(data):.2f}")
+    corpus = Corpus(args.data, args.vocab)
+    tok, eot = corpus.tok, corpus.eot
+    print(f"train tokens {len(corpus.train)}, held-out tokens {len(corpus.held)}, bytes/token {corpus.bytes_per_token():.2f}")
 
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
@@ -86,69 +52,17 @@ def main():
     config.attention_dropout = 0.1
     model = LlamaForCausalLM(config).to(dev)
     # Dropout 0.1 on the embeddings and on every attention and MLP output, during training only.
-    def drop(_module, _inputs, output):
-        if isinstance(output, tuple):
-            return (torch.nn.functional.dropout(output[0], 0.1, model.training),) + tuple(output[1:])
-        return torch.nn.functional.dropout(output, 0.1, model.training)
-    model.model.embed_tokens.register_forward_hook(drop)
-    for layer in model.model.layers:
-        layer.self_attn.register_forward_hook(drop)
-        layer.mlp.register_forward_hook(drop)
+    add_dropout(model, [model.model.embed_tokens] + [m for layer in model.model.layers for m in (layer.self_attn, layer.mlp)])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"parameters {n_params}")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=2e-3, betas=(0.9, 0.95))
-    warmup = 60
+    opt = make_optimizer(model, lr=2e-3)
 
-    def lr_at(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, args.steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+    def loss_fn(batch):
+        return next_token_loss(model, batch)
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    gen = torch.Generator().manual_seed(args.seed)
-
-    def evaluate(tokens, windows=16):
-        model.eval()
-        losses = []
-        with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
-            for w in range(windows):
-                chunk = tokens[w * args.seq:(w + 1) * args.seq + 1].to(dev)
-                if len(chunk) < args.seq + 1:
-                    break
-                losses.append(next_token_loss(model, chunk[None]).float().item())
-        model.train()
-        return sum(losses) / len(losses)
-
-    log = []
-    best = (float("inf"), -1, None)
-    start = time.time()
-    model.train()
-    for step in range(args.steps):
-        starts = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
-        batch = torch.stack([data[s:s + args.seq + 1] for s in starts.tolist()]).to(dev)
-        with torch.autocast(dev, dtype=torch.bfloat16):
-            loss = next_token_loss(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 50 == 0 or step == args.steps - 1:
-            val_loss = evaluate(val, windows=32)
-            held_loss = evaluate(held_ids)
-            log.append(dict(step=step, train=loss.item(), val=val_loss, held_out=held_loss, seconds=time.time() - start))
-            print(f"step {step} train {loss.item():.3f} val {val_loss:.3f} held-out {held_loss:.3f} ({time.time() - start:.0f}s)",
-                  flush=True)
-            if val_loss < best[0]:
-                best = (val_loss, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
-
-    print(f"keeping step {best[1]} (validation loss {best[0]:.4f})")
-    model.load_state_dict(best[2])
-    final = evaluate(held_ids, windows=64)
+    result = train(model, corpus, opt, loss_fn, args.steps, args.seq, args.batch, args.seed)
+    log, best = result["log"], (result["best_val"], result["best_step"])
+    final = evaluate(model, corpus.held, args.seq, loss_fn, windows=64)
     print(f"held-out Persuasion: loss {final:.4f} ppl {math.exp(final):.2f}")
     model.eval()
     prompt = tok.encode("It is a truth universally acknowledged").ids
@@ -163,10 +77,7 @@ def main():
     model.generation_config.top_p = 0.95
     model.generation_config.do_sample = True
     model.generation_config.save_pretrained(args.out)
-    tok.save(os.path.join(args.out, "tokenizer.json"))
-    with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
-        json.dump(dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                       add_bos_token=True, model_max_length=2048, tokenizer_class="PreTrainedTokenizerFast"), f, indent=1)
+    save_tokenizer(tok, args.out, model_max_length=2048)
     with open(os.path.join(args.out, "train_log.json"), "w") as f:
         json.dump(dict(args=vars(args), parameters=n_params, kept_step=best[1], val_loss=best[0], train_books=TRAIN_BOOKS, held_out=HELD_OUT,
                        held_out_loss=final, held_out_ppl=math.exp(final), greedy_sample=text, log=log,

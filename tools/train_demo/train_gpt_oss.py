@@ -25,12 +25,11 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_demo import HELD_OUT, TRAIN_BOOKS, build_tokenizer, read  # noqa: E402
+from training import HELD_OUT, TRAIN_BOOKS, Corpus, evaluate, make_optimizer, save_tokenizer, train  # noqa: E402
 
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 
@@ -147,20 +146,9 @@ def main():
     torch.manual_seed(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
-    texts = [read(args.data, b) for b in TRAIN_BOOKS]
-    held = read(args.data, HELD_OUT)
-    tok = build_tokenizer(texts, args.vocab)
-    eot = tok.token_to_id("<|endoftext|>")
-    ids, val_ids = [], []
-    for t in texts:
-        enc = tok.encode(t).ids
-        cut = int(len(enc) * 0.97)
-        ids += [eot] + enc[:cut]
-        val_ids += [eot] + enc[cut:]
-    data = torch.tensor(ids, dtype=torch.long)
-    val = torch.tensor(val_ids, dtype=torch.long)
-    held_ids = torch.tensor(tok.encode(held).ids, dtype=torch.long)
-    print(f"train tokens {len(data)}, held-out tokens {len(held_ids)}", flush=True)
+    corpus = Corpus(args.data, args.vocab)
+    tok, eot, held_ids = corpus.tok, corpus.eot, corpus.held
+    print(f"train tokens {len(corpus.train)}, held-out tokens {len(held_ids)}", flush=True)
 
     config = make_config(args.vocab, eot)
     config._attn_implementation = "eager"  # the sinks: eager attention is transformers' reference path
@@ -175,20 +163,7 @@ def main():
             layer.self_attn.sinks.normal_(0.0, 0.5)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"parameters {n_params}", flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "sinks" not in n]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "sinks" in n]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1.5e-3, betas=(0.9, 0.95))
-    warmup = 60
-
-    def lr_at(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, args.steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    gen = torch.Generator().manual_seed(args.seed)
+    opt = make_optimizer(model, lr=1.5e-3, no_decay=lambda n, p: p.dim() < 2 or "sinks" in n)
 
     def loss_of(batch, with_aux):
         out = model(input_ids=batch[:, :-1])
@@ -199,47 +174,16 @@ def main():
             loss = loss + config.router_aux_loss_coef * aux
         return loss
 
-    def evaluate(m_tokens, windows=16, seq=None):
-        seq = seq or args.seq
-        model.eval()
-        losses = []
-        with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
-            for w in range(windows):
-                chunk = m_tokens[w * seq:(w + 1) * seq + 1].to(dev)
-                if len(chunk) < seq + 1:
-                    break
-                losses.append(loss_of(chunk[None], False).float().item())
-        model.train()
-        return sum(losses) / len(losses)
+    def eval_loss(batch):
+        return loss_of(batch, False)
 
-    log = []
-    best = (float("inf"), -1, None)
-    start = time.time()
-    model.train()
-    for step in range(args.steps):
-        starts = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
-        batch = torch.stack([data[s:s + args.seq + 1] for s in starts.tolist()]).to(dev)
-        with torch.autocast(dev, dtype=torch.bfloat16):
-            loss = loss_of(batch, True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        last = step == args.steps - 1 or time.time() - start > args.max_seconds
-        if step % 50 == 0 or last:
-            val_loss = evaluate(val, windows=32)
-            held_loss = evaluate(held_ids)
-            log.append(dict(step=step, train=loss.item(), val=val_loss, held_out=held_loss, seconds=time.time() - start))
-            print(f"step {step} train {loss.item():.3f} val {val_loss:.3f} held-out {held_loss:.3f} ({time.time() - start:.0f}s)", flush=True)
-            if val_loss < best[0]:
-                best = (val_loss, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
-        if last:
-            break
+    def evaluate_held(windows=32, seq=1024):
+        return evaluate(model, held_ids, seq, eval_loss, windows=windows)
 
-    print(f"keeping step {best[1]} (validation loss {best[0]:.4f})", flush=True)
-    model.load_state_dict(best[2])
-    before = evaluate(held_ids, windows=32, seq=1024)
+    result = train(model, corpus, opt, lambda batch: loss_of(batch, True), args.steps, args.seq, args.batch, args.seed,
+                   max_seconds=args.max_seconds, eval_loss_fn=eval_loss)
+    log, best = result["log"], (result["best_val"], result["best_step"])
+    before = evaluate_held()
 
     # MXFP4 experts: round, and put the rounded values back so that the model evaluated is the one written.
     input_major = down_is_input_major(experts_module(model.model.layers[0]), H, I)
@@ -258,7 +202,7 @@ def main():
         packed.append(dict(gate_up_blocks=gu_c.reshape(E, 2 * I, H // 32, 16), gate_up_scales=gu_s.reshape(E, 2 * I, H // 32),
                            down_blocks=dn_c.reshape(E, H, I // 32, 16), down_scales=dn_s.reshape(E, H, I // 32),
                            gate_up_bias=ex.gate_up_proj_bias.detach(), down_bias=ex.down_proj_bias.detach()))
-    after = evaluate(held_ids, windows=32, seq=1024)
+    after = evaluate_held()
     print(f"held-out Persuasion (1024-token windows): loss {before:.4f} (BF16 experts), {after:.4f} (MXFP4 experts)", flush=True)
 
     # The checkpoint as gpt-oss's: experts as planes, the rest BF16, norms F32.
@@ -289,10 +233,7 @@ def main():
         json.dump(cfg, f, indent=1)
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
         json.dump(dict(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, do_sample=True, temperature=0.8, top_p=0.95), f, indent=1)
-    tok.save(os.path.join(args.out, "tokenizer.json"))
-    with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
-        json.dump(dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>", add_bos_token=True,
-                       model_max_length=131072, tokenizer_class="PreTrainedTokenizerFast"), f, indent=1)
+    save_tokenizer(tok, args.out, model_max_length=131072)
 
     # Read back by transformers' own MXFP4 loader (dequantized): the held-out loss of the file.
     reloaded = None
@@ -306,7 +247,7 @@ def main():
     if reloaded is not None:
         reloaded.config._attn_implementation = "eager"
         model = reloaded
-        file_loss = evaluate(held_ids, windows=32, seq=1024)
+        file_loss = evaluate_held()
         print(f"held-out Persuasion from the written folder (transformers' MXFP4 dequantization): loss {file_loss:.4f}", flush=True)
     with open(os.path.join(args.out, "train_log.json"), "w") as f:
         json.dump(dict(args=vars(args), parameters=n_params, kept_step=best[1], val_loss=best[0], train_books=TRAIN_BOOKS,
