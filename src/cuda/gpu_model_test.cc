@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
@@ -181,65 +182,82 @@ TEST_P(GoldenModels, LogitsMatchTransformers) {
   GpuModel gpu(dir);
   const KVSettings kv = parse_kv_spec("f16");
   const int64_t V = gpu.model->vocab_size();
-  // BF16 weights of a tiny random model: qwen3 measured 0.025 on the H200 at one position (27 of 33), where
-  // the per-head q/k norms make attention sharp; each model's largest error is a test property.
+  // What BF16 costs these models, measured: tools/fixtures/bf16_reference.py ran transformers itself in
+  // bfloat16 over the same prompts and wrote each position's error against its float32 logits
+  // (bf16_error.json). The Llama family stays within 0.01-0.027 there; the Qwen3.5 hybrids reach 0.20-0.34
+  // (l2-normalised q/k, exponential gates and a recurrent state amplify rounding); GPT-OSS and the MoE
+  // hybrids switch an expert where two router logits nearly tie (0.94 at position 11 of gpt_oss_bf16's
+  // 33-token prompt in transformers' own BF16 run), which moves that position by O(1) and later ones, through
+  // K and V, by a few percent. So each path (whole prompt, token by token, one batch) is held, over all its
+  // positions, to transformers' BF16 run: its median, 90th percentile and largest error within 1.25x of
+  // transformers' (never tighter than kTolerance). A wrong sink, window, RoPE, gate or layout moves every
+  // position by ~1 and fails the median. Without bf16_error.json every position is held to kTolerance
+  // (golden-hd64/qwen3: 3e-2; its per-head q/k norms make attention sharp).
   const double tolerance = std::string(GetParam()) == "golden-hd64/qwen3" ? 3e-2 : kTolerance;
-  // Mixture-of-experts models (GPT-OSS): the router's top-k is discontinuous, and BF16 rounding on the GPU
-  // can switch experts where two router logits nearly tie; the switched expert changes that position's
-  // logits by O(1) and, through the full-attention layers' K and V, later positions by a few percent.
-  // Measured on the H200 (golden-gptoss/gpt_oss_bf16, BF16 MoE input, 2026-12-02): one row per step
-  // (the GEMV kernel) within 0.016 at every position; prompts of 3 or more rows (cuBLAS) switched an
-  // expert at position 11 of 33 (0.935), later positions 0.006-0.080, median 0.015. So for MoE models the
-  // decode path is held to the tolerance at every position, and the prompt and batch paths by their
-  // median position (a wrong sink, window, RoPE or expert layout moves every position by ~1).
-  const bool moe = gpu.model->config().num_experts > 0;
+  const std::string bf16_file = dir + "/bf16_error.json";
+  const bool have_bf16 = std::filesystem::exists(bf16_file);
+  std::vector<double> bf16_errors;  // transformers' BF16 run, every position of every prompt
+  if (have_bf16) {
+    const auto bf16 = nlohmann::json::parse(std::ifstream(bf16_file));
+    for (const auto& p : bf16["prompts"])
+      for (const auto& e : p["errors"]) bf16_errors.push_back(e.get<double>());
+  }
+  auto quantile = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  };
   double worst = 0;
-  std::vector<double> multi_row_errors;  // prompt and batch paths, MoE models
-  auto check = [&](const std::vector<float>& logits, size_t row, const nlohmann::json& want, const std::string& what) {
+  std::map<std::string, std::vector<double>> path_errors;  // path -> every position's error
+  auto check = [&](const std::vector<float>& logits, size_t row, const nlohmann::json& want, const std::string& path,
+                   const std::string& where) {
     std::vector<float> w(static_cast<size_t>(V));
     for (int64_t j = 0; j < V; ++j) w[static_cast<size_t>(j)] = want[static_cast<size_t>(j)].get<float>();
     const double e = relative_error(logits.data() + row * V, w.data(), V);
     worst = std::max(worst, e);
-    if (moe && what.rfind("(decode)", 0) != 0) {
-      multi_row_errors.push_back(e);
-      return;
+    path_errors[path].push_back(e);
+    if (!have_bf16) {
+      EXPECT_LT(e, tolerance) << GetParam() << " " << path << " " << where;
     }
-    EXPECT_LT(e, tolerance) << GetParam() << " " << what;
   };
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& p : golden["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
-  int64_t ctx = 64;  // room for the longest prompt (the Qwen3.5 goldens have one of 100 tokens)
-  for (const auto& p : prompts) ctx = std::max<int64_t>(ctx, static_cast<int64_t>(p.size()));
   for (size_t p = 0; p < prompts.size(); ++p) {
-    const auto whole = testing_util::alone_logits(*gpu.model, kv, prompts[p], prompts[p].size(), ctx);
-    const auto steps = testing_util::alone_logits(*gpu.model, kv, prompts[p], 1, ctx);
+    const auto whole = testing_util::alone_logits(*gpu.model, kv, prompts[p], prompts[p].size(), 128);
+    const auto steps = testing_util::alone_logits(*gpu.model, kv, prompts[p], 1, 128);
     for (size_t i = 0; i < prompts[p].size(); ++i) {
-      check(whole, i, golden["prompts"][p]["logits"][i], "prompt of " + std::to_string(prompts[p].size()) + " position " + std::to_string(i));
-      check(steps, i, golden["prompts"][p]["logits"][i], "(decode) position " + std::to_string(i));
+      const std::string where = "prompt of " + std::to_string(prompts[p].size()) + " position " + std::to_string(i);
+      check(whole, i, golden["prompts"][p]["logits"][i], "whole prompt", where);
+      check(steps, i, golden["prompts"][p]["logits"][i], "token by token", where);
     }
   }
-  auto engine = testing_util::make_engine(*gpu.model, kv, static_cast<int>(prompts.size()), ctx);
+  auto engine = testing_util::make_engine(*gpu.model, kv, static_cast<int>(prompts.size()), 128);
   std::vector<BatchEntry> batch;
   for (const auto& p : prompts) batch.push_back({engine->add_sequence(), p, -1, Logits::all});
   const BatchOutput out = engine->forward(batch);
   const std::vector<float> logits = engine->logits();
   for (size_t b = 0; b < prompts.size(); ++b)
     for (size_t i = 0; i < prompts[b].size(); ++i)
-      check(logits, static_cast<size_t>(out.first_row[b]) + i, golden["prompts"][b]["logits"][i], "(one batch) position " + std::to_string(i));
-  if (moe) {
-    std::sort(multi_row_errors.begin(), multi_row_errors.end());
-    const double median = multi_row_errors[multi_row_errors.size() / 2];
-    EXPECT_LT(median, tolerance) << GetParam() << ": median position error of the prompt and batch paths";
-    std::printf("  %s: prompt and batch paths' median relative error %.4f\n", GetParam(), median);
+      check(logits, static_cast<size_t>(out.first_row[b]) + i, golden["prompts"][b]["logits"][i], "one batch",
+            "prompt " + std::to_string(b) + " position " + std::to_string(i));
+  if (have_bf16) {
+    ASSERT_FALSE(bf16_errors.empty()) << bf16_file << " holds no errors";
+    for (const auto& [path, errors] : path_errors) {
+      for (const auto& [name, q] : {std::pair{"median", 0.5}, std::pair{"90th percentile", 0.9}, std::pair{"largest", 1.0}}) {
+        const double ours = quantile(errors, q), theirs = quantile(bf16_errors, q);
+        EXPECT_LE(ours, std::max(tolerance, 1.25 * theirs))
+            << GetParam() << " " << path << ": " << name << " position error " << ours << " against transformers' BF16 " << theirs;
+        std::printf("  %s %s: %s error %.4f (transformers in BF16: %.4f)\n", GetParam(), path.c_str(), name, ours, theirs);
+      }
+    }
   }
   RecordProperty("max_relative_error", std::to_string(worst));
   std::printf("  %s: largest relative error %.4f\n", GetParam(), worst);
 }
 
 // GPT-OSS's golden prompt of 33 tokens fed in chunks of each size, against transformers and the CPU (printed
-// per position: where an error comes from). Chunks of 1 and 2 rows (the small-batch GEMV products) are held
-// to the BF16 tolerance at every position; larger chunks (cuBLAS) may switch an expert at a near-tie (see
-// GoldenModels below), so they are printed only.
+// per position: where an error comes from), printed only: every chunk size may switch an expert at the
+// router's near-tie at position 11, as transformers' own BF16 run does (GoldenModels holds the paths to that
+// run's errors).
 TEST(GpuModelDiagnostics, GptOssPromptInChunks) {
   TQ_REQUIRE_GPU();
   const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-gptoss/gpt_oss_bf16";
@@ -262,9 +280,6 @@ TEST(GpuModelDiagnostics, GptOssPromptInChunks) {
       const double golden_err = relative_error(logits.data() + i * V, w.data(), V);
       const double cpu_err = relative_error(logits.data() + i * V, cpu_logits.data() + i * V, V);
       std::printf(" %zu:%.3f/%.3f", i, golden_err, cpu_err);
-      if (chunk <= 2) {
-        EXPECT_LT(golden_err, kTolerance) << "chunks of " << chunk << ", position " << i;
-      }
     }
     std::printf("\n");
   }
@@ -272,11 +287,13 @@ TEST(GpuModelDiagnostics, GptOssPromptInChunks) {
 
 // golden-gptoss: GPT-OSS with BF16 and with MXFP4 experts (sinks, a sliding window of 4, YaRN, the MoE).
 // golden-qwen3_5: the Qwen3.5 hybrids (3 Gated DeltaNet layers and a gated full-attention layer; dense, one
-// KV head with as many value heads as key heads, and MoE with its shared expert), prompts of 1 to 100 tokens.
+// KV head with as many value heads as key heads, and MoE with its shared expert), prompts of 1 to 100 tokens;
+// golden-qwen3_next: Qwen3-Next's fused projections. Each folder's bf16_error.json: tools/fixtures/bf16_reference.py.
 INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels,
                          ::testing::Values("golden-hd64/llama", "golden-hd64/llama3", "golden-hd64/mistral", "golden-hd64/qwen2",
                                            "golden-hd64/qwen3", "golden-gptoss/gpt_oss_bf16", "golden-gptoss/gpt_oss_mxfp4",
-                                           "golden-qwen3_5/qwen3_5_dense", "golden-qwen3_5/qwen3_5_dense_kv1", "golden-qwen3_5/qwen3_5_moe"),
+                                           "golden-qwen3_5/qwen3_5_dense", "golden-qwen3_5/qwen3_5_dense_kv1", "golden-qwen3_5/qwen3_5_moe",
+                                           "golden-qwen3_next/qwen3_next"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            for (char& c : n)
