@@ -157,6 +157,7 @@ void Engine::remove_sequence(int seq) {
   for (auto& c : caches_) c->remove_sequence(seq);
   lengths_[static_cast<size_t>(seq)] = -1;
   snapshots_.erase(seq);
+  lost_.erase(seq);
   --alive_;
 }
 
@@ -176,6 +177,7 @@ int Engine::fork_sequence(int parent, bool copy) {
   if (static_cast<size_t>(id) >= lengths_.size()) lengths_.resize(static_cast<size_t>(id) + 1, -1);
   lengths_[static_cast<size_t>(id)] = lengths_[static_cast<size_t>(parent)];
   if (auto it = snapshots_.find(parent); it != snapshots_.end()) snapshots_[id] = it->second;  // shared pointers: no copy
+  if (lost_.count(parent)) lost_.insert(id);  // the same lost state (fork_sequence_at may restore a snapshot)
   ++alive_;
   return id;
 }
@@ -270,6 +272,7 @@ void Engine::truncate(int seq, int length) {
     caches_[l]->truncate(seq, length);
   }
   lengths_[static_cast<size_t>(seq)] = length;
+  if (snap) lost_.erase(seq);  // its states are the snapshot's again
   if (auto it = snapshots_.find(seq); it != snapshots_.end()) {
     // Positions past the new length will be written again, by other tokens perhaps.
     it->second.erase(it->second.upper_bound(length), it->second.end());
@@ -298,6 +301,8 @@ BatchOutput Engine::forward(std::span<const BatchEntry> batch) {
   std::vector<SequenceGrowth> growth;
   for (const BatchEntry& e : batch) {
     check_sequence(e.seq, "forward");
+    TQ_CHECK(!lost_.count(e.seq), "sequence ", e.seq, "'s recurrent state was lost when an earlier step failed on the way ",
+             "(no snapshot was kept at its length): truncate it to a snapshot, or remove it and start again");
     TQ_CHECK(seen.insert(e.seq).second, "sequence ", e.seq, " appears twice in one batch");
     TQ_CHECK(!e.tokens.empty(), "the batch entry of sequence ", e.seq, " has no tokens");
     const int held = lengths_[static_cast<size_t>(e.seq)];
@@ -333,10 +338,29 @@ BatchOutput Engine::forward(std::span<const BatchEntry> batch) {
   try {
     dev.run_step(step_, [&] { model_.architecture().forward(dev, caches_, &attention_); });
   } catch (...) {
-    // A step that failed on the way leaves every layer as it was before the batch.
-    for (const BatchEntry& e : batch)
-      for (auto& c : caches_)
-        if (c->has_sequence(e.seq) && c->length(e.seq) > lengths_[static_cast<size_t>(e.seq)]) c->truncate(e.seq, lengths_[static_cast<size_t>(e.seq)]);
+    // A step that failed on the way leaves every KV layer as it was before the batch. A recurrent state
+    // that already took the batch in cannot go back unless a snapshot was kept at the old length; without
+    // one the sequence is marked lost (every later use of it is refused, naming the cause) rather than left
+    // to continue from a wrong state. The original error propagates.
+    const std::vector<size_t> recurrent = recurrent_layers();
+    for (const BatchEntry& e : batch) {
+      const int before = lengths_[static_cast<size_t>(e.seq)];
+      const Snapshot* snap = snapshot_at(e.seq, before);
+      for (size_t l = 0, r = 0; l < caches_.size(); ++l) {
+        LayerCache& c = *caches_[l];
+        const bool is_state = r < recurrent.size() && recurrent[r] == l;
+        if (c.has_sequence(e.seq) && c.length(e.seq) > before) {
+          if (!is_state) {
+            c.truncate(e.seq, before);
+          } else if (snap) {
+            static_cast<RecurrentStateCache&>(c).restore(e.seq, snap->states[r]);
+          } else {
+            lost_.insert(e.seq);
+          }
+        }
+        if (is_state) ++r;
+      }
+    }
     throw;
   }
   for (const BatchEntry& e : batch) lengths_[static_cast<size_t>(e.seq)] += static_cast<int>(e.tokens.size());

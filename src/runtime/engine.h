@@ -21,6 +21,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -179,6 +180,7 @@ class Engine {
   std::vector<AttentionStats> attention_;            // one per layer
   std::vector<int> lengths_;                         // [sequence id]: positions held, -1: no such sequence
   std::map<int, Snapshots> snapshots_;               // sequence id -> its snapshots (absent: none)
+  std::set<int> lost_;  // sequences whose recurrent state took in a step that then failed (no snapshot to go back to)
   int alive_ = 0;
   int last_output_rows_ = 0;
   StepLayout step_;
