@@ -457,16 +457,11 @@ std::vector<uint8_t> KVCache::to_bytes() const {
   header["sequences"] = seqs;
   const std::string text = header.dump();
 
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes = framed_header(kMagic, kVersion, text);
   auto put = [&](const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     bytes.insert(bytes.end(), b, b + n);
   };
-  put(kMagic, 8);
-  const uint32_t version = kVersion, len = static_cast<uint32_t>(text.size());
-  put(&version, 4);
-  put(&len, 4);
-  put(text.data(), text.size());
   const int M = options_.min_tokens;
   const size_t sink_rec = sink_format_->record_bytes();
   for (const auto& [id, s] : seqs_) {

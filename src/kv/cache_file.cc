@@ -248,16 +248,11 @@ void save_prompt_cache(const std::string& path, const PromptCache& caches, const
   const nlohmann::json header = {{"fingerprint", fingerprint_json(held)}, {"metadata", metadata}, {"sequences", jseqs}, {"layer_bytes", sizes}};
   const std::string text = header.dump();
 
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> bytes = framed_header(kMagic, kVersion, text);
   auto put = [&](const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     bytes.insert(bytes.end(), b, b + n);
   };
-  put(kMagic, 8);
-  const uint32_t version = kVersion, len = static_cast<uint32_t>(text.size());
-  put(&version, 4);
-  put(&len, 4);
-  put(text.data(), text.size());
   for (const auto& r : records) put(r.data(), r.size());
   const uint64_t hash = fnv1a(bytes.data(), bytes.size());
   put(&hash, 8);

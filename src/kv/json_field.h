@@ -1,7 +1,11 @@
-// Integer fields of the JSON headers of cache files (kv/cache.cc, kv/cache_file.cc).
+// The JSON headers of cache files (kv/cache.cc, kv/cache_file.cc): their integer fields, and the frame that
+// starts both files (8 magic bytes, u32 version, u32 header length, the header text).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <type_traits>
@@ -28,6 +32,19 @@ inline Int integer_field(const nlohmann::json& j, const char* key) {
   TQ_CHECK(fits, "'", key, "' must be an integer from ", +std::numeric_limits<Int>::min(), " to ", +std::numeric_limits<Int>::max(),
            ", got ", v.dump());
   return v.get<Int>();
+}
+
+// The bytes a cache file starts with: magic[8], version (u32), the header's length (u32), then its text;
+// the file's records follow.
+inline std::vector<uint8_t> framed_header(const char* magic, uint32_t version, const std::string& header) {
+  TQ_CHECK(header.size() <= UINT32_MAX, "a cache file's header of ", header.size(), " bytes does not fit its length field");
+  std::vector<uint8_t> bytes(16 + header.size());
+  const uint32_t len = static_cast<uint32_t>(header.size());
+  std::memcpy(bytes.data(), magic, 8);
+  std::memcpy(bytes.data() + 8, &version, 4);
+  std::memcpy(bytes.data() + 12, &len, 4);
+  std::memcpy(bytes.data() + 16, header.data(), header.size());
+  return bytes;
 }
 
 }  // namespace tq

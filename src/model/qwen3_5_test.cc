@@ -442,6 +442,27 @@ std::vector<float> tile_cols(const std::vector<float>& v, int64_t rows, int64_t 
   return out;
 }
 
+// The hyperparameters every hybrid GGUF of the tiny model carries under architecture prefix `a` (attention,
+// RoPE, the DeltaNet's ssm.* sizes, the layer pattern, the vocabulary).
+void set_hybrid_metadata(GgufWriter& w, const std::string& a) {
+  w.set_u32(a + "context_length", 262144);
+  w.set_u32(a + "embedding_length", H);
+  w.set_u32(a + "attention.head_count", kHeads);
+  w.set_u32(a + "attention.head_count_kv", kKv);
+  w.set_u32(a + "attention.key_length", kHd);
+  w.set_u32(a + "attention.value_length", kHd);
+  w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.set_f32(a + "rope.freq_base", 1e7f);
+  w.set_u32(a + "rope.dimension_count", 4);
+  w.set_u32(a + "ssm.conv_kernel", K);
+  w.set_u32(a + "ssm.state_size", Dk);
+  w.set_u32(a + "ssm.group_count", Hk);
+  w.set_u32(a + "ssm.time_step_rank", Hv);
+  w.set_u32(a + "ssm.inner_size", kVdim);
+  w.set_u32(a + "full_attention_interval", 2);
+  w.set_u32(a + "vocab_size", kVocab);
+}
+
 // The same model as llama.cpp's converter writes it (conversion/qwen.py): names, +1 in every norm but
 // the DeltaNet's, -exp(A_log), value heads tiled, conv squeezed, experts split, an MTP block appended.
 // flat_shared_gate: write ffn_gate_inp_shexp as [H] (llama.cpp's declared shape) instead of [1, H].
@@ -454,23 +475,8 @@ void write_gguf(const std::string& path, bool moe, bool flat_shared_gate = false
   w.set_string("general.architecture", moe ? "qwen35moe" : "qwen35");
   w.set_u32(a + "block_count", static_cast<uint32_t>(L + (moe ? 1 : 0)));
   if (moe) w.set_u32(a + "nextn_predict_layers", 1);
-  w.set_u32(a + "context_length", 262144);
-  w.set_u32(a + "embedding_length", H);
-  w.set_u32(a + "attention.head_count", kHeads);
-  w.set_u32(a + "attention.head_count_kv", kKv);
-  w.set_u32(a + "attention.key_length", kHd);
-  w.set_u32(a + "attention.value_length", kHd);
-  w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
-  w.set_f32(a + "rope.freq_base", 1e7f);
-  w.set_u32(a + "rope.dimension_count", 4);
+  set_hybrid_metadata(w, a);
   if (default_sections) w.set_i32s(a + "rope.dimension_sections", {1, 1, 0, 0});
-  w.set_u32(a + "ssm.conv_kernel", K);
-  w.set_u32(a + "ssm.state_size", Dk);
-  w.set_u32(a + "ssm.group_count", Hk);
-  w.set_u32(a + "ssm.time_step_rank", Hv);
-  w.set_u32(a + "ssm.inner_size", kVdim);
-  w.set_u32(a + "full_attention_interval", 2);
-  w.set_u32(a + "vocab_size", kVocab);
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   if (moe) {
     w.set_u32(a + "expert_count", E);
@@ -1160,27 +1166,12 @@ void write_next_gguf(const std::string& path, const Tensors& next, bool legacy_s
   GgufWriter w;
   w.set_string("general.architecture", "qwen3next");
   w.set_u32(a + "block_count", L);
-  w.set_u32(a + "context_length", 262144);
-  w.set_u32(a + "embedding_length", H);
+  set_hybrid_metadata(w, a);
   w.set_u32(a + "feed_forward_length", kDenseI);
-  w.set_u32(a + "attention.head_count", kHeads);
-  w.set_u32(a + "attention.head_count_kv", kKv);
-  w.set_u32(a + "attention.key_length", kHd);
-  w.set_u32(a + "attention.value_length", kHd);
-  w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
-  w.set_f32(a + "rope.freq_base", 1e7f);
-  w.set_u32(a + "rope.dimension_count", 4);
   w.set_u32(a + "expert_count", E);
   w.set_u32(a + "expert_used_count", 2);
   w.set_u32(a + "expert_feed_forward_length", kExpertI);
   w.set_u32(a + "expert_shared_feed_forward_length", kShared);
-  w.set_u32(a + "ssm.conv_kernel", K);
-  w.set_u32(a + "ssm.state_size", Dk);
-  w.set_u32(a + "ssm.group_count", Hk);
-  w.set_u32(a + "ssm.time_step_rank", Hv);
-  w.set_u32(a + "ssm.inner_size", kVdim);
-  w.set_u32(a + "full_attention_interval", 2);
-  w.set_u32(a + "vocab_size", kVocab);
   auto put = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v, bool plus_one = false) {
     if (plus_one)
       for (float& x : v) x += 1.0f;
