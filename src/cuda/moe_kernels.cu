@@ -591,8 +591,11 @@ __global__ void combine_kernel(const float* __restrict__ y, const float* __restr
 
 // ---- the decode path
 
-// Blocks per SM the decode kernels are compiled for (register caps: 64 and 80 a thread), so that an SM
-// keeps 32 and 24 warps' loads in flight; ptxas spills nothing at these caps (see ARCHITECTURE.md).
+// Blocks of 256 threads per SM the decode kernels are compiled for, i.e. register caps of 85 and 128 a
+// thread: 24 and 16 warps per SM, each with two units of its rows' weights in flight. Tighter caps (4 and 3
+// blocks: 64 and 80 registers) made ptxas spill (16 and 48 bytes) in the MXFP4 kernels; with these it spills
+// nothing (ptxas -v, sm_90a: gate_up 66 registers MXFP4 and 62 BF16, down 107 MXFP4 (4 outputs a warp) and
+// 63 BF16 (2)). Untuned on the H200 so far: tq-product-bench --moe is where to try others.
 constexpr int kGateUpDecodeBlocks = 3, kDownDecodeBlocks = 2;
 
 // blockIdx.x = pair p (row p / k's j-th expert), blockIdx.y = a block of kWarps outputs i; warp w takes
