@@ -20,6 +20,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_device.h"
 #include "cuda/device_cache_impl.h"
+#include "cuda/moe_kernels.h"
 #include "device/cpu_device.h"
 #include "device/moe_test_util.h"
 #include "ops/ops.h"
@@ -88,21 +89,35 @@ MoeOptions options(int k, bool accumulate = false) {
   return o;
 }
 
-// out = moe(x) on the GPU (out starts as `base`, or NaN everywhere: every value must be written).
-std::vector<float> gpu_moe(Device& dev, const Moe& m, const std::vector<float>& x, int rows, int k, ActType type, bool accumulate = false,
-                           std::vector<float> base = {}, int64_t x_stride = 0) {
-  if (base.empty()) base.assign(static_cast<size_t>(rows * m.hidden), std::numeric_limits<float>::quiet_NaN());
-  const DeviceRows dx(x, rows, m.hidden, type, x_stride), dout(base, rows, m.hidden, ActType::f32);
-  dev.moe(m, dx.tensor, dout.tensor, options(k, accumulate));
-  return dout.read();
+// Qwen3.5-MoE's options: the plain SwiGLU (up offset 0, alpha 1, no clamp).
+MoeOptions qwen_options(int k, bool accumulate = false) {
+  MoeOptions o = options(k, accumulate);
+  o.limit = std::numeric_limits<float>::infinity();
+  o.alpha = 1.0f;
+  o.up_offset = 0.0f;
+  return o;
 }
 
-std::vector<float> cpu_moe(CpuDevice& dev, const Moe& m, std::vector<float> x, int rows, int k) {
+// out = moe(x) on the GPU (out starts as `base`, or NaN everywhere: every value must be written).
+std::vector<float> gpu_moe_with(Device& dev, const Moe& m, const std::vector<float>& x, int rows, const MoeOptions& o, ActType type,
+                                std::vector<float> base = {}, int64_t x_stride = 0) {
+  if (base.empty()) base.assign(static_cast<size_t>(rows * m.hidden), std::numeric_limits<float>::quiet_NaN());
+  const DeviceRows dx(x, rows, m.hidden, type, x_stride), dout(base, rows, m.hidden, ActType::f32);
+  dev.moe(m, dx.tensor, dout.tensor, o);
+  return dout.read();
+}
+std::vector<float> gpu_moe(Device& dev, const Moe& m, const std::vector<float>& x, int rows, int k, ActType type, bool accumulate = false,
+                           std::vector<float> base = {}, int64_t x_stride = 0) {
+  return gpu_moe_with(dev, m, x, rows, options(k, accumulate), type, std::move(base), x_stride);
+}
+
+std::vector<float> cpu_moe_with(CpuDevice& dev, const Moe& m, std::vector<float> x, int rows, const MoeOptions& o) {
   std::vector<float> out(x.size());
   Tensor tx{x.data(), ActType::f32, rows, m.hidden, m.hidden}, tout{out.data(), ActType::f32, rows, m.hidden, m.hidden};
-  dev.moe(m, tx, tout, options(k));
+  dev.moe(m, tx, tout, o);
   return out;
 }
+std::vector<float> cpu_moe(CpuDevice& dev, const Moe& m, std::vector<float> x, int rows, int k) { return cpu_moe_with(dev, m, std::move(x), rows, options(k)); }
 
 // The largest error of row t against `want`, over the row's largest |want|.
 template <typename T>
@@ -195,6 +210,152 @@ TEST(GpuMoe, RowsAloneEqualTheBatchBitForBit) {
   }
 }
 
+// The bound for longer products: the float rounding along a path is a random walk over its n products,
+// about sqrt(n) roundings of partial sums that are themselves about sqrt(n) products in size, against an
+// output of that size: relative error ~ sqrt(n) 2^-24. kTolerance was set for n up to 128; a row of 2880
+// gets sqrt(2880 / 128) = 4.7 times it (4.7e-5), still far below what a wrong expert, weight, clamp or
+// bias moves (1e-3 and more). Against the CPU both devices' roundings count; the bound has room for both.
+double tolerance_for(int H, int I) { return kTolerance * std::max(1.0, std::sqrt(std::max(H, I) / 128.0)); }
+
+// The decode kernels (rows * k <= kDecodePairs pairs) against the CPU device at the models' shapes and at
+// small odd ones (H and I multiples of 32 but not of 256): GPT-OSS-20B's (32 MXFP4 experts of 2880 x
+// 2880, top 4), a BF16 layer of that hidden size, a Qwen3.5-MoE-like one (128 BF16 experts, top 8, the
+// plain SwiGLU), for 1, 2, 4, 8 and 16 rows and on both sides of the threshold; biases present and absent
+// (uploaded as zeros); out written and accumulated into; every call run twice for the same bits.
+TEST(GpuMoe, DecodePathMatchesTheCpu) {
+  TQ_REQUIRE_GPU();
+  namespace mk = moe_kernels;
+  auto gpu = make_cuda_device();
+  CpuDevice cpu(8);
+  struct Case {
+    ops::DType dtype;
+    Shape s;
+    bool qwen;
+  };
+  const Case cases[] = {
+      {ops::DType::MXFP4, {32, 4, 2880, 2880}, false}, {ops::DType::BF16, {32, 4, 2880, 704}, false}, {ops::DType::BF16, {128, 8, 512, 256}, true},
+      {ops::DType::MXFP4, {8, 2, 96, 160}, false},     {ops::DType::BF16, {8, 2, 96, 160}, true},     {ops::DType::MXFP4, {32, 4, 224, 96}, true},
+      {ops::DType::BF16, {32, 4, 224, 96}, false},
+  };
+  int decode_calls = 0;
+  for (const Case& c : cases) {
+    const Shape s = c.s;
+    const Layer L = make_layer(s.E, s.H, s.I, c.dtype, 500 + static_cast<uint64_t>(s.E + s.H + s.I));
+    const double tolerance = tolerance_for(s.H, s.I);
+    std::vector<int> row_counts = {1, 2, 4, 8, 16, mk::kDecodePairs / s.k, mk::kDecodePairs / s.k + 1};
+    std::sort(row_counts.begin(), row_counts.end());
+    row_counts.erase(std::unique(row_counts.begin(), row_counts.end()), row_counts.end());
+    for (const bool biases : {true, false}) {
+      MoeWeights w = L.weights();
+      if (!biases) w.gate_bias = {}, w.up_bias = {}, w.down_bias = {};
+      const Moe g = gpu->moe_experts(w, "experts");
+      const Moe on_cpu = cpu.moe_experts(w, "experts");
+      for (const int rows : row_counts) {
+        const bool decode = rows * s.k <= mk::kDecodePairs;
+        EXPECT_EQ(mk::automatic_path(rows, s.k), decode ? mk::Path::decode : mk::Path::grouped) << rows << " rows of top " << s.k;
+        const auto x = grid_input(rows, s.H, 70 + static_cast<uint64_t>(rows));
+        const MoeOptions o = c.qwen ? qwen_options(s.k) : options(s.k);
+        const auto want = cpu_moe_with(cpu, on_cpu, x, rows, o);
+        std::vector<float> residual(static_cast<size_t>(rows * s.H));
+        SplitMix64 rng(static_cast<uint64_t>(rows) + 3);
+        for (auto& v : residual) v = static_cast<float>(rng.normal());
+        for (const bool accumulate : {false, true}) {
+          SCOPED_TRACE(std::string(ops::dtype_name(c.dtype)) + " E " + std::to_string(s.E) + " k " + std::to_string(s.k) + " H " + std::to_string(s.H) +
+                       " I " + std::to_string(s.I) + (c.qwen ? " plain SwiGLU" : " clamped") + (biases ? " biases" : " no biases") + " rows " +
+                       std::to_string(rows) + (decode ? " (decode)" : " (grouped)") + (accumulate ? " accumulate" : ""));
+          MoeOptions oa = o;
+          oa.accumulate = accumulate;
+          const std::vector<float> base = accumulate ? residual : std::vector<float>{};
+          const auto got = gpu_moe_with(*gpu, g, x, rows, oa, ActType::f32, base);
+          const auto again = gpu_moe_with(*gpu, g, x, rows, oa, ActType::f32, base);
+          EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "two runs differ";
+          std::vector<double> want_out(want.begin(), want.end());
+          if (accumulate)
+            for (size_t i = 0; i < want_out.size(); ++i) want_out[i] += residual[i];
+          for (int t = 0; t < rows; ++t) EXPECT_LE(row_error(got, want_out, t, s.H), tolerance) << "row " << t << " against the CPU";
+          decode_calls += decode;
+        }
+      }
+    }
+  }
+  EXPECT_GT(decode_calls, 0);
+}
+
+// One layer's planes uploaded as the device lays them out (make_layer's are already in that order: gate
+// row i at 2i, up at 2i + 1), for calling moe_kernels::moe on a chosen path.
+struct KernelLayer {
+  DeviceBuffer router, router_bias, gate_up, gate_up_scales, down, down_scales, gate_bias, up_bias, down_bias;
+  moe_kernels::MoeLayer layer;
+  explicit KernelLayer(const Layer& L) {
+    const auto put = [](DeviceBuffer& b, const void* host, size_t bytes) {
+      b.reserve(std::max<size_t>(bytes, 16));
+      if (bytes) b.upload(host, bytes);
+      TQ_CUDA_CHECK(cudaDeviceSynchronize());
+    };
+    std::vector<float> r(L.router.size());
+    for (size_t i = 0; i < r.size(); ++i) r[i] = bf16_bits_to_f32(L.router[i]);
+    put(router, r.data(), r.size() * 4);
+    put(router_bias, L.router_bias.data(), L.router_bias.size() * 4);
+    put(gate_bias, L.gate_bias.data(), L.gate_bias.size() * 4);
+    put(up_bias, L.up_bias.data(), L.up_bias.size() * 4);
+    put(down_bias, L.down_bias.data(), L.down_bias.size() * 4);
+    put(gate_up, L.gate_up.data(), L.gate_up.size());
+    put(down, L.down.data(), L.down.size());
+    put(gate_up_scales, L.gate_up_scales.data(), L.gate_up_scales.size());
+    put(down_scales, L.down_scales.data(), L.down_scales.size());
+    const auto format = L.dtype == ops::DType::MXFP4 ? moe_kernels::ExpertFormat::mxfp4 : moe_kernels::ExpertFormat::bf16;
+    layer.experts = L.E, layer.hidden = L.H, layer.intermediate = L.I;
+    layer.router = router.as<float>(), layer.router_bias = router_bias.as<float>();
+    layer.gate_up = {format, gate_up.get(), gate_up_scales.as<uint8_t>(), 2 * static_cast<int64_t>(L.I), L.H};
+    layer.down = {format, down.get(), down_scales.as<uint8_t>(), L.H, L.I};
+    layer.gate_bias = gate_bias.as<float>(), layer.up_bias = up_bias.as<float>(), layer.down_bias = down_bias.as<float>();
+  }
+};
+
+// A row's bits do not depend on the path: the decode kernels, the grouped ones and the legacy decode ones
+// (moe_kernels::Path, called directly) give the same output on the same rows, at GPT-OSS-20B's shape, a
+// Qwen3.5-MoE-like BF16 one and a small odd one, into out and accumulated.
+TEST(GpuMoe, EveryPathGivesTheSameBits) {
+  TQ_REQUIRE_GPU();
+  namespace mk = moe_kernels;
+  struct Case {
+    ops::DType dtype;
+    Shape s;
+  };
+  for (const Case& c : {Case{ops::DType::MXFP4, {32, 4, 2880, 2880}}, Case{ops::DType::BF16, {128, 8, 512, 256}}, Case{ops::DType::MXFP4, {8, 2, 96, 160}},
+                        Case{ops::DType::BF16, {8, 2, 96, 160}}}) {
+    const Shape s = c.s;
+    const Layer L = make_layer(s.E, s.H, s.I, c.dtype, 900 + static_cast<uint64_t>(s.E));
+    const KernelLayer K(L);
+    for (const int rows : {1, 2, 4, 8, 16, 17}) {
+      const auto x = grid_input(rows, s.H, 11 + static_cast<uint64_t>(rows));
+      const DeviceRows dx(x, rows, s.H, ActType::f32);
+      DeviceBuffer scratch(mk::scratch_bytes(K.layer, rows, s.k));
+      std::vector<float> residual(static_cast<size_t>(rows * s.H));
+      SplitMix64 rng(static_cast<uint64_t>(rows));
+      for (auto& v : residual) v = static_cast<float>(rng.normal());
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> first;
+        for (const mk::Path path : {mk::Path::decode, mk::Path::grouped, mk::Path::legacy_decode}) {
+          SCOPED_TRACE(std::string(ops::dtype_name(c.dtype)) + " E " + std::to_string(s.E) + " H " + std::to_string(s.H) + " I " + std::to_string(s.I) +
+                       " rows " + std::to_string(rows) + (accumulate ? " accumulate" : "") + " path " + std::to_string(static_cast<int>(path)));
+          const DeviceRows dout(accumulate ? residual : std::vector<float>(residual.size(), std::numeric_limits<float>::quiet_NaN()), rows, s.H,
+                                ActType::f32);
+          mk::moe(K.layer, dx.tensor.data, false, s.H, rows, static_cast<float*>(dout.tensor.data), s.H, s.k, kLimit, kAlpha, 1.0f, accumulate,
+                  scratch.get(), nullptr, path);
+          const auto got = dout.read();
+          if (first.empty()) {
+            first = got;
+            for (const float v : got) ASSERT_TRUE(std::isfinite(v));
+          } else {
+            EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * 4), 0) << "differs from the decode path";
+          }
+        }
+      }
+    }
+  }
+}
+
 // Ties go to the lower index and the weights are a softmax over the chosen logits only: experts that only add
 // their down bias, one-hot per expert, so the output shows who was chosen with which weight (moe_test.cc's
 // case, on the GPU, through both paths).
@@ -279,15 +440,15 @@ TEST(GpuMoe, BadInputIsAnError) {
 }
 
 // The MoE inside a decode step recorded into a CUDA graph: the replay writes what the call outside run_step
-// writes, bit for bit, through the decode kernels (1 and 3 sequences) and the grouped ones (8), and a second
-// step replays the graph without recording it again.
+// writes, bit for bit, through the decode kernels (1, 3 and 16 sequences of top 4: up to kDecodePairs pairs)
+// and the grouped ones (17), and a second step replays the graph without recording it again.
 TEST(GpuMoe, DecodeGraphReplaysTheEagerCall) {
   TQ_REQUIRE_GPU();
   auto gpu = make_cuda_device();
   const int E = 32, k = 4, H = 128, I = 96;
   const Layer L = make_layer(E, H, I, ops::DType::MXFP4, 12);
   const Moe m = gpu->moe_experts(L.weights(), "experts");
-  for (const int sequences : {1, 3, 8}) {
+  for (const int sequences : {1, 3, 16, 17}) {
     SCOPED_TRACE(std::to_string(sequences) + " sequences");
     const auto x = grid_input(sequences, H, 40 + static_cast<uint64_t>(sequences));
     const auto eager = gpu_moe(*gpu, m, x, sequences, k, ActType::bf16);

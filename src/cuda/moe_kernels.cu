@@ -1,29 +1,42 @@
 // The mixture-of-experts kernels (moe_kernels.h). A call is a few launches on one stream:
 //
-//   route      one block per row: logits = x . router^T + bias, the top k (lower index first on ties),
-//              the softmax over those k; the chosen experts are written in index order (the order of the sum)
-//   group      (more than kDecodeRows rows) one block: the (row, expert) pairs counted per expert, scanned,
-//              scattered into slots grouped by expert, and cut into tiles of at most kTileRows slots of one
-//              expert. With few rows the route kernel makes every pair a tile of its own instead.
-//   gate_up    a block per (tile, 8 outputs i): a warp per i reads expert e's gate row i and up row i once
-//              for all of the tile's rows, and writes h = (clamp(u) + up_offset) * g' * sigmoid(alpha g') per slot
-//   down       decode: a warp per (row, output c) runs the down products of the row's chosen experts in
-//              index order and sums w_e * y_e as it goes, into out;
-//              grouped: a warp per (tile, output c) writes y = h . down_e^T + bias per (row, expert) pair,
-//              then `combine` sums each row's pairs in index order into out.
+//   logits     a warp per (row, expert): logits = x . router^T + bias, into scratch
+//   select     a block per row: the top k (lower index first on ties) by counting, for every expert, the
+//              experts that beat it; the softmax over those k; the chosen experts written in index order
+//              (the order of the sum). It also zeroes the decode path's arrival counters.
+//   decode     (rows * k <= kDecodePairs) two kernels spread over the whole GPU:
+//              gate_up_decode: a block per (pair, 8 outputs i), the pair's input row in shared memory; a
+//                warp per i reads gate row i and up row i of the pair's expert and writes
+//                h = (clamp(u) + up_offset) * g' * sigmoid(alpha g');
+//              down_decode: a block per (pair, 8 R outputs c), h in shared memory; a warp per R outputs
+//                writes y = h . down_e^T + bias for the pair; the block that completes a (row, outputs)
+//                piece last (an arrival counter) sums the row's k pairs in index order into out.
+//   grouped    (more rows) group: one block counts the (row, expert) pairs per expert, scans, scatters them
+//              into slots grouped by expert and cuts those into tiles of at most kTileRows slots of one
+//              expert; gate_up: a block per (tile, 8 outputs i), a warp per i reading expert e's gate and up
+//              rows once for all of the tile's rows; down: a warp per (tile, output c) writes y per pair;
+//              combine sums each row's pairs in index order into out.
+//   legacy     (Path::legacy_decode, the benchmark's comparison only) the decode kernels this file had first:
+//              gate_up as grouped with a tile per pair, then a warp per (row, output c) walking the row's
+//              k experts in turn.
 //
-// Products. Each lane takes the storage units lane, lane + 32, ... of a weight row (an MXFP4 block of 32
-// values, or 8 BF16 values), decodes a unit once into floats and multiplies it with every row of the tile;
-// an MXFP4 block's products are summed unscaled and the sum multiplied by its scale (a power of two, so the
-// same as scaling each value, which is what the CPU's exact decoding does). The lanes' sums are reduced
-// across the warp. Every multiply-add is an explicit fmaf and every other step an explicit rounded
-// operation, so a row's result is the same whatever its tile, its slot or the path it takes.
+// Products. Every path computes a dot product the same way, so that a row's result is the same bits
+// whichever path, batch or slot it takes: lane l of a warp takes the storage units l, l + 32, ... of the
+// weight row (an MXFP4 block of 32 values, or 8 BF16 values), sums each unit's products in order into a
+// fresh float (fmaf), adds that sum times the unit's scale to its running total (fmaf), and the warp
+// reduces the 32 totals with a fixed butterfly. MXFP4 values are decoded exactly (in registers, bit
+// operations into FP16 then a conversion; see decode_e2m1_word) as the value times 2^-14; the unit's sum
+// is multiplied back by 2^14 (exact) before its scale, so the result is the one with the plain values
+// unless a product falls below 2^-112 in magnitude (subnormal after the shift), which activations of a
+// model never do. Every other step is an explicit rounded operation (no contraction).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/error.h"
 #include "cuda/check.h"
@@ -32,11 +45,11 @@
 namespace tq::cuda::moe_kernels {
 namespace {
 
-constexpr int kWarps = 8;  // warps per block of the product kernels: 8 outputs per block
+constexpr int kWarps = 8;  // warps per block of the product kernels: 8 outputs (or 8 R) per block
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// ---- inputs: 8 consecutive values of a float32 or BF16 vector as floats (16-byte aligned)
+// ---- inputs: 8 (or 4) consecutive values of a float32 or BF16 vector as floats (16- or 8-byte aligned)
 
 __device__ __forceinline__ void load8(const float* v, float (&out)[8]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(v)), b = __ldg(reinterpret_cast<const float4*>(v) + 1);
@@ -51,18 +64,41 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* v, float (&out)[8]) {
     out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
 }
+// Plain loads (not the read-only path): h is written by the kernel before.
+__device__ __forceinline__ float4 load4(const float* v) { return *reinterpret_cast<const float4*>(v); }
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* v) {
+  const uint2 a = *reinterpret_cast<const uint2*>(v);
+  return make_float4(__uint_as_float(a.x << 16), __uint_as_float(a.x & 0xffff0000u), __uint_as_float(a.y << 16),
+                     __uint_as_float(a.y & 0xffff0000u));
+}
 
 // ---- weights
 
-// E2M1 codes as floats (ops::kE2M1Values), in shared memory: 16 words in 16 banks, so the lanes' lookups
-// never conflict (lanes reading the same code get it broadcast).
-__device__ const float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-// Every thread of a product kernel calls this first (it synchronizes the block).
-__device__ __forceinline__ void load_e2m1_table(float* table) {
-  if (threadIdx.x < 16) table[threadIdx.x] = kE2M1[threadIdx.x];
-  __syncthreads();
+// Eight E2M1 codes (a 32-bit word of an MXFP4 block: nibble j, low first, is value j) as floats times 2^-14,
+// exactly. An E2M1 nibble s|e1 e0|m put into FP16 as s at bit 15 and e1 e0 m at bits 11..9 is its value
+// times 2^-14, the subnormal codes (e = 0: 0 and 0.5) included, and FP16 to float is exact. In bytes: the
+// high byte of an FP16 holds s at bit 7 and e1 e0 m at bits 3..1. So the word is rearranged with whole-word
+// operations into `even` (byte b: nibble 2b in that form) and `odd` (byte b: nibble 2b + 1, whose sign is at
+// bit 7 already), and each gives two FP16 pairs: its bytes 1 and 3 by a mask, its bytes 0 and 2 moved up by
+// one byte permute. About 11 integer operations and 8 conversions per 8 values; no table, no shared memory
+// (a lookup table in shared memory costs one load per value, as many as the FMAs at batch 1).
+__device__ __forceinline__ void decode_e2m1_word(uint32_t q, float (&w)[8]) {
+  const uint32_t even = ((q << 1) & 0x0E0E0E0Eu) | ((q << 4) & 0x80808080u);  // byte b: nibble 2b as an FP16 high byte
+  const uint32_t odd = ((q >> 3) & 0x0E0E0E0Eu) | (q & 0x80808080u);         // byte b: nibble 2b + 1
+  // FP16 pairs (low half, high half): nibbles {0, 4}, {1, 5}, {2, 6}, {3, 7}. __byte_perm picks bytes of
+  // (a, 0): selector 0x2404 makes [0, a.b0, 0, a.b2].
+  const uint32_t pairs[4] = {__byte_perm(even, 0u, 0x2404u), __byte_perm(odd, 0u, 0x2404u), even & 0xFF00FF00u, odd & 0xFF00FF00u};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    __half2 h;
+    static_assert(sizeof(h) == 4);
+    memcpy(&h, &pairs[j], 4);
+    const float2 f = __half22float2(h);
+    w[j] = f.x;
+    w[j + 4] = f.y;
+  }
 }
+constexpr float kE2M1Unscale = 16384.0f;  // 2^14: what decode_e2m1_word's values are short of
 
 // E8M0 scale byte as float (ops::e8m0_to_float): 2^(e - 127); e = 0 the subnormal 2^-127, e = 255 NaN.
 __device__ __forceinline__ float e8m0(uint32_t e) {
@@ -71,45 +107,51 @@ __device__ __forceinline__ float e8m0(uint32_t e) {
   return __uint_as_float(e << 23);
 }
 
-// One row of an expert matrix, and how a lane walks it. kUnit values per unit; `decode` turns unit u into
-// floats (before any scale) and returns the unit's scale.
+__device__ __forceinline__ uint32_t word(const uint4& q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
+
+// One row of an expert matrix, and how a lane of the grouped and legacy kernels walks it. kUnit values per
+// unit; `decode` turns unit u into floats (before any scale) and returns the unit's scale; `unscale` is
+// what the unit's sum is multiplied by before the scale.
 struct Mxfp4Row {
   static constexpr int kUnit = 32;
   const uint4* codes;     // [cols / 32]: 16 bytes of nibbles per block
   const uint8_t* scales;  // [cols / 32]
-  const float* table;     // shared E2M1 values [16]
-  __device__ Mxfp4Row(const ExpertMatrices& m, int expert, int64_t row, const float* table_)
+  __device__ Mxfp4Row(const ExpertMatrices& m, int expert, int64_t row)
       : codes(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(m.data) + (expert * m.rows + row) * (m.cols / 2))),
-        scales(m.scales + (expert * m.rows + row) * (m.cols / 32)),
-        table(table_) {}
+        scales(m.scales + (expert * m.rows + row) * (m.cols / 32)) {}
   __device__ float decode(int u, float (&w)[kUnit]) const {
     const uint4 q = __ldcs(codes + u);  // streamed: the weights are read once per call
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i) {
+      float v[8];
+      decode_e2m1_word(word(q, i), v);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) w[8 * i + j] = table[(words[i] >> (4 * j)) & 15u];  // nibble j of a word: value j of its 8
+      for (int j = 0; j < 8; ++j) w[8 * i + j] = v[j];
+    }
     return e8m0(__ldcs(scales + u));
   }
+  __device__ static float unscale(float sum) { return __fmul_rn(sum, kE2M1Unscale); }
 };
+
+__device__ __forceinline__ void bf16x8(const uint4 a, float (&out)[8]) {
+  const uint32_t q[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(q[i] << 16);
+    out[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+  }
+}
 
 struct Bf16Row {
   static constexpr int kUnit = 8;
   const uint4* values;  // [cols / 8]
-  __device__ Bf16Row(const ExpertMatrices& m, int expert, int64_t row, const float*)
+  __device__ Bf16Row(const ExpertMatrices& m, int expert, int64_t row)
       : values(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(m.data) + (expert * m.rows + row) * m.cols)) {}
   __device__ float decode(int u, float (&w)[kUnit]) const {
-    load8_bf16_bits(__ldcs(values + u), w);
+    bf16x8(__ldcs(values + u), w);
     return 1.0f;
   }
-  __device__ static void load8_bf16_bits(const uint4 a, float (&out)[kUnit]) {
-    const uint32_t q[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = __uint_as_float(q[i] << 16);
-      out[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
-    }
-  }
+  __device__ static float unscale(float sum) { return sum; }
 };
 
 // acc[t] = row . v[t] for t < n (n <= T), the whole warp: each lane sums its units, the warp reduces; every
@@ -134,13 +176,121 @@ __device__ __forceinline__ void warp_dot(const Row& row, int cols, const V* cons
 #pragma unroll
         for (int i = 0; i < 8; ++i) sum = fmaf(w[c + i], x[i], sum);
       }
-      acc[t] = fmaf(sum, scale, acc[t]);
+      acc[t] = fmaf(Row::unscale(sum), scale, acc[t]);
     }
   }
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], o));
+}
+
+// ---- the decode kernels' rows: R consecutive rows of one expert matrix, read a unit at a time
+
+// Shared-memory layout of an input vector for the decode kernels: unit u's F float4s (F = kUnit / 4) with
+// float4 c at u F + (c ^ sw(u)). Lane l reads unit l + 32 j, so without the swizzle the 8 lanes of a
+// quarter warp (one shared-memory wavefront of 16-byte reads) would be 16 F bytes apart and share banks
+// (8-way for MXFP4's 128-byte units); the XOR gives those 8 lanes 8 different 16-byte bank groups.
+template <int F>
+__device__ __forceinline__ int swizzled(int u, int c) {
+  static_assert(F == 2 || F == 8);
+  return u * F + (c ^ ((u / (8 / F)) & (F - 1)));
+}
+
+template <int R>
+struct Mxfp4Rows {
+  static constexpr int kF4 = 8;  // input float4s per unit (of 32 values)
+  struct Raw {
+    uint4 q[R];
+    uint32_t s[R];
+  };
+  const uint4* codes;     // row t, unit u at codes[t * units + u]
+  const uint8_t* scales;  // row t, unit u at scales[t * units + u]
+  int units;
+  __device__ Mxfp4Rows(const ExpertMatrices& m, int expert, int64_t row0)
+      : codes(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(m.data) + (expert * m.rows + row0) * (m.cols / 2))),
+        scales(m.scales + (expert * m.rows + row0) * (m.cols / 32)),
+        units(static_cast<int>(m.cols / 32)) {}
+  __device__ __forceinline__ void load(int u, Raw& raw) const {
+#pragma unroll
+    for (int t = 0; t < R; ++t) {
+      raw.q[t] = __ldcs(codes + t * units + u);  // streamed: read once per call
+      raw.s[t] = __ldcs(scales + t * units + u);
+    }
+  }
+  __device__ __forceinline__ void fma(const Raw& raw, const float4 (&x)[kF4], float (&acc)[R]) const {
+#pragma unroll
+    for (int t = 0; t < R; ++t) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float w[8];
+        decode_e2m1_word(word(raw.q[t], i), w);
+        const float4 a = x[2 * i], b = x[2 * i + 1];
+        sum = fmaf(w[0], a.x, sum), sum = fmaf(w[1], a.y, sum), sum = fmaf(w[2], a.z, sum), sum = fmaf(w[3], a.w, sum);
+        sum = fmaf(w[4], b.x, sum), sum = fmaf(w[5], b.y, sum), sum = fmaf(w[6], b.z, sum), sum = fmaf(w[7], b.w, sum);
+      }
+      acc[t] = fmaf(__fmul_rn(sum, kE2M1Unscale), e8m0(raw.s[t]), acc[t]);
+    }
+  }
+};
+
+template <int R>
+struct Bf16Rows {
+  static constexpr int kF4 = 2;  // input float4s per unit (of 8 values)
+  struct Raw {
+    uint4 q[R];
+  };
+  const uint4* values;  // row t, unit u at values[t * units + u]
+  int units;
+  __device__ Bf16Rows(const ExpertMatrices& m, int expert, int64_t row0)
+      : values(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(m.data) + (expert * m.rows + row0) * m.cols)),
+        units(static_cast<int>(m.cols / 8)) {}
+  __device__ __forceinline__ void load(int u, Raw& raw) const {
+#pragma unroll
+    for (int t = 0; t < R; ++t) raw.q[t] = __ldcs(values + t * units + u);
+  }
+  __device__ __forceinline__ void fma(const Raw& raw, const float4 (&x)[kF4], float (&acc)[R]) const {
+#pragma unroll
+    for (int t = 0; t < R; ++t) {
+      float w[8];
+      bf16x8(raw.q[t], w);
+      float sum = 0.0f;
+      sum = fmaf(w[0], x[0].x, sum), sum = fmaf(w[1], x[0].y, sum), sum = fmaf(w[2], x[0].z, sum), sum = fmaf(w[3], x[0].w, sum);
+      sum = fmaf(w[4], x[1].x, sum), sum = fmaf(w[5], x[1].y, sum), sum = fmaf(w[6], x[1].z, sum), sum = fmaf(w[7], x[1].w, sum);
+      acc[t] = fmaf(sum, 1.0f, acc[t]);  // warp_dot's step with BF16's scale 1
+    }
+  }
+};
+
+// The whole warp: acc[t] = row t . x, x in shared memory (swizzled). The lanes' units and every rounding
+// are warp_dot's; the next unit's weights are loaded before this one's products, so a lane has two units
+// of its R rows in flight.
+template <typename Rows, int R>
+__device__ __forceinline__ void rows_dot(const Rows& rows, const float4* __restrict__ xs, float (&acc)[R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < R; ++t) acc[t] = 0.0f;
+  typename Rows::Raw cur{}, next{};
+  if (lane < rows.units) rows.load(lane, cur);
+  for (int u = lane; u < rows.units; u += 32) {
+    if (u + 32 < rows.units) rows.load(u + 32, next);
+    float4 x[Rows::kF4];
+#pragma unroll
+    for (int c = 0; c < Rows::kF4; ++c) x[c] = xs[swizzled<Rows::kF4>(u, c)];
+    rows.fma(cur, x, acc);
+    cur = next;
+  }
+#pragma unroll
+  for (int t = 0; t < R; ++t)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], o));
+}
+
+// The block copies n values (n a multiple of 32) of v into xs as floats, in the layout above.
+template <int F, typename X>
+__device__ __forceinline__ void stage_vector(const X* __restrict__ v, int n, float4* __restrict__ xs) {
+  for (int f = threadIdx.x; f < n / 4; f += blockDim.x) xs[swizzled<F>(f / F, f % F)] = load4(v + 4 * static_cast<int64_t>(f));
 }
 
 // The clamped SwiGLU in the CPU's order (cpu_device.cc, clamped_swiglu): g = min(g, limit),
@@ -156,9 +306,9 @@ __device__ __forceinline__ float clamped_swiglu(float g, float u, float limit, f
 
 // ---- the scratch of a call
 
-// The tiles the product kernels run over: tile t is slots [first[t], first[t] + count[t]) of expert
-// expert[t]; slot s holds the (row, expert) pair slot_pair[s] (pair p = row * k + j: row p / k's j-th
-// chosen expert). *tiles: how many there are (the grids are sized for the most there can be).
+// The tiles the grouped (and legacy) product kernels run over: tile t is slots [first[t], first[t] + count[t])
+// of expert expert[t]; slot s holds the (row, expert) pair slot_pair[s] (pair p = row * k + j: row p / k's
+// j-th chosen expert). *tiles: how many there are (the grids are sized for the most there can be).
 struct Tiles {
   int32_t* expert;
   int32_t* first;
@@ -168,19 +318,31 @@ struct Tiles {
 };
 
 struct Scratch {
-  int32_t* chosen;  // [rows][k]: each row's experts, in index order
-  float* weight;    // [rows][k]: their softmax weights
-  Tiles tiles;      // [max_tiles] each, slot_pair [rows * k], tiles [1]
-  float* h;         // [rows * k][I]: the activation, by slot
-  float* y;         // [rows * k][H]: grouped path: each pair's expert output (with its bias, unweighted), by pair
+  float* logits;      // [rows][E]
+  int32_t* chosen;    // [rows][k]: each row's experts, in index order
+  float* weight;      // [rows][k]: their softmax weights
+  Tiles tiles;        // [max_tiles] each, slot_pair [rows * k], tiles [1]
+  int32_t* arrivals;  // [rows][down_blocks]: decode path: the down blocks done with each piece of a row
+  float* h;           // [rows * k][I]: the activation, by slot (= pair on the decode paths)
+  float* y;           // [rows * k][H]: decode and grouped paths: each pair's expert output (with its bias, unweighted)
 };
 
-int max_tiles(int rows, int k, int experts) {
-  // Decode: a tile per pair. Grouped: sum over experts of ceil(count_e / T) <= rows * k / T + E.
-  return rows <= kDecodeRows ? rows * k : rows * k / kTileRows + experts;
+// Outputs c per warp of down_decode: 4 for MXFP4 (h, I floats, is staged per block; fewer, larger blocks
+// stage it fewer times), 2 for BF16 (rows of 2 I bytes: more blocks keep more loads in flight).
+int down_rows_per_warp(const MoeLayer& L) { return L.gate_up.format == ExpertFormat::mxfp4 ? 4 : 2; }
+int down_blocks(const MoeLayer& L) {
+  const int span = kWarps * down_rows_per_warp(L);
+  return (L.hidden + span - 1) / span;
 }
 
-// Carves `base` into the pieces (in this order), each 16-byte aligned; returns the bytes used.
+int max_tiles(int rows, int k, int experts) {
+  // A tile per pair (legacy), or grouped: sum over experts of ceil(count_e / T) <= rows * k / T + E.
+  return std::max(rows * k, rows * k / kTileRows + experts);
+}
+
+// Carves `base` into the pieces (in this order), each 16-byte aligned; returns the bytes used. Every path's
+// pieces are there whatever the rows, so that the benchmark may run any path (the largest, y, every path but
+// the legacy one needs).
 size_t carve(const MoeLayer& L, int rows, int k, void* base, Scratch* s) {
   size_t at = 0;
   const auto take = [&](size_t bytes) {
@@ -190,6 +352,7 @@ size_t carve(const MoeLayer& L, int rows, int k, void* base, Scratch* s) {
   };
   const size_t pairs = static_cast<size_t>(rows) * static_cast<size_t>(k), tiles = static_cast<size_t>(max_tiles(rows, k, L.experts));
   Scratch d;
+  d.logits = static_cast<float*>(take(static_cast<size_t>(rows) * static_cast<size_t>(L.experts) * 4));
   d.chosen = static_cast<int32_t*>(take(pairs * 4));
   d.weight = static_cast<float*>(take(pairs * 4));
   d.tiles.expert = static_cast<int32_t*>(take(tiles * 4));
@@ -197,77 +360,112 @@ size_t carve(const MoeLayer& L, int rows, int k, void* base, Scratch* s) {
   d.tiles.count = static_cast<int32_t*>(take(tiles * 4));
   d.tiles.slot_pair = static_cast<int32_t*>(take(pairs * 4));
   d.tiles.tiles = static_cast<int32_t*>(take(4));
+  d.arrivals = static_cast<int32_t*>(take(static_cast<size_t>(rows) * static_cast<size_t>(down_blocks(L)) * 4));
   d.h = static_cast<float*>(take(pairs * static_cast<size_t>(L.intermediate) * 4));
-  d.y = rows <= kDecodeRows ? nullptr : static_cast<float*>(take(pairs * static_cast<size_t>(L.hidden) * 4));
+  d.y = static_cast<float*>(take(pairs * static_cast<size_t>(L.hidden) * 4));
   if (s) *s = d;
   return at;
 }
 
-// ---- route: a block per row
+// ---- routing: logits (a warp per (row, expert)), then select (a block per row)
 
-constexpr int kRouteThreads = 256;
+constexpr int kLogitChunks = 12;  // 8-value chunks a lane loads before it multiplies (H <= 3072 in one go)
 
-// Shared memory: logits [E], taken [E], weight [E].
+// blockIdx.x = row, blockIdx.y = a block of kWarps experts. A lane takes the 8-value chunks lane, lane + 32, ...
+// of the router row, as the first route kernel did (so the logits are its bits): the router is float32,
+// E x H x 4 bytes (368 KB for GPT-OSS-20B, 2 MB for 256 experts of 2048) that no single block could read
+// quickly, so each logit gets a warp and the loads are issued kLogitChunks at a time.
 template <typename X>
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const X* __restrict__ x, int64_t x_stride, const float* __restrict__ router,
-                                                              const float* __restrict__ router_bias, int E, int H, int k, int32_t* chosen,
-                                                              float* weight, Tiles tiles, bool tile_per_pair) {
-  extern __shared__ float shared[];
-  float* logits = shared;                                   // [E]
-  int* taken = reinterpret_cast<int*>(shared + E);          // [E]: 1 when chosen
-  float* prob = shared + 2 * E;                             // [E]: the chosen experts' weights
-  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__global__ void __launch_bounds__(32 * kWarps) logits_kernel(const X* __restrict__ x, int64_t x_stride, const float* __restrict__ router,
+                                                             const float* __restrict__ router_bias, int E, int H, float* __restrict__ logits) {
+  const int row = blockIdx.x, e = blockIdx.y * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (e >= E) return;
   const X* xr = x + static_cast<int64_t>(row) * x_stride;
-  // logits[e]: a warp per expert, lanes over 8-value chunks (H is a multiple of 8), then the bias.
-  for (int e = warp; e < E; e += kRouteThreads / 32) {
-    const float* w = router + static_cast<int64_t>(e) * H;
-    float sum = 0.0f;
-    for (int c = lane * 8; c < H; c += 32 * 8) {
+  const float* w = router + static_cast<int64_t>(e) * H;
+  float sum = 0.0f;
+  for (int base = lane * 8; base < H; base += 32 * 8 * kLogitChunks) {
+    float4 wv[kLogitChunks][2];
+#pragma unroll
+    for (int a = 0; a < kLogitChunks; ++a) {
+      const int c = base + a * 32 * 8;
+      if (c < H) wv[a][0] = __ldg(reinterpret_cast<const float4*>(w + c)), wv[a][1] = __ldg(reinterpret_cast<const float4*>(w + c) + 1);
+    }
+#pragma unroll
+    for (int a = 0; a < kLogitChunks; ++a) {
+      const int c = base + a * 32 * 8;
+      if (c >= H) break;
       float xv[8];
       load8(xr + c, xv);
+      const float wf[8] = {wv[a][0].x, wv[a][0].y, wv[a][0].z, wv[a][0].w, wv[a][1].x, wv[a][1].y, wv[a][1].z, wv[a][1].w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sum = fmaf(__ldg(w + c + i), xv[i], sum);
+      for (int i = 0; i < 8; ++i) sum = fmaf(wf[i], xv[i], sum);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-    if (lane == 0) logits[e] = __fadd_rn(sum, router_bias[e]);
   }
-  for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  if (lane == 0) logits[static_cast<int64_t>(row) * E + e] = __fadd_rn(sum, router_bias[e]);
+}
+
+// Whether logit a (expert ia) ranks before logit b (expert ib): the larger first, the lower index first on
+// a tie, NaN after every number (the CPU's top_k, cpu_device.cc: a strict "greater", so an equal logit later
+// in the row never displaces an earlier one, and NaN never beats a number).
+__device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib) {
+  if (isnan(a)) return isnan(b) && ia < ib;
+  if (isnan(b)) return true;
+  return a > b || (a == b && ia < ib);
+}
+
+// blockIdx.x = row; a thread per expert (blockDim = E rounded up to 32, at most 1024). Shared memory:
+// logits [E], then the chosen logits [k] by position. An expert is chosen when fewer than k experts rank
+// before it (E comparisons per thread, all at once, where a selection by one thread took k E in a row:
+// 2048 for 256 experts of top 8); its position among the chosen (index order) is a count of chosen
+// experts below it. Then one thread: the softmax over the chosen in index order, as the CPU.
+__global__ void select_kernel(const float* __restrict__ logits, int E, int k, int32_t* chosen, float* weight, Tiles tiles, bool tile_per_pair,
+                              int32_t* arrivals, int arrivals_per_row) {
+  extern __shared__ float shared[];
+  float* lg = shared;          // [E]
+  float* picked = shared + E;  // [k]: the chosen experts' logits, then their exp, by position
+  __shared__ int chosen_in_warp[32];
+  __shared__ int top;  // the expert that ranks first
+  const int row = blockIdx.x, e = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // The decode path's arrival counters for this call (its down kernel runs after this one).
+  for (int i = threadIdx.x; i < arrivals_per_row; i += blockDim.x) arrivals[static_cast<int64_t>(row) * arrivals_per_row + i] = 0;
+  if (e < E) lg[e] = logits[static_cast<int64_t>(row) * E + e];
+  __syncthreads();
+  bool is_chosen = false;
+  if (e < E) {
+    const float mine = lg[e];
+    int before = 0;
+    for (int o = 0; o < E; ++o) before += ranks_before(lg[o], o, mine, e);
+    is_chosen = before < k;
+    if (before == 0) top = e;
+  }
+  const unsigned ballot = __ballot_sync(0xffffffffu, is_chosen);
+  if (lane == 0) chosen_in_warp[warp] = __popc(ballot);
+  __syncthreads();
+  if (is_chosen) {
+    int j = __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; ++w) j += chosen_in_warp[w];
+    const int p = row * k + j;
+    chosen[p] = e;
+    picked[j] = lg[e];
+    if (tile_per_pair) {  // the legacy decode kernels: every pair a tile of one slot, slot = pair
+      tiles.expert[p] = e;
+      tiles.first[p] = p;
+      tiles.count[p] = 1;
+      tiles.slot_pair[p] = p;
+    }
+  }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  // The top k by repeated selection (k x E comparisons; E is at most a few hundred): strictly greater
-  // wins, so an equal logit later in the row never displaces an earlier one, and NaN never beats a number
-  // (the CPU's top_k, cpu_device.cc).
-  float top = -INFINITY;
-  for (int i = 0; i < k; ++i) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      if (taken[e]) continue;
-      if (best < 0 || logits[e] > logits[best] || (isnan(logits[best]) && !isnan(logits[e]))) best = e;
-    }
-    taken[best] = 1;
-    if (i == 0) top = logits[best];
-  }
-  // Softmax over the k chosen logits (the largest is the first chosen).
+  // Softmax over the k chosen logits in index order (the largest is the first ranked).
+  const float largest = lg[top];
   float sum = 0.0f;
-  for (int e = 0; e < E; ++e)
-    if (taken[e]) {
-      prob[e] = expf(__fsub_rn(logits[e], top));
-      sum = __fadd_rn(sum, prob[e]);
-    }
-  int j = 0;
-  for (int e = 0; e < E; ++e)
-    if (taken[e]) {
-      const int p = row * k + j++;
-      chosen[p] = e;
-      weight[p] = __fdiv_rn(prob[e], sum);
-      if (tile_per_pair) {  // the decode path: every pair a tile of one slot, slot = pair
-        tiles.expert[p] = e;
-        tiles.first[p] = p;
-        tiles.count[p] = 1;
-        tiles.slot_pair[p] = p;
-      }
-    }
+  for (int j = 0; j < k; ++j) {
+    picked[j] = expf(__fsub_rn(picked[j], largest));
+    sum = __fadd_rn(sum, picked[j]);
+  }
+  for (int j = 0; j < k; ++j) weight[row * k + j] = __fdiv_rn(picked[j], sum);
   if (tile_per_pair && row == 0) *tiles.tiles = gridDim.x * k;
 }
 
@@ -316,8 +514,6 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
 template <typename Row, typename X, int T>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(MoeLayer L, const X* __restrict__ x, int64_t x_stride, int k, Tiles tiles,
                                                               float limit, float alpha, float up_offset, float* __restrict__ h) {
-  __shared__ float table[16];
-  load_e2m1_table(table);
   const int t = blockIdx.x;
   if (t >= *tiles.tiles) return;  // the grid is sized for the most tiles there can be
   const int i = blockIdx.y * kWarps + (threadIdx.x >> 5), I = L.intermediate;
@@ -327,8 +523,8 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(MoeLayer L, const 
 #pragma unroll
   for (int r = 0; r < T; ++r) v[r] = x + static_cast<int64_t>(tiles.slot_pair[first + min(r, n - 1)] / k) * x_stride;
   float g[T], u[T];
-  warp_dot(Row(L.gate_up, e, 2 * static_cast<int64_t>(i), table), L.hidden, v, n, g);
-  warp_dot(Row(L.gate_up, e, 2 * static_cast<int64_t>(i) + 1, table), L.hidden, v, n, u);
+  warp_dot(Row(L.gate_up, e, 2 * static_cast<int64_t>(i)), L.hidden, v, n, g);
+  warp_dot(Row(L.gate_up, e, 2 * static_cast<int64_t>(i) + 1), L.hidden, v, n, u);
   if ((threadIdx.x & 31) != 0) return;
   const float gb = L.gate_bias[static_cast<int64_t>(e) * I + i], ub = L.up_bias[static_cast<int64_t>(e) * I + i];
 #pragma unroll
@@ -336,14 +532,12 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(MoeLayer L, const 
     if (r < n) h[static_cast<int64_t>(first + r) * I + i] = clamped_swiglu(__fadd_rn(g[r], gb), __fadd_rn(u[r], ub), limit, alpha, up_offset);
 }
 
-// ---- down, decode: blockIdx.x = row, blockIdx.y = a block of kWarps outputs c; h by pair (slot = pair)
+// ---- down, legacy decode: blockIdx.x = row, blockIdx.y = a block of kWarps outputs c; h by pair (slot = pair)
 
 template <typename Row>
 __global__ void __launch_bounds__(32 * kWarps) down_sum_kernel(MoeLayer L, const float* __restrict__ h, const int32_t* __restrict__ chosen,
                                                                const float* __restrict__ weight, int k, float* out, int64_t out_stride,
                                                                bool accumulate) {
-  __shared__ float table[16];
-  load_e2m1_table(table);
   const int row = blockIdx.x, c = blockIdx.y * kWarps + (threadIdx.x >> 5), H = L.hidden;
   if (c >= H) return;
   float sum = 0.0f;
@@ -351,7 +545,7 @@ __global__ void __launch_bounds__(32 * kWarps) down_sum_kernel(MoeLayer L, const
     const int p = row * k + j, e = chosen[p];
     const float* const v[1] = {h + static_cast<int64_t>(p) * L.intermediate};
     float y[1];
-    warp_dot(Row(L.down, e, c, table), L.intermediate, v, 1, y);
+    warp_dot(Row(L.down, e, c), L.intermediate, v, 1, y);
     sum = __fadd_rn(sum, __fmul_rn(weight[p], __fadd_rn(y[0], L.down_bias[static_cast<int64_t>(e) * H + c])));
   }
   if ((threadIdx.x & 31) != 0) return;
@@ -363,8 +557,6 @@ __global__ void __launch_bounds__(32 * kWarps) down_sum_kernel(MoeLayer L, const
 
 template <typename Row, int T>
 __global__ void __launch_bounds__(32 * kWarps) down_kernel(MoeLayer L, const float* __restrict__ h, Tiles tiles, float* __restrict__ y) {
-  __shared__ float table[16];
-  load_e2m1_table(table);
   const int t = blockIdx.x;
   if (t >= *tiles.tiles) return;
   const int c = blockIdx.y * kWarps + (threadIdx.x >> 5), H = L.hidden;
@@ -374,7 +566,7 @@ __global__ void __launch_bounds__(32 * kWarps) down_kernel(MoeLayer L, const flo
 #pragma unroll
   for (int r = 0; r < T; ++r) v[r] = h + static_cast<int64_t>(first + min(r, n - 1)) * L.intermediate;
   float acc[T];
-  warp_dot(Row(L.down, e, c, table), L.intermediate, v, n, acc);
+  warp_dot(Row(L.down, e, c), L.intermediate, v, n, acc);
   if ((threadIdx.x & 31) != 0) return;
   const float b = L.down_bias[static_cast<int64_t>(e) * H + c];
 #pragma unroll
@@ -397,15 +589,108 @@ __global__ void combine_kernel(const float* __restrict__ y, const float* __restr
   }
 }
 
+// ---- the decode path
+
+// Blocks of 256 threads per SM the decode kernels are compiled for, i.e. register caps of 85 and 128 a
+// thread: 24 and 16 warps per SM, each with two units of its rows' weights in flight. Tighter caps (4 and 3
+// blocks: 64 and 80 registers) made ptxas spill (16 and 48 bytes) in the MXFP4 kernels; with these it spills
+// nothing (ptxas -v, sm_90a: gate_up 66 registers MXFP4 and 62 BF16, down 107 MXFP4 (4 outputs a warp) and
+// 63 BF16 (2)). Untuned on the H200 so far: tq-product-bench --moe is where to try others.
+constexpr int kGateUpDecodeBlocks = 3, kDownDecodeBlocks = 2;
+
+// blockIdx.x = pair p (row p / k's j-th expert), blockIdx.y = a block of kWarps outputs i; warp w takes
+// i = blockIdx.y kWarps + w: gate row 2i and up row 2i + 1 (adjacent in the plane), R = 2. The pairs vary
+// fastest in the grid, so pairs of one expert (rows that chose it) run side by side and the second read of
+// its rows finds them in L2. Shared memory: the pair's input row, H floats (swizzled).
+template <template <int> class Rows, typename X>
+__global__ void __launch_bounds__(32 * kWarps, kGateUpDecodeBlocks) gate_up_decode_kernel(MoeLayer L, const X* __restrict__ x, int64_t x_stride, int k,
+                                                                     const int32_t* __restrict__ chosen, float limit, float alpha, float up_offset,
+                                                                     float* __restrict__ h) {
+  extern __shared__ float4 xs[];  // [H / 4]
+  const int p = blockIdx.x, e = chosen[p], I = L.intermediate;
+  stage_vector<Rows<2>::kF4>(x + static_cast<int64_t>(p / k) * x_stride, L.hidden, xs);
+  __syncthreads();
+  const int i = blockIdx.y * kWarps + (threadIdx.x >> 5);
+  if (i >= I) return;
+  float acc[2];
+  rows_dot(Rows<2>(L.gate_up, e, 2 * static_cast<int64_t>(i)), xs, acc);
+  if ((threadIdx.x & 31) != 0) return;
+  const float gb = L.gate_bias[static_cast<int64_t>(e) * I + i], ub = L.up_bias[static_cast<int64_t>(e) * I + i];
+  h[static_cast<int64_t>(p) * I + i] = clamped_swiglu(__fadd_rn(acc[0], gb), __fadd_rn(acc[1], ub), limit, alpha, up_offset);
+}
+
+// blockIdx.x = pair p, blockIdx.y = a piece of kWarps R outputs c; warp w takes the R outputs from
+// (blockIdx.y kWarps + w) R. Writes y[p][c] = h_p . down_e[c] + bias; then the last of the row's k blocks
+// for this piece to arrive (arrivals, zeroed by select) sums them in index order into out: the order of the
+// sum is fixed, whichever block happens to be last. Shared memory: h_p, I floats (swizzled).
+template <template <int> class Rows, int R>
+__global__ void __launch_bounds__(32 * kWarps, kDownDecodeBlocks) down_decode_kernel(MoeLayer L, const float* __restrict__ h, int k, const int32_t* __restrict__ chosen,
+                                                                  const float* __restrict__ weight, float* y, int32_t* arrivals, float* out,
+                                                                  int64_t out_stride, bool accumulate) {
+  extern __shared__ float4 xs[];  // [I / 4]
+  __shared__ bool last;
+  const int p = blockIdx.x, e = chosen[p], H = L.hidden, row = p / k;
+  stage_vector<Rows<R>::kF4>(h + static_cast<int64_t>(p) * L.intermediate, L.intermediate, xs);
+  __syncthreads();
+  const int c0 = (blockIdx.y * kWarps + (threadIdx.x >> 5)) * R, lane = threadIdx.x & 31;
+  if (c0 < H) {  // H is a multiple of 32, so a warp's R outputs are all there or none is
+    float acc[R];
+    rows_dot(Rows<R>(L.down, e, c0), xs, acc);
+#pragma unroll
+    for (int t = 0; t < R; ++t)
+      if (lane == t) y[static_cast<int64_t>(p) * H + c0 + t] = __fadd_rn(acc[t], L.down_bias[static_cast<int64_t>(e) * H + c0 + t]);
+  }
+  // The threadFenceReduction pattern: each writer's y is visible device-wide before its block arrives.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&arrivals[static_cast<int64_t>(row) * gridDim.y + blockIdx.y], 1) == k - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int c = blockIdx.y * kWarps * R + static_cast<int>(threadIdx.x);
+  if (threadIdx.x >= kWarps * R || c >= H) return;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {  // the row's experts in index order
+    const int q = row * k + j;
+    sum = __fadd_rn(sum, __fmul_rn(weight[q], __ldcg(y + static_cast<int64_t>(q) * H + c)));  // L2: written by other blocks
+  }
+  float* o = out + static_cast<int64_t>(row) * out_stride + c;
+  *o = accumulate ? __fadd_rn(*o, sum) : sum;
+}
+
 // ---- launches
 
+// A kernel's dynamic shared memory, raised past the default 48 KB when it needs more (an input row of more
+// than 12288 floats; none of the models yet). Past the device's limit the launch fails and moe() says so.
+template <typename Kernel>
+size_t dynamic_shared(Kernel* kernel, size_t bytes) {
+  if (bytes > 48 * 1024) TQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return bytes;
+}
+
+// DownR: down_rows_per_warp(L) for the format of Rows.
+template <template <int> class Rows, int DownR, typename X>
+void launch_decode(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
+                   float up_offset, bool accumulate, const Scratch& s, cudaStream_t stream) {
+  const unsigned pairs = static_cast<unsigned>(rows * k);
+  const dim3 threads(32 * kWarps);
+  const unsigned i_blocks = static_cast<unsigned>((L.intermediate + kWarps - 1) / kWarps);
+  auto* gate_up = gate_up_decode_kernel<Rows, X>;
+  gate_up<<<dim3(pairs, i_blocks), threads, dynamic_shared(gate_up, static_cast<size_t>(L.hidden) * 4), stream>>>(L, x, x_stride, k, s.chosen, limit,
+                                                                                                                  alpha, up_offset, s.h);
+  TQ_CHECK(DownR == down_rows_per_warp(L), "internal error: the down kernel's outputs per warp");
+  auto* down = down_decode_kernel<Rows, DownR>;
+  down<<<dim3(pairs, static_cast<unsigned>(down_blocks(L))), threads, dynamic_shared(down, static_cast<size_t>(L.intermediate) * 4), stream>>>(
+      L, s.h, k, s.chosen, s.weight, s.y, s.arrivals, out, out_stride, accumulate);
+}
+
 template <typename Row, typename X>
-void launch_products(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
-                     float up_offset, bool accumulate, const Scratch& s, cudaStream_t stream) {
+void launch_tiled(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
+                  float up_offset, bool accumulate, const Scratch& s, bool legacy, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>(max_tiles(rows, k, L.experts));
   const dim3 threads(32 * kWarps);
   const unsigned i_blocks = static_cast<unsigned>((L.intermediate + kWarps - 1) / kWarps), c_blocks = static_cast<unsigned>((L.hidden + kWarps - 1) / kWarps);
-  if (rows <= kDecodeRows) {
+  if (legacy) {
     gate_up_kernel<Row, X, 1><<<dim3(tiles, i_blocks), threads, 0, stream>>>(L, x, x_stride, k, s.tiles, limit, alpha, up_offset, s.h);
     down_sum_kernel<Row><<<dim3(static_cast<unsigned>(rows), c_blocks), threads, 0, stream>>>(L, s.h, s.chosen, s.weight, k, out, out_stride,
                                                                                               accumulate);
@@ -418,26 +703,36 @@ void launch_products(const MoeLayer& L, const X* x, int64_t x_stride, int rows, 
 
 template <typename X>
 void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
-            float up_offset, bool accumulate, const Scratch& s, cudaStream_t stream) {
-  const bool decode = rows <= kDecodeRows;
-  const size_t route_shared = static_cast<size_t>(3 * L.experts) * sizeof(float);
-  route_kernel<<<static_cast<unsigned>(rows), kRouteThreads, route_shared, stream>>>(x, x_stride, L.router, L.router_bias, L.experts, L.hidden, k,
-                                                                                    s.chosen, s.weight, s.tiles, decode);
-  if (!decode) group_kernel<<<1, kGroupThreads, 0, stream>>>(s.chosen, rows * k, L.experts, s.tiles);
+            float up_offset, bool accumulate, const Scratch& s, Path path, cudaStream_t stream) {
+  logits_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>((L.experts + kWarps - 1) / kWarps)), 32 * kWarps, 0, stream>>>(
+      x, x_stride, L.router, L.router_bias, L.experts, L.hidden, s.logits);
+  const unsigned select_threads = static_cast<unsigned>((L.experts + 31) / 32 * 32);
+  select_kernel<<<static_cast<unsigned>(rows), select_threads, static_cast<size_t>(L.experts + k) * sizeof(float), stream>>>(
+      s.logits, L.experts, k, s.chosen, s.weight, s.tiles, path == Path::legacy_decode, s.arrivals, path == Path::decode ? down_blocks(L) : 0);
+  if (path == Path::grouped) group_kernel<<<1, kGroupThreads, 0, stream>>>(s.chosen, rows * k, L.experts, s.tiles);
   // The two matrices of a layer are in one format (moe_experts converts the rest to BF16).
-  if (L.gate_up.format == ExpertFormat::mxfp4) {
-    launch_products<Mxfp4Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+  const bool mxfp4 = L.gate_up.format == ExpertFormat::mxfp4;
+  if (path == Path::decode) {
+    if (mxfp4) {
+      launch_decode<Mxfp4Rows, 4>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+    } else {
+      launch_decode<Bf16Rows, 2>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+    }
+  } else if (mxfp4) {
+    launch_tiled<Mxfp4Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, path == Path::legacy_decode, stream);
   } else {
-    launch_products<Bf16Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+    launch_tiled<Bf16Row>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, path == Path::legacy_decode, stream);
   }
 }
 
 }  // namespace
 
+Path automatic_path(int rows, int top_k) { return static_cast<int64_t>(rows) * top_k <= kDecodePairs ? Path::decode : Path::grouped; }
+
 size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k) { return carve(layer, rows, top_k, nullptr, nullptr); }
 
 void moe(const MoeLayer& L, const void* x, bool x_bf16, int64_t x_stride, int rows, float* out, int64_t out_stride, int top_k, float limit,
-         float alpha, float up_offset, bool accumulate, void* scratch, void* stream) {
+         float alpha, float up_offset, bool accumulate, void* scratch, void* stream, Path path) {
   if (rows == 0) return;
   TQ_CHECK(L.experts >= 1 && L.experts <= kMaxExperts && top_k >= 1 && top_k <= L.experts, "internal error: moe of ", L.experts,
            " experts, top ", top_k);
@@ -447,12 +742,14 @@ void moe(const MoeLayer& L, const void* x, bool x_bf16, int64_t x_stride, int ro
   const size_t x_bytes = x_bf16 ? 2 : 4;
   TQ_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && (static_cast<size_t>(x_stride) * x_bytes) % 16 == 0,
            "internal error: the moe input rows must be 16-byte aligned");
+  if (path == Path::automatic) path = automatic_path(rows, top_k);
   Scratch s;
   carve(L, rows, top_k, scratch, &s);
   if (x_bf16) {
-    launch(L, static_cast<const __nv_bfloat16*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, up_offset, accumulate, s, as_stream(stream));
+    launch(L, static_cast<const __nv_bfloat16*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, up_offset, accumulate, s, path,
+           as_stream(stream));
   } else {
-    launch(L, static_cast<const float*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, up_offset, accumulate, s, as_stream(stream));
+    launch(L, static_cast<const float*>(x), x_stride, rows, out, out_stride, top_k, limit, alpha, up_offset, accumulate, s, path, as_stream(stream));
   }
   TQ_CUDA_CHECK(cudaGetLastError());
 }

@@ -40,14 +40,28 @@ struct MoeLayer {
 
 // The most experts a layer may have here (the grouping kernel keeps a count per expert in shared memory).
 inline constexpr int kMaxExperts = 1024;
-// Up to how many rows moe() runs the decode kernels (each chosen expert of each row as GEMVs); more rows
-// are grouped by expert so that an expert's weights are read once per tile of rows. Not tuned yet: the
-// grouped path costs two more launches, which matter only for a few rows.
-inline constexpr int kDecodeRows = 4;
+// Up to how many (row, expert) pairs, rows * top_k, moe() runs the decode kernels: each pair's products as
+// GEMVs spread over the whole GPU (a block per pair and 8 or more outputs), its expert's weights read once
+// per pair (pairs of one expert run side by side, so a second pair mostly reads L2). More pairs are grouped
+// by expert so that an expert's weights are read, and its MXFP4 blocks decoded, once per tile of rows.
+// 64 is GPT-OSS's 16 rows of top 4 and Qwen3.5-MoE's 8 of top 8; where the two cross on the H200 is for
+// tq-product-bench --moe to say (it times both at the same rows).
+inline constexpr int kDecodePairs = 64;
 // Rows of one expert that the grouped kernels take per tile (each weight read once for all of them).
 inline constexpr int kTileRows = 8;
 
-// Bytes of device scratch moe() needs for `rows` rows (16-byte aligned pieces).
+// Which kernels a call runs. Product code passes `automatic` (moe() picks by rows * top_k, a function of
+// the step's shape, never of its data, so a recorded graph is right for every replay); the others are for
+// the benchmark and the tests, which compare the paths on the same rows.
+enum class Path : uint8_t {
+  automatic,
+  decode,         // per (row, expert) pair, spread over the GPU (rows * top_k <= kDecodePairs when automatic)
+  grouped,        // rows grouped by expert into tiles of kTileRows (otherwise)
+  legacy_decode,  // the first decode kernels (a warp per (row, output) walking the row's experts in turn): the benchmark's "before"
+};
+Path automatic_path(int rows, int top_k);
+
+// Bytes of device scratch moe() needs for `rows` rows (16-byte aligned pieces), on any path.
 size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k);
 
 // out[r] = the layer on x[r] (+ out[r] when accumulate), r < rows: Device::moe's formula. x is float32 or BF16
@@ -55,8 +69,8 @@ size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k);
 // device memory, 256-byte aligned, not shared with x or out. Enqueued on `stream`; nothing is read back.
 // The products, the activation and the sums are float32 (FP32 fused multiply-adds over the exactly decoded
 // weights); no value is rounded to BF16 on the way. Deterministic: a row's output does not depend on the
-// other rows of the call, nor on the path (decode or grouped) it takes.
+// other rows of the call, nor on the path it takes, nor on the run (no atomics in the arithmetic).
 void moe(const MoeLayer& layer, const void* x, bool x_bf16, int64_t x_stride, int rows, float* out, int64_t out_stride, int top_k,
-         float limit, float alpha, float up_offset, bool accumulate, void* scratch, void* stream);
+         float limit, float alpha, float up_offset, bool accumulate, void* scratch, void* stream, Path path = Path::automatic);
 
 }  // namespace tq::cuda::moe_kernels

@@ -6,18 +6,28 @@
 // Prints a Markdown table: microseconds per product and the weights' bandwidth.
 //
 //   tq-product-bench [--shapes 6144x4096,4096x4096,28672x4096,4096x14336,8192x4096] [--rows 1,4,8,16,64] [--reps 30]
+//
+// With --moe, the mixture-of-experts call (moe_kernels::moe) instead, at GPT-OSS-20B's layer (32 MXFP4
+// experts of 2880 x 2880, top 4) and Qwen3.6-35B-A3B's (256 BF16 experts, hidden 2048, intermediate 512,
+// top 8), for each --rows (default 1,8), on every path (decode, the legacy decode kernels, grouped): us per
+// call and the chosen experts' bytes over that time (each distinct chosen expert counted once).
+//
+//   tq-product-bench --moe [--rows 1,8,16] [--reps 30]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_util.cuh"
 #include "cuda/cuda_backend.h"
+#include "cuda/moe_kernels.h"
 #include "cuda/ops_kernels.h"
 
 namespace {
@@ -45,16 +55,146 @@ std::vector<int64_t> numbers(const std::string& s, char sep) {
   return out;
 }
 
+// Random bytes (MXFP4 codes), or scale bytes in [lo, lo + span), on the device.
+__global__ void fill_bytes(uint8_t* p, size_t n, uint64_t seed, unsigned lo, unsigned span) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = (seed + i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = static_cast<uint8_t>(span ? lo + z % span : z);
+  }
+}
+
+struct MoeShape {
+  const char* name;
+  int E, k, H, I;
+  bool mxfp4;
+};
+
+// One model's MoE layer in `copies` copies (so that a call reads its experts from device memory, as a
+// model's layers do), random, timed on each path for each rows count.
+void bench_moe(const MoeShape& m, const std::vector<int64_t>& batch_rows, int reps, double read_tbps, cudaStream_t stream) {
+  namespace mk = tq::cuda::moe_kernels;
+  const int64_t E = m.E, H = m.H, I = m.I;
+  const double bytes_per_value = m.mxfp4 ? 17.0 / 32.0 : 2.0;
+  const double expert_bytes = 3.0 * H * I * bytes_per_value;
+  const size_t layer_bytes = static_cast<size_t>(expert_bytes * E);
+  const int copies = static_cast<int>(std::clamp<size_t>((size_t{4} << 30) / std::max<size_t>(layer_bytes, 1), 2, 8));  // about 4 GB
+  // The router and the inputs on the host too: the chosen experts (to count their bytes) are found there.
+  std::vector<float> router(static_cast<size_t>(E * H));
+  uint64_t z = 12345;
+  const auto normal = [&] {
+    double s = 0;
+    for (int i = 0; i < 4; ++i) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      s += static_cast<double>(z >> 11) / 9007199254740992.0;
+    }
+    return static_cast<float>((s - 2.0) * 1.7320508);
+  };
+  for (auto& v : router) v = normal() * 0.05f;
+  const int64_t max_rows = *std::max_element(batch_rows.begin(), batch_rows.end());
+  std::vector<float> x(static_cast<size_t>(max_rows * H));
+  for (auto& v : x) v = normal();
+  float *d_router = nullptr, *d_zero = nullptr, *d_x = nullptr, *d_out = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_router, router.size() * 4));
+  CHECK_CUDA(cudaMemcpy(d_router, router.data(), router.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&d_zero, static_cast<size_t>(E * std::max(H, I)) * 4));  // every bias: zeros
+  CHECK_CUDA(cudaMemset(d_zero, 0, static_cast<size_t>(E * std::max(H, I)) * 4));
+  CHECK_CUDA(cudaMalloc(&d_x, x.size() * 4));
+  CHECK_CUDA(cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&d_out, static_cast<size_t>(max_rows * H) * 4));
+  CHECK_CUDA(cudaMemset(d_out, 0, static_cast<size_t>(max_rows * H) * 4));
+  std::vector<mk::MoeLayer> layers(static_cast<size_t>(copies));
+  std::vector<void*> owned;
+  for (int c = 0; c < copies; ++c) {
+    mk::MoeLayer& L = layers[static_cast<size_t>(c)];
+    L.experts = m.E, L.hidden = m.H, L.intermediate = m.I;
+    L.router = d_router, L.router_bias = d_zero, L.gate_bias = d_zero, L.up_bias = d_zero, L.down_bias = d_zero;
+    const auto plane = [&](mk::ExpertMatrices& p, int64_t rows, int64_t cols, uint64_t seed) {
+      p.rows = rows, p.cols = cols;
+      const size_t values = static_cast<size_t>(E * rows * cols);
+      if (m.mxfp4) {
+        p.format = mk::ExpertFormat::mxfp4;
+        uint8_t *codes = nullptr, *scales = nullptr;
+        CHECK_CUDA(cudaMalloc(&codes, values / 2));
+        CHECK_CUDA(cudaMalloc(&scales, values / 32));
+        fill_bytes<<<1024, 256, 0, stream>>>(codes, values / 2, seed, 0, 0);
+        fill_bytes<<<1024, 256, 0, stream>>>(scales, values / 32, seed + 1, 118, 7);  // 2^-9 .. 2^-3
+        p.data = codes, p.scales = scales;
+        owned.push_back(codes), owned.push_back(scales);
+      } else {
+        p.format = mk::ExpertFormat::bf16;
+        float* tmp = nullptr;
+        __nv_bfloat16* values_bf16 = nullptr;
+        CHECK_CUDA(cudaMalloc(&tmp, values * 4));
+        CHECK_CUDA(cudaMalloc(&values_bf16, values * 2));
+        fill_random<<<1024, 256, 0, stream>>>(tmp, values, seed);
+        to_bf16_bits<<<1024, 256, 0, stream>>>(tmp, values, values_bf16);
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        CHECK_CUDA(cudaFree(tmp));
+        p.data = values_bf16;
+        owned.push_back(values_bf16);
+      }
+    };
+    plane(L.gate_up, 2 * I, H, 100 + 2 * static_cast<uint64_t>(c));
+    plane(L.down, H, I, 101 + 2 * static_cast<uint64_t>(c));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (const int64_t n : batch_rows) {
+    // The distinct experts the n rows choose (float logits on the host; a near-tie decided otherwise on the
+    // device moves the count by one at most).
+    std::set<int> distinct;
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<std::pair<double, int>> logits;
+      for (int64_t e = 0; e < E; ++e) {
+        double s = 0;
+        for (int64_t c = 0; c < H; ++c) s += static_cast<double>(router[static_cast<size_t>(e * H + c)]) * x[static_cast<size_t>(r * H + c)];
+        logits.push_back({-s, static_cast<int>(e)});
+      }
+      std::sort(logits.begin(), logits.end());
+      for (int j = 0; j < m.k; ++j) distinct.insert(logits[static_cast<size_t>(j)].second);
+    }
+    const double bytes = expert_bytes * static_cast<double>(distinct.size());
+    void* scratch = nullptr;
+    CHECK_CUDA(cudaMalloc(&scratch, mk::scratch_bytes(layers[0], static_cast<int>(n), m.k)));
+    const int calls = std::max(copies, 8);
+    for (const mk::Path path : {mk::Path::decode, mk::Path::legacy_decode, mk::Path::grouped}) {
+      const Timing t = time_graph(stream, calls, reps, [&] {
+        for (int c = 0; c < calls; ++c)
+          mk::moe(layers[static_cast<size_t>(c % copies)], d_x, false, H, static_cast<int>(n), d_out, H, m.k, m.mxfp4 ? 7.0f : INFINITY,
+                  m.mxfp4 ? 1.702f : 1.0f, m.mxfp4 ? 1.0f : 0.0f, true, scratch, stream, path);
+      });
+      const double gbps = bytes / (t.median_us * 1e-6) / 1e9;
+      const char* name = path == mk::Path::decode ? "decode" : path == mk::Path::grouped ? "grouped" : "legacy decode";
+      const bool automatic = mk::automatic_path(static_cast<int>(n), m.k) == path;
+      std::printf("| %s | %d x %dx%d %s, top %d | %lld | %zu | %s%s | %.2f | %.2f | %.0f | %.0f%% |\n", m.name, m.E, m.H, m.I,
+                  m.mxfp4 ? "MXFP4" : "BF16", m.k, static_cast<long long>(n), distinct.size(), name, automatic ? " (chosen)" : "", t.median_us,
+                  t.min_us, gbps, 100.0 * gbps / (read_tbps * 1e3));
+      std::fflush(stdout);
+    }
+    CHECK_CUDA(cudaFree(scratch));
+  }
+  for (void* p : owned) CHECK_CUDA(cudaFree(p));
+  for (void* p : {static_cast<void*>(d_router), static_cast<void*>(d_zero), static_cast<void*>(d_x), static_cast<void*>(d_out)}) CHECK_CUDA(cudaFree(p));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {8192, 4096}};
   std::vector<int64_t> batch_rows = {1, 2, 4, 8, 16, 64};
   int reps = 30;
+  bool moe = false;
+  bool rows_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--moe") {
+      moe = true;
+      continue;
+    }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: tq-product-bench [--shapes RxC,...] [--rows 1,4,...] [--reps N]\n");
+      std::fprintf(stderr, "usage: tq-product-bench [--moe] [--shapes RxC,...] [--rows 1,4,...] [--reps N]\n");
       return 1;
     }
     const std::string v = argv[++i];
@@ -72,6 +212,7 @@ int main(int argc, char** argv) {
       }
     } else if (k == "--rows") {
       batch_rows = numbers(v, ',');
+      rows_given = true;
     } else if (k == "--reps") {
       reps = std::atoi(v.c_str());
     } else {
@@ -108,6 +249,16 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(sink));
   }
   std::printf("%s, %d SMs, read bandwidth %.2f TB/s (sum of 4 GiB)\n\n", dev.name.c_str(), dev.sm_count, read_tbps);
+  if (moe) {
+    if (!rows_given) batch_rows = {1, 8};
+    std::printf("| layer | shape | rows | experts chosen | path | us (median) | us (min) | GB/s of chosen experts | of read bw |\n"
+                "|---|---|---:|---:|---|---:|---:|---:|---:|\n");
+    for (const MoeShape& m : {MoeShape{"GPT-OSS-20B", 32, 4, 2880, 2880, true}, MoeShape{"Qwen3.6-35B-A3B", 256, 8, 2048, 512, false}})
+      bench_moe(m, batch_rows, reps, read_tbps, stream);
+    cublasDestroy(cublas);
+    CHECK_CUDA(cudaFree(workspace));
+    return 0;
+  }
   std::printf("| matrix | rows in | x | method | us | GB/s | of read bw |\n|---:|---:|---:|---:|---:|---:|---:|\n");
 
   const int64_t max_n = *std::max_element(batch_rows.begin(), batch_rows.end());
