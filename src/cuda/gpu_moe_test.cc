@@ -20,6 +20,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_device.h"
 #include "cuda/device_cache_impl.h"
+#include "cuda/gpu_test_util.h"
 #include "cuda/moe_kernels.h"
 #include "device/cpu_device.h"
 #include "device/moe_test_util.h"
@@ -29,6 +30,7 @@ namespace tq::cuda {
 namespace {
 
 using namespace moe_test;
+using gpu_test::DeviceRows;
 
 #define TQ_REQUIRE_GPU()                                                                                    \
   do {                                                                                                      \
@@ -43,42 +45,6 @@ using namespace moe_test;
 // path), against the row's largest output; a wrong expert, weight, clamp or bias moves outputs by 1e-3 or more.
 constexpr double kTolerance = 1e-5;
 
-// Host rows [rows][cols] in a device buffer, as a float32 or BF16 tensor of `stride` elements per row.
-struct DeviceRows {
-  DeviceBuffer buffer;
-  Tensor tensor;
-  DeviceRows(const std::vector<float>& host, int64_t rows, int64_t cols, ActType type, int64_t stride = 0) {
-    if (stride == 0) stride = cols;
-    const size_t element = type == ActType::f32 ? 4 : 2;
-    std::vector<uint8_t> bytes(static_cast<size_t>(std::max<int64_t>(1, rows * stride)) * element, 0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = host[static_cast<size_t>(r * cols + c)];
-        uint8_t* at = bytes.data() + static_cast<size_t>(r * stride + c) * element;
-        if (type == ActType::f32) {
-          std::memcpy(at, &v, 4);
-        } else {
-          const uint16_t b = f32_to_bf16_bits(v);
-          std::memcpy(at, &b, 2);
-        }
-      }
-    buffer.reserve(bytes.size());
-    buffer.upload(bytes.data(), bytes.size());
-    TQ_CUDA_CHECK(cudaDeviceSynchronize());
-    tensor.data = buffer.get();
-    tensor.type = type;
-    tensor.rows = rows;
-    tensor.cols = cols;
-    tensor.stride = stride;
-  }
-  // Rows of float32 values (type f32, stride == cols).
-  std::vector<float> read() const {
-    std::vector<float> host(static_cast<size_t>(tensor.rows * tensor.cols));
-    TQ_CUDA_CHECK(cudaDeviceSynchronize());
-    TQ_CUDA_CHECK(cudaMemcpy(host.data(), tensor.data, host.size() * 4, cudaMemcpyDeviceToHost));
-    return host;
-  }
-};
 
 MoeOptions options(int k, bool accumulate = false) {
   MoeOptions o;
