@@ -17,6 +17,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -181,22 +182,37 @@ HWY_INLINE void Tile(const WeightView& w, const Levels& L, const float* const (&
   }
 }
 
-// A row's binary16 scales as floats: out [groups + N], zeros past the groups.
-HWY_INLINE void RowScales(const WeightView& w, size_t r, float* HWY_RESTRICT out) {
+// The binary16 scales of rows [r0, r0 + n) as floats, out [n][groups] then N zeros. Converted by vector over
+// the rows together when they are contiguous (exact either way), and for a block of rows before its tiles
+// run: converting a row just before reading it back made a store-forwarding stall per row, and a scalar
+// conversion per group cost more than a small matrix's products.
+HWY_INLINE void BlockScales(const WeightView& w, size_t r0, size_t n, float* HWY_RESTRICT out) {
+  const DF d;
+  const hn::Rebind<hwy::float16_t, DF> dh;
   const size_t groups = static_cast<size_t>(w.cols / w.tq.group_size);
-  const uint8_t* p = w.scale_row(static_cast<int64_t>(r));
-  for (size_t g = 0; g < groups; ++g) {
-    uint16_t b;
-    std::memcpy(&b, p + 2 * g, 2);
-    out[g] = f16_bits_to_f32(b);
+  auto convert = [&](const uint8_t* bytes, size_t count, float* o) {
+    const auto* p = reinterpret_cast<const hwy::float16_t*>(bytes);
+    size_t g = 0;
+    for (; g + kLanes <= count; g += kLanes) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, p + g)), d, o + g);
+    for (; g < count; ++g) {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * g, 2);
+      o[g] = f16_bits_to_f32(bits);
+    }
+  };
+  if (w.scale_stride_bytes == groups * 2) {
+    convert(w.scale_row(static_cast<int64_t>(r0)), n * groups, out);
+  } else {
+    for (size_t r = 0; r < n; ++r) convert(w.scale_row(static_cast<int64_t>(r0 + r)), groups, out + r * groups);
   }
-  for (size_t g = groups; g < groups + kLanes; ++g) out[g] = 0.0f;
+  for (size_t k = n * groups; k < n * groups + kLanes; ++k) out[k] = 0.0f;
 }
 
+// R rows from r0; sf: the block's float scales of row r0 (rows `groups` apart). A lane past a row's last
+// group may read the next row's scale: its activations are zeros.
 template <int kBits, size_t R>
-HWY_INLINE void RowTile(const WeightView& w, const Levels& L, size_t r0, const float* HWY_RESTRICT xp, size_t xp_stride,
-                        size_t n, float* HWY_RESTRICT y, size_t y_stride, const float* HWY_RESTRICT bias,
-                        float* HWY_RESTRICT scale_buf) {
+HWY_INLINE void RowTile(const WeightView& w, const Levels& L, size_t r0, const float* HWY_RESTRICT sf0, const float* HWY_RESTRICT xp,
+                        size_t xp_stride, size_t n, float* HWY_RESTRICT y, size_t y_stride, const float* HWY_RESTRICT bias) {
   // Tokens per tile: with R rows, R * T accumulators, R code pairs, R scales and T activations in registers.
   constexpr size_t kT = R == 1 ? 1 : (kLanes >= 16 ? 4 : 2);
   const size_t groups = static_cast<size_t>(w.cols / w.tq.group_size);
@@ -204,9 +220,7 @@ HWY_INLINE void RowTile(const WeightView& w, const Levels& L, size_t r0, const f
   const uint8_t* rows[R];
   size_t index[R];
   for (size_t r = 0; r < R; ++r) {
-    float* buf = scale_buf + r * (groups + kLanes);
-    RowScales(w, r0 + r, buf);
-    sf[r] = buf;
+    sf[r] = sf0 + r * groups;
     rows[r] = w.row_bytes(static_cast<int64_t>(r0 + r));
     index[r] = r0 + r;
   }
@@ -224,12 +238,17 @@ void MatMulRowsT(const WeightView& w, const float* levels, const float* xp, size
   HWY_ALIGN float lv[2 * kLanes > 16 ? 2 * kLanes : 16] = {};
   for (int i = 0; i < (1 << kBits); ++i) lv[i] = levels[i];
   Levels L{hn::Load(d, lv), hn::LoadU(d, lv + kLanes), levels};
-  constexpr size_t kR = 4;  // rows per tile: decode reads kR rows against one activation vector
+  constexpr size_t kR = 4;       // rows per tile: decode reads kR rows against one activation vector
+  constexpr size_t kBlock = 64;  // rows whose scales are converted together
   const size_t groups = static_cast<size_t>(w.cols / w.tq.group_size);
-  std::vector<float> scale_buf(kR * (groups + kLanes));  // [kR][groups + N]
-  size_t r = row_begin;
-  for (; r + kR <= row_end; r += kR) RowTile<kBits, kR>(w, L, r, xp, xp_stride, n, y, y_stride, bias, scale_buf.data());
-  for (; r < row_end; ++r) RowTile<kBits, 1>(w, L, r, xp, xp_stride, n, y, y_stride, bias, scale_buf.data());
+  std::vector<float> scale_buf(kBlock * groups + kLanes);  // [kBlock][groups] + N zeros
+  for (size_t b = row_begin; b < row_end; b += kBlock) {
+    const size_t e = std::min(row_end, b + kBlock);
+    BlockScales(w, b, e - b, scale_buf.data());
+    size_t r = b;
+    for (; r + kR <= e; r += kR) RowTile<kBits, kR>(w, L, r, scale_buf.data() + (r - b) * groups, xp, xp_stride, n, y, y_stride, bias);
+    for (; r < e; ++r) RowTile<kBits, 1>(w, L, r, scale_buf.data() + (r - b) * groups, xp, xp_stride, n, y, y_stride, bias);
+  }
 }
 
 void TqMatMulRows(const WeightView& w, const float* levels, const float* xp, size_t xp_stride, size_t n, float* y,
