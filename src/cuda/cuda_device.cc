@@ -463,6 +463,11 @@ CudaDevice::~CudaDevice() {
 // ------------------------------------------------------------------ what the model keeps
 
 Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
+  // TurboQuant weights need their rotated-activation kernels, which this backend does not have yet: refused,
+  // never dequantized to BF16 behind the user's back.
+  for (const ops::WeightView& w : parts)
+    TQ_CHECK(!ops::is_tq(w.dtype), what, ": ", ops::dtype_name(w.dtype),
+             " (TurboQuant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
   DeviceMatrix m;
   m.rows = stacked_rows(parts, what);
   m.cols = parts[0].cols;

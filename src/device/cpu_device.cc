@@ -55,10 +55,20 @@ Linear CpuDevice::linear(std::span<const ops::WeightView> parts, std::string_vie
   Linear l;
   l.rows = stacked_rows(parts, what);
   l.cols = parts[0].cols;
-  for (const ops::WeightView& w : parts)
-    weight_bytes_ += static_cast<int64_t>(w.rows) * static_cast<int64_t>(ops::storage_bytes(w.dtype, static_cast<size_t>(w.cols)));
+  Matrix m{std::vector<ops::WeightView>(parts.begin(), parts.end()), std::vector<int>(parts.size(), -1)};
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const ops::WeightView& w = parts[i];
+    weight_bytes_ += static_cast<int64_t>(w.rows) * static_cast<int64_t>(w.bytes_per_row());
+    if (!ops::is_tq(w.dtype)) continue;
+    for (size_t k = 0; k < tq_inputs_.size() && m.tq_input[i] < 0; ++k)
+      if (tq_inputs_[k]->serves(w)) m.tq_input[i] = static_cast<int>(k);
+    if (m.tq_input[i] < 0) {
+      m.tq_input[i] = static_cast<int>(tq_inputs_.size());
+      tq_inputs_.push_back(std::make_unique<ops::TqInput>(w.cols, w.tq.rotation_block, w.tq.seed));
+    }
+  }
   l.id = static_cast<int>(matrices_.size());
-  matrices_.push_back({std::vector<ops::WeightView>(parts.begin(), parts.end())});
+  matrices_.push_back(std::move(m));
   return l;
 }
 
@@ -167,7 +177,26 @@ void CpuDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, cons
     parts.push_back(p);
     row0 += part.rows;
   }
-  ops::matmul_parts(parts, x.f32(), n, pool_);
+  // Dense parts in one region; TurboQuant parts by rotated input: x rotated once per distinct rotation.
+  std::vector<ops::LinearPart> dense;
+  for (size_t i = 0; i < parts.size(); ++i)
+    if (m.tq_input[i] < 0) dense.push_back(parts[i]);
+  ops::matmul_parts(dense, x.f32(), n, pool_);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int input = m.tq_input[i];
+    if (input < 0 || std::find(m.tq_input.begin(), m.tq_input.begin() + static_cast<std::ptrdiff_t>(i), input) !=
+                         m.tq_input.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;  // dense, or this rotation's parts already ran
+    const ops::TqInput& in = *tq_inputs_[static_cast<size_t>(input)];
+    float* xp = arena_.take(n * in.stride());  // [n][stride]: x rotated and laid out for the kernel
+    for_rows(pool_, x.rows, x.cols, [&](int64_t r0, int64_t r1) {
+      in.prepare(x.row(r0), static_cast<size_t>(r1 - r0), static_cast<size_t>(x.stride), xp + static_cast<size_t>(r0) * in.stride());
+    });
+    std::vector<ops::LinearPart> same;
+    for (size_t j = i; j < parts.size(); ++j)
+      if (m.tq_input[j] == input) same.push_back(parts[j]);
+    ops::tq_matmul_parts(same, ops::TqPrepared{xp, n, in.stride(), ops::tq_kernel_lanes()}, pool_);
+  }
   if (accumulate)
     for_rows(pool_, out.rows, out.cols, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {

@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "device/device.h"
 #include "ops/deltanet.h"
+#include "ops/tq_weights.h"
 
 namespace tq {
 
@@ -55,6 +56,10 @@ class CpuDevice final : public Device {
  private:
   struct Matrix {
     std::vector<ops::WeightView> parts;  // stacked by rows
+    // TurboQuant parts (ops/tq_weights.h): per part the index of its rotated input in tq_inputs_, -1 for a
+    // dense part. Parts of one rotation (q/k/v, gate/up as the converter writes them) share one, so the
+    // activation is rotated once per distinct rotation of a product, never the weights.
+    std::vector<int> tq_input;
   };
   // A bump allocator of float32 scratch memory, reset at every step. A step that outgrows it takes a new
   // chunk (earlier tensors stay valid); the next step gets one chunk of the whole size.
@@ -97,6 +102,7 @@ class CpuDevice final : public Device {
 
   ThreadPool pool_;
   std::vector<Matrix> matrices_;
+  std::vector<std::unique_ptr<ops::TqInput>> tq_inputs_;  // distinct (cols, rotation block, seed), shared by matrices
   std::vector<std::vector<float>> vectors_;
   std::vector<std::unique_ptr<ops::RopeTable>> ropes_;
   std::vector<MoeLayer> moes_;

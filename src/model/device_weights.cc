@@ -11,6 +11,9 @@ ops::DType to_ops(DType t) {
     case DType::f16: return ops::DType::F16;
     case DType::bf16: return ops::DType::BF16;
     case DType::q8_0: return ops::DType::Q8_0;
+    case DType::tq2: return ops::DType::TQ2;
+    case DType::tq3: return ops::DType::TQ3;
+    case DType::tq4: return ops::DType::TQ4;
     case DType::u8:
     case DType::mxfp4: break;
   }
@@ -21,6 +24,7 @@ ops::DType to_ops(DType t) {
 
 ops::WeightView weight_view(const TensorView* t) {
   TQ_CHECK(t != nullptr, "internal error: a validated weight is missing");
+  if (is_tq(t->dtype)) return ops::WeightView::turboquant(to_ops(t->dtype), t->data, t->tq_scales, t->rows(), t->row_length(), t->tq);
   return ops::WeightView::dense(to_ops(t->dtype), t->data, t->shape.size() == 1 ? 1 : t->rows(), t->row_length());
 }
 
@@ -29,6 +33,11 @@ ops::WeightView weight_rows(const TensorView* t, int64_t row0, int64_t rows) {
   TQ_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= t->rows(), "internal error: rows ", row0, "..", row0 + rows, " of '", t->name,
            "' (", t->rows(), " rows)");
   const auto* base = static_cast<const uint8_t*>(t->data) + static_cast<size_t>(row0) * static_cast<size_t>(t->row_bytes());
+  if (is_tq(t->dtype)) {
+    const size_t scale_row = static_cast<size_t>(t->row_length() / t->tq.group_size) * 2;  // binary16 scales per row
+    const auto* scales = static_cast<const uint8_t*>(t->tq_scales) + static_cast<size_t>(row0) * scale_row;
+    return ops::WeightView::turboquant(to_ops(t->dtype), base, scales, rows, t->row_length(), t->tq);
+  }
   return ops::WeightView::dense(to_ops(t->dtype), base, rows, t->row_length());
 }
 

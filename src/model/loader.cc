@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/tq_weights.h"
 
 namespace tq {
 
@@ -17,6 +18,21 @@ ModelFiles open_model(const std::string& path) {
     m.generation = load_generation_config(path);
     m.safetensors = std::make_unique<SafetensorsModel>(SafetensorsModel::open(path));
     m.naming = WeightNaming::hf;
+    // A turboquant-convert folder: its matrices become tq views under their usual names.
+    if (const std::optional<TqQuantization> q = read_tq_quantization(path)) {
+      const ModelArch a = m.config.arch;
+      TQ_CHECK(a == ModelArch::llama || a == ModelArch::mistral || a == ModelArch::qwen2 || a == ModelArch::qwen3, "'", path,
+               "': TurboQuant weights are read for the Llama family (llama, mistral, qwen2, qwen3) only, not ",
+               architecture_name(a));
+      attach_tq_weights(*q, m.safetensors->tensors());
+    } else {
+      auto ends_with = [](const std::string& s, const std::string& t) {
+        return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+      };
+      for (const TensorView& t : m.safetensors->tensors().all())
+        TQ_CHECK(!ends_with(t.name, ".tq_codes") && !ends_with(t.name, ".tq_scales"), "'", path, "': tensor '", t.name,
+                 "' is a TurboQuant plane, but config.json has no quantization block with mode \"", kTqMode, "\"");
+    }
   } else {
     const std::string ext = fs::path(path).extension().string();
     TQ_CHECK(ext == ".gguf", "'", path, "' is neither a model folder nor a .gguf file");

@@ -46,6 +46,8 @@ class SafetensorsModel {
   static SafetensorsModel open(const std::string& path);
 
   const TensorSet& tensors() const { return tensors_; }
+  // For the loader, which adds views over the files' tensors (TurboQuant weights: model/tq_weights.h).
+  TensorSet& tensors() { return tensors_; }
   const std::vector<SafetensorsFile>& files() const { return files_; }
   // The index file, or empty for a single file.
   const std::string& index_path() const { return index_path_; }

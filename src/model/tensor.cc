@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/dtype.h"
+#include "ops/tq_weights.h"
 
 namespace tq {
 
@@ -18,11 +19,15 @@ const char* dtype_name(DType t) {
     case DType::q8_0: return "Q8_0";
     case DType::u8: return "U8";
     case DType::mxfp4: return "MXFP4";
+    case DType::tq2: return "TQ2";
+    case DType::tq3: return "TQ3";
+    case DType::tq4: return "TQ4";
   }
   return "?";
 }
 
 int64_t dtype_block_elems(DType t) {
+  if (is_tq(t)) return 32;
   return t == DType::q8_0 ? kQ8_0BlockElems : t == DType::mxfp4 ? kMxfp4BlockElems : 1;
 }
 
@@ -34,6 +39,9 @@ int64_t dtype_block_bytes(DType t) {
     case DType::q8_0: return kQ8_0BlockBytes;
     case DType::u8: return 1;
     case DType::mxfp4: return kMxfp4BlockBytes;
+    case DType::tq2: return 8;
+    case DType::tq3: return 12;
+    case DType::tq4: return 16;
   }
   return 0;
 }
@@ -128,6 +136,16 @@ void read_row_f32(const TensorView& view, int64_t row, float* out) {
         }
       }
       break;
+    case DType::tq2:
+    case DType::tq3:
+    case DType::tq4: {
+      // Dequantized and rotated back (the original domain), as the embedding lookup reads it.
+      const ops::DType t = view.dtype == DType::tq2 ? ops::DType::TQ2 : view.dtype == DType::tq3 ? ops::DType::TQ3 : ops::DType::TQ4;
+      const ops::WeightView w = ops::WeightView::turboquant(t, view.data, view.tq_scales, view.rows(), n, view.tq);
+      w.validate(view.name.c_str());
+      ops::tq_weight_row(w, row, out);
+      break;
+    }
   }
 }
 

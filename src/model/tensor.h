@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ops/tq_format.h"
+
 namespace tq {
 
 // Storage types the loaders accept. Everything else is rejected by name when a file is opened.
@@ -23,11 +25,15 @@ enum class DType {
   mxfp4,  // ggml MXFP4 (type 39): blocks of 32 values = E8M0 scale e + 16 bytes qs, where qs[j]
           // holds value j in its low nibble and value j + 16 in its high nibble (split-half);
           // value = E2M1(code) * 2^(e - 127) (ggml writes it as doubled codes * 2^(e - 128))
+  tq2,    // TurboQuant weights (docs/FORMATS.md): a view the loader makes over '<name>.tq_codes' (U8) and
+  tq3,    // '<name>.tq_scales' (F16) of a converted folder; shape [out, in], 32 values = 4 * bits bytes of codes,
+  tq4,    // the scales in TensorView::tq_scales. Never a dtype in a file.
 };
 
 const char* dtype_name(DType t);           // "F32", "F16", "BF16", "Q8_0", "U8", "MXFP4"
 int64_t dtype_block_elems(DType t);        // values per block: 1, or 32 for Q8_0 and MXFP4
-int64_t dtype_block_bytes(DType t);        // bytes per block: 4, 2, 2, 34, 1, 17
+int64_t dtype_block_bytes(DType t);        // bytes per block: 4, 2, 2, 34, 1, 17 (TQ: 8, 12, 16 bytes of codes)
+inline bool is_tq(DType t) { return t == DType::tq2 || t == DType::tq3 || t == DType::tq4; }
 inline constexpr int64_t kQ8_0BlockElems = 32;
 inline constexpr int64_t kQ8_0BlockBytes = 34;  // 2-byte f16 scale + 32 int8
 static_assert(kQ8_0BlockBytes == 2 + kQ8_0BlockElems);
@@ -54,6 +60,9 @@ struct TensorView {
   const void* data = nullptr;
   uint64_t nbytes = 0;
   std::string file;  // the file that holds the bytes, for messages
+  // tq2/tq3/tq4 only: the binary16 group scales [rows][row_length / tq.group_size] and the parameters.
+  const void* tq_scales = nullptr;
+  ops::TqParams tq;
 
   int64_t numel() const;
   // The last dimension (1 for a scalar) and the product of all the others.

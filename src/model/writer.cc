@@ -77,6 +77,10 @@ std::vector<uint8_t> encode_values(DType dtype, const std::vector<float>& values
       break;
     case DType::mxfp4:
       fail("MXFP4 is not encoded from floats here (it would need a quantizer); write its blocks with add_tensor_raw");
+    case DType::tq2:
+    case DType::tq3:
+    case DType::tq4:
+      fail("TurboQuant weights are written as their .tq_codes / .tq_scales planes (turboquant-convert), not from floats");
   }
   return out;
 }

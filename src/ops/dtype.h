@@ -13,6 +13,11 @@
 // e = 255 is NaN in the OCP spec; the ops decode it as NaN, and the model loader rejects it.
 // GGUF's MXFP4 (ggml type 39, 17-byte blocks with the scale first and split-half nibbles) is
 // repacked into this layout at load (model/mxfp4.h), a byte permutation that keeps every value.
+//
+// TQ2/TQ3/TQ4 (TurboQuant weights, docs/FORMATS.md "TurboQuant weights"; ops/tq_weights.h): codes of a
+// row rotated by a blockwise randomized Hadamard transform, b bits each with no bit wasted, and a binary16
+// scale per group in a second plane (WeightView::scales). A storage block is 32 codes (b * 4 bytes): every
+// group size (32, 64, 128) is a whole number of them. Products take an activation rotated the same way.
 #pragma once
 
 #include <bit>
@@ -23,7 +28,12 @@
 
 namespace tq::ops {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, MXFP4 };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, MXFP4, TQ2, TQ3, TQ4 };
+
+inline constexpr bool is_tq(DType t) { return t == DType::TQ2 || t == DType::TQ3 || t == DType::TQ4; }
+// Bits per code of a TurboQuant type (0 for the others).
+inline constexpr int tq_bits(DType t) { return t == DType::TQ2 ? 2 : t == DType::TQ3 ? 3 : t == DType::TQ4 ? 4 : 0; }
+inline constexpr size_t kTqBlockValues = 32;
 
 inline constexpr size_t kQ8BlockValues = 32;
 inline constexpr size_t kQ8BlockBytes = 2 + kQ8BlockValues;  // f16 scale + 32 int8
@@ -33,6 +43,7 @@ inline constexpr size_t kMxfp4BlockCodeBytes = kMxfp4BlockValues / 2;  // 16 byt
 
 // Values per storage block: 1 for the plain types, 32 for Q8_0 and MXFP4.
 inline constexpr size_t block_values(DType t) {
+  if (is_tq(t)) return kTqBlockValues;
   return t == DType::Q8_0 ? kQ8BlockValues : t == DType::MXFP4 ? kMxfp4BlockValues : 1;
 }
 
@@ -45,6 +56,9 @@ inline constexpr size_t block_bytes(DType t) {
     case DType::BF16: return 2;
     case DType::Q8_0: return kQ8BlockBytes;
     case DType::MXFP4: return kMxfp4BlockCodeBytes;
+    case DType::TQ2:
+    case DType::TQ3:
+    case DType::TQ4: return kTqBlockValues / 8 * static_cast<size_t>(tq_bits(t));  // codes only; scales apart
   }
   return 0;
 }
@@ -56,6 +70,9 @@ inline constexpr const char* dtype_name(DType t) {
     case DType::BF16: return "BF16";
     case DType::Q8_0: return "Q8_0";
     case DType::MXFP4: return "MXFP4";
+    case DType::TQ2: return "TQ2";
+    case DType::TQ3: return "TQ3";
+    case DType::TQ4: return "TQ4";
   }
   return "?";
 }

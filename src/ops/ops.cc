@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/kernels.h"
+#include "ops/tq_weights.h"
 
 namespace tq::ops {
 namespace {
@@ -60,9 +61,28 @@ WeightView WeightView::mxfp4(const void* codes, const void* scales, int64_t rows
   return w;
 }
 
+WeightView WeightView::turboquant(DType dtype, const void* codes, const void* scales, int64_t rows, int64_t cols,
+                                  const TqParams& params) {
+  TQ_CHECK(is_tq(dtype), "weight view: ", dtype_name(dtype), " is not a TurboQuant type");
+  TQ_CHECK(cols >= 0 && params.group_size > 0, "weight view: ", cols, " columns in groups of ", params.group_size);
+  WeightView w;
+  w.dtype = dtype;
+  w.data = codes;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_stride_bytes = storage_bytes(dtype, static_cast<size_t>(cols));
+  w.scales = scales;
+  w.scale_stride_bytes = static_cast<size_t>(cols / params.group_size) * 2;
+  w.tq = params;
+  return w;
+}
+
 size_t WeightView::bytes_per_row() const {
   const size_t c = static_cast<size_t>(cols);
-  return c / block_values(dtype) * block_bytes(dtype) + (dtype == DType::MXFP4 ? c / kMxfp4BlockValues : 0);
+  const size_t extra = dtype == DType::MXFP4 ? c / kMxfp4BlockValues
+                       : is_tq(dtype) && tq.group_size > 0 ? c / static_cast<size_t>(tq.group_size) * 2
+                                                            : 0;
+  return c / block_values(dtype) * block_bytes(dtype) + extra;
 }
 
 void WeightView::validate(const char* what) const {
@@ -80,10 +100,20 @@ void WeightView::validate(const char* what) const {
     TQ_CHECK(scale_stride_bytes >= blocks, what, ": MXFP4 scale stride ", scale_stride_bytes,
              " bytes is shorter than a row's ", blocks, " scales");
   }
+  if (is_tq(dtype)) validate_tq_view(*this, what);
 }
+
+namespace {
+// TQ* products need their rotated activation; an unrotated one would give a wrong result, not an error.
+void refuse_tq(const WeightView& w, const char* what) {
+  TQ_CHECK(!is_tq(w.dtype), what, ": a ", dtype_name(w.dtype),
+           " weight takes an activation rotated by its own Hadamard rotation; use ops::tq_matmul_parts (ops/tq_weights.h)");
+}
+}  // namespace
 
 void matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool, const float* bias) {
   w.validate("matvec");
+  refuse_tq(w, "matvec");
   for_row_ranges(w, pool, weight_bytes(w), [&](size_t begin, size_t end) {
     kernels::matvec_rows(w, x, y, begin, end, bias);
   });
@@ -166,6 +196,7 @@ class Products {
 void matmul(const WeightView& w, const float* x, size_t n, float* y, ThreadPool& pool, const float* bias,
             size_t y_stride) {
   w.validate("matmul");
+  refuse_tq(w, "matmul");
   TQ_CHECK(y_stride == 0 || y_stride >= static_cast<size_t>(w.rows), "matmul: output stride ", y_stride,
            " is less than the ", w.rows, " rows of the weight");
   if (n == 0) return;
@@ -178,6 +209,7 @@ void matmul_parts(std::span<const LinearPart> parts, const float* x, size_t n, T
   for (size_t i = 0; i < parts.size(); ++i) {
     const LinearPart& p = parts[i];
     p.w.validate("matmul_parts");
+    refuse_tq(p.w, "matmul_parts");
     TQ_CHECK(p.w.cols == parts[0].w.cols, "matmul_parts: part ", i, " has ", p.w.cols, " columns, part 0 has ",
              parts[0].w.cols, " (all parts read the same input)");
     TQ_CHECK(p.y != nullptr, "matmul_parts: part ", i, " has no output");
@@ -225,6 +257,9 @@ void weight_row(const WeightView& w, int64_t row, float* out) {
       }
       return;
     }
+    case DType::TQ2:
+    case DType::TQ3:
+    case DType::TQ4: return tq_weight_row(w, row, out);
   }
 }
 

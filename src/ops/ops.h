@@ -17,6 +17,7 @@
 
 #include "core/thread_pool.h"
 #include "ops/dtype.h"
+#include "ops/tq_format.h"
 
 namespace tq::ops {
 
@@ -31,13 +32,18 @@ struct WeightView {
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_stride_bytes = 0;
-  const void* scales = nullptr;  // MXFP4 only: [rows][scale_stride_bytes], cols / 32 used per row
+  const void* scales = nullptr;  // MXFP4: [rows][scale_stride_bytes], cols / 32 used per row; TQ*: binary16
+                                 // group scales [rows][scale_stride_bytes], cols / group_size used per row
   size_t scale_stride_bytes = 0;
+  TqParams tq;                   // TQ* only: group size, rotation, codebook (ops/tq_weights.h)
 
   // Tightly packed rows (stride = storage_bytes(dtype, cols)). Not for MXFP4 (use mxfp4()).
   static WeightView dense(DType dtype, const void* data, int64_t rows, int64_t cols);
   // Tightly packed MXFP4 planes: codes [rows][cols / 2] bytes, scales [rows][cols / 32] bytes.
   static WeightView mxfp4(const void* codes, const void* scales, int64_t rows, int64_t cols);
+  // Tightly packed TurboQuant planes: codes [rows][cols * bits / 8] bytes, scales [rows][cols / group] binary16.
+  static WeightView turboquant(DType dtype, const void* codes, const void* scales, int64_t rows, int64_t cols,
+                               const TqParams& params);
 
   const uint8_t* row_bytes(int64_t r) const {
     return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_stride_bytes;
@@ -48,11 +54,15 @@ struct WeightView {
   // Bytes a product reads per row (both planes).
   size_t bytes_per_row() const;
   // Throws tq::Error naming `what` when the view is unusable (null data, bad shape, short stride,
-  // block-type columns not a multiple of 32, MXFP4 without its scale plane).
+  // block-type columns not a multiple of 32, MXFP4 without its scale plane, TQ* without its scales or with a
+  // group size or rotation block that does not fit the columns).
   void validate(const char* what) const;
 };
 
 // ---------------------------------------------------------------- matrix products
+
+// TQ* weights are not products of this section: they take an activation rotated by their own rotation
+// (ops/tq_weights.h, tq_matmul_parts), and these functions refuse them by name.
 
 // Decode: y[rows] = W x[cols] (+ bias[rows]). Threads split the output rows.
 void matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool, const float* bias = nullptr);
@@ -74,7 +84,7 @@ struct LinearPart {
 // All parts have the same cols; n == 1 uses the matvec kernels.
 void matmul_parts(std::span<const LinearPart> parts, const float* x, size_t n, ThreadPool& pool);
 
-// Row `row` of W widened to float: out[cols] (embedding lookup).
+// Row `row` of W widened to float: out[cols] (embedding lookup). TQ*: the row dequantized and rotated back.
 void weight_row(const WeightView& w, int64_t row, float* out);
 
 // ---------------------------------------------------------------- normalisation

@@ -682,7 +682,11 @@ void MatVecRows(const WeightView& w, const float* x, float* y, size_t row_begin,
     case DType::BF16: return MatVecRowsT<DenseRows<hwy::bfloat16_t>>(w, x, y, row_begin, row_end, bias);
     case DType::Q8_0: return MatVecRowsT<Q8Rows>(w, x, y, row_begin, row_end, bias);
     case DType::MXFP4: return MatVecRowsT<Mxfp4Rows>(w, x, y, row_begin, row_end, bias);
+    case DType::TQ2:
+    case DType::TQ3:
+    case DType::TQ4: break;  // ops.cc refuses them before (they take a rotated activation: tq_weights.h)
   }
+  HWY_ABORT("matvec: no dense kernel for %s", dtype_name(w.dtype));
 }
 
 void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
@@ -695,7 +699,11 @@ void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t 
       return MatMulRowsT<DenseRows<hwy::bfloat16_t>>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::Q8_0: return MatMulRowsT<Q8Rows>(w, x, n, y, y_stride, row_begin, row_end, bias);
     case DType::MXFP4: return MatMulRowsT<Mxfp4Rows>(w, x, n, y, y_stride, row_begin, row_end, bias);
+    case DType::TQ2:
+    case DType::TQ3:
+    case DType::TQ4: break;  // ops.cc refuses them before (they take a rotated activation: tq_weights.h)
   }
+  HWY_ABORT("matmul: no dense kernel for %s", dtype_name(w.dtype));
 }
 
 // ---------------------------------------------------------------- RMSNorm

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/error.h"
 #include "core/half.h"
 
 namespace tq::ops::ref {
@@ -40,8 +41,11 @@ float weight_at(const WeightView& w, int64_t r, int64_t c) {
       const uint8_t code = c % 2 == 0 ? byte & 15 : byte >> 4;
       return kE2M1Values[code] * e8m0_to_float(w.scale_row(r)[c / 32]);
     }
+    case DType::TQ2:
+    case DType::TQ3:
+    case DType::TQ4: break;  // a TQ row is rotated: its references are in ops/tq_weights.h
   }
-  return 0.0f;
+  fail("reference weight_at: ", dtype_name(w.dtype), " rows are rotated; use the references of ops/tq_weights.h");
 }
 
 void matvec(const WeightView& w, const float* x, float* y, const float* bias) {

@@ -1,0 +1,71 @@
+// turboquant-convert: a Hugging Face folder in, a TurboQuant weight folder out (docs/FORMATS.md
+// "TurboQuant weights"). Parses and reports; the conversion is model/tq_convert.h.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/tq_convert.h"
+#include "progress.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"turboquant-convert: quantize a Hugging Face model's linear layers to TurboQuant weights (TQ2/TQ3/TQ4)"};
+  std::string input, output, codebook = "lloyd_max";
+  tq::TqConvertOptions o;
+  int threads = 2;
+  app.add_option("input", input, "Hugging Face model folder (safetensors F32/F16/BF16)")->required();
+  app.add_option("output", output, "new folder to write (refused when it exists)")->required();
+  app.add_option("-b,--bits", o.bits, "bits per weight code")->check(CLI::IsMember({2, 3, 4}))->capture_default_str();
+  app.add_option("-g,--group-size", o.group_size, "weights per FP16 scale along the input")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+  app.add_option("--attn-bits", o.attn_bits, "bits of q/k/v/o_proj (default: --bits)")->check(CLI::IsMember({2, 3, 4}));
+  app.add_option("--mlp-bits", o.mlp_bits, "bits of gate/up/down_proj (default: --bits)")->check(CLI::IsMember({2, 3, 4}));
+  app.add_option("--rotation-seed", o.rotation_seed, "base seed of the per-matrix Hadamard sign vectors")->capture_default_str();
+  app.add_option("--codebook", codebook, "levels: lloyd_max (RMS scale) or lloyd_absmax (absmax scale)")
+      ->check(CLI::IsMember({"lloyd_max", "lloyd_absmax"}))
+      ->capture_default_str();
+  app.add_flag("--norm-correction", o.norm_correction,
+               "rescale each group so its reconstruction keeps the rotated weights' L2 norm");
+  app.add_flag("--quantize-extras", o.quantize_extras, "quantize the embeddings and the output head too");
+  app.add_option("-t,--threads", threads, "threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.codebook = codebook == "lloyd_max" ? tq::ops::TqCodebook::lloyd_max : tq::ops::TqCodebook::lloyd_absmax;
+  try {
+    tq::ThreadPool pool(threads);
+    std::unique_ptr<tq::cli::Progress> bar;
+    const tq::TqConvertReport r = tq::convert_to_turboquant(input, output, o, pool, [&](size_t done, size_t total, const std::string& name) {
+      if (!bar) bar = std::make_unique<tq::cli::Progress>(static_cast<int>(total));
+      bar->step(name);
+    });
+    if (bar) bar->done();
+    // Per layer: each matrix's relative reconstruction error ||W - W_hat||_F / ||W||_F.
+    std::printf("%-48s %5s %6s %10s\n", "tensor", "type", "group", "rel_error");
+    std::map<int64_t, std::pair<double, int>> per_layer;
+    int skipped = 0;
+    for (const tq::TqTensorReport& t : r.tensors) {
+      if (!t.quantized) {
+        ++skipped;
+        continue;
+      }
+      std::printf("%-48s   TQ%d %6d %10.5f\n", t.name.c_str(), t.bits, t.group_size, t.rel_error);
+      auto& [sum, n] = per_layer[t.layer];
+      sum += t.rel_error;
+      ++n;
+    }
+    for (const auto& [layer, v] : per_layer) {
+      if (layer >= 0) std::printf("layer %3lld: mean rel_error %.5f over %d matrices\n", static_cast<long long>(layer), v.first / v.second, v.second);
+    }
+    std::printf("skipped %d tensors (kept as they are):", skipped);
+    for (const tq::TqTensorReport& t : r.tensors)
+      if (!t.quantized) std::printf("\n  %s: %s", t.name.c_str(), t.skip_reason.c_str());
+    std::printf("\n%s: %.1f MiB -> %.1f MiB\n", output.c_str(), r.bytes_in / 1048576.0, r.bytes_out / 1048576.0);
+  } catch (const tq::Error& e) {
+    std::fprintf(stderr, "turboquant-convert: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
