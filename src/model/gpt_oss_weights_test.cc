@@ -475,7 +475,7 @@ TEST(GptOssWeights, BadFilesNameTheTensor) {
       {[&](Tensors& t) { t.erase("model.layers.0.self_attn.sinks"); }, {"'model.layers.0.self_attn.sinks' is missing"}},
       {[&](Tensors& t) { t.erase("model.layers.0.mlp.router.bias"); }, {"'model.layers.0.mlp.router.bias' is missing"}},
       {[&](Tensors& t) { t["model.layers.0.self_attn.q_proj.weight"] = {"U8", {kHeads * kHeadDim, H}, std::vector<uint8_t>(kHeads * kHeadDim * H)}; },
-       {"q_proj.weight", "is U8", "matrices must be F32, F16, BF16 or Q8_0"}},
+       {"q_proj.weight", "is U8", "matrices must be F32, F16, BF16, Q8_0 or TurboQuant"}},
   };
   TinyModel m;
   for (const Case& k : cases) {
