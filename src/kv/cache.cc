@@ -494,20 +494,12 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
 }
 
 std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, const std::string& name) {
-  TQ_CHECK(bytes.size() >= 24, name, " is truncated (", bytes.size(), " bytes)");
-  TQ_CHECK(std::memcmp(bytes.data(), kMagic, 8) == 0, name, " is not a turboquant KV cache (bad magic)");
-  uint32_t version, len;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&len, bytes.data() + 12, 4);
-  TQ_CHECK(version == kVersion, name, " has version ", version, "; this build reads version ", kVersion);
-  uint64_t stored;
-  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  TQ_CHECK(fnv1a(bytes.data(), bytes.size() - 8) == stored, name, " is corrupt (checksum mismatch)");
-  TQ_CHECK(16 + static_cast<size_t>(len) + 8 <= bytes.size(), name, " is truncated inside its header");
+  const std::string header_text = framed_header_text(bytes, kMagic, kVersion, name, "KV cache");
+  const size_t len = header_text.size();
   nlohmann::json header;
   std::unique_ptr<KVCache> cache;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 16, bytes.begin() + 16 + len);
+    header = nlohmann::json::parse(header_text);
     KVCacheOptions o;
     o.k = spec_from_json(header.at("k"));
     o.v = spec_from_json(header.at("v"));

@@ -267,23 +267,16 @@ LoadedPromptCache load_prompt_cache(const std::string& path, const ModelFingerpr
   TQ_CHECK(f.good(), "cannot open the prompt cache file '", path, "'");
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const std::string name = "prompt cache file '" + path + "'";
-  TQ_CHECK(bytes.size() >= kPreamble + kTrailer, name, " is truncated (", bytes.size(), " bytes)");
-  TQ_CHECK(std::memcmp(bytes.data(), kKVCacheMagic, 8) != 0, name, " is a single layer's KV cache file (KVCache::save), not a prompt cache");
-  TQ_CHECK(std::memcmp(bytes.data(), kMagic, 8) == 0, name, " is not a turboquant prompt cache file (bad magic)");
-  uint32_t version, len;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&len, bytes.data() + 12, 4);
-  TQ_CHECK(version == kVersion, name, " has version ", version, "; this build reads version ", kVersion);
-  uint64_t stored;
-  std::memcpy(&stored, bytes.data() + bytes.size() - kTrailer, kTrailer);
-  TQ_CHECK(fnv1a(bytes.data(), bytes.size() - kTrailer) == stored, name, " is corrupt or truncated (checksum mismatch)");
-  TQ_CHECK(kPreamble + static_cast<size_t>(len) + kTrailer <= bytes.size(), name, " is truncated inside its header");
+  TQ_CHECK(bytes.size() < 8 || std::memcmp(bytes.data(), kKVCacheMagic, 8) != 0, name,
+           " is a single layer's KV cache file (KVCache::save), not a prompt cache");
+  const std::string header_text = framed_header_text(bytes, kMagic, kVersion, name, "prompt cache file");
+  const size_t len = header_text.size();
 
   LoadedPromptCache out;
   std::vector<SavedSequence> seqs;
   std::vector<uint64_t> sizes;
   try {
-    const nlohmann::json header = nlohmann::json::parse(bytes.begin() + kPreamble, bytes.begin() + kPreamble + len);
+    const nlohmann::json header = nlohmann::json::parse(header_text);
     out.fingerprint = fingerprint_from_json(header.at("fingerprint"));
     out.metadata = header.at("metadata").get<PromptCacheMetadata>();
     for (const nlohmann::json& js : header.at("sequences")) seqs.push_back({integer_field<int>(js, "id"), integer_field<int>(js, "length")});

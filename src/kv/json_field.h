@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 #include <limits>
@@ -45,6 +46,27 @@ inline std::vector<uint8_t> framed_header(const char* magic, uint32_t version, c
   std::memcpy(bytes.data() + 12, &len, 4);
   std::memcpy(bytes.data() + 16, header.data(), header.size());
   return bytes;
+}
+
+// fnv1a64 of the bytes (kv/cache.cc).
+uint64_t fnv1a(const uint8_t* p, size_t n);
+
+// The header text of a whole cache file framed by framed_header and ending in the u64 fnv1a of what precedes
+// it, after checking its size, magic ("is not a turboquant <kind> (bad magic)"), version, checksum and header
+// length; `name` names the file in the messages.
+inline std::string framed_header_text(std::span<const uint8_t> bytes, const char* magic, uint32_t version, const std::string& name,
+                                      const char* kind) {
+  TQ_CHECK(bytes.size() >= 24, name, " is truncated (", bytes.size(), " bytes)");
+  TQ_CHECK(std::memcmp(bytes.data(), magic, 8) == 0, name, " is not a turboquant ", kind, " (bad magic)");
+  uint32_t stored_version, len;
+  std::memcpy(&stored_version, bytes.data() + 8, 4);
+  std::memcpy(&len, bytes.data() + 12, 4);
+  TQ_CHECK(stored_version == version, name, " has version ", stored_version, "; this build reads version ", version);
+  uint64_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+  TQ_CHECK(fnv1a(bytes.data(), bytes.size() - 8) == stored, name, " is corrupt or truncated (checksum mismatch)");
+  TQ_CHECK(16 + static_cast<size_t>(len) + 8 <= bytes.size(), name, " is truncated inside its header");
+  return std::string(reinterpret_cast<const char*>(bytes.data() + 16), len);
 }
 
 }  // namespace tq
