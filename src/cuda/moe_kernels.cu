@@ -629,15 +629,13 @@ struct MmaShared {
   float scale[2][kMmaCols];                     // [buffer][n]: MXFP4 only, the block's scale
 };
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
 // Four 8x8 BF16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8; lane l
 // receives row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of each, r[j] of matrix j (the mma fragment order).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p))
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p)))
                : "memory");
 #else
   r[0] = r[1] = r[2] = r[3] = 0;
