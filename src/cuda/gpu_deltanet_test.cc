@@ -24,6 +24,7 @@
 #include "cuda/cuda_device.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/gpu_test_util.h"
+#include "cuda/moe_kernels.h"
 #include "device/cpu_device.h"
 #include "device/moe_test_util.h"
 
@@ -502,6 +503,8 @@ TEST(GpuOps, GatedRmsNormMatchesTheCpu) {
 
 // Qwen3.5-MoE's experts: plain SwiGLU (up_offset 0, alpha 1, no clamp), softmax top-k, accumulated into
 // the residual, decode (1 and 3 rows) and grouped (64 rows) paths, float32 and BF16 input: as the CPU.
+// 64 rows of top 2 take the tensor cores where the GPU has them (moe_kernels::Path::grouped_mma), whose
+// BF16 activations are held to 3 * 2^-9 of the largest output (gpu_moe_test.cc: kMmaMax, derived there).
 TEST(GpuMoe, PlainSwiGluExpertsMatchTheCpu) {
   TQ_REQUIRE_GPU();
   auto gpu = make_cuda_device();
@@ -523,7 +526,8 @@ TEST(GpuMoe, PlainSwiGluExpertsMatchTheCpu) {
       SCOPED_TRACE(std::to_string(rows) + " rows" + (type == ActType::bf16 ? ", bf16 x" : ", f32 x"));
       DeviceRows dx(x, rows, 64, type), dout(residual, rows, 64, ActType::f32);
       gpu->moe(g, dx.tensor, dout.tensor, o);
-      EXPECT_LT(relative(dout.read(), want), 1e-5);
+      const bool mma = moe_kernels::automatic_path(rows, o.top_k, moe_kernels::device_has_tensor_cores()) == moe_kernels::Path::grouped_mma;
+      EXPECT_LT(relative(dout.read(), want), mma ? 3.0 / 512 : 1e-5);
     }
   }
 }
