@@ -504,7 +504,7 @@ TEST(GpuOps, GatedRmsNormMatchesTheCpu) {
 // Qwen3.5-MoE's experts: plain SwiGLU (up_offset 0, alpha 1, no clamp), softmax top-k, accumulated into
 // the residual, decode (1 and 3 rows) and grouped (64 rows) paths, float32 and BF16 input: as the CPU.
 // 64 rows of top 2 take the tensor cores where the GPU has them (moe_kernels::Path::grouped_mma), whose
-// BF16 activations are held to 3 * 2^-9 of the largest output (gpu_moe_test.cc: kMmaMax, derived there).
+// BF16 activations are held to 3 * 2^-8 of the largest output (gpu_moe_test.cc: kMmaMax, derived there).
 TEST(GpuMoe, PlainSwiGluExpertsMatchTheCpu) {
   TQ_REQUIRE_GPU();
   auto gpu = make_cuda_device();
@@ -527,7 +527,7 @@ TEST(GpuMoe, PlainSwiGluExpertsMatchTheCpu) {
       DeviceRows dx(x, rows, 64, type), dout(residual, rows, 64, ActType::f32);
       gpu->moe(g, dx.tensor, dout.tensor, o);
       const bool mma = moe_kernels::automatic_path(rows, o.top_k, moe_kernels::device_has_tensor_cores()) == moe_kernels::Path::grouped_mma;
-      EXPECT_LT(relative(dout.read(), want), mma ? 3.0 / 512 : 1e-5);
+      EXPECT_LT(relative(dout.read(), want), mma ? 3.0 / 256 : 1e-5);
     }
   }
 }

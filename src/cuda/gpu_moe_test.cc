@@ -49,17 +49,18 @@ constexpr double kTolerance = 1e-5;
 // kDecodePairs pairs) rounds the activations to BF16 for the tensor cores: x (exact here: the grid inputs
 // are multiples of 1/16 below 2 in magnitude, 6 significant bits, so float32 and BF16 x are the same) and
 // h, the SwiGLU output, before the down product. Round to nearest gives h_i (1 + d_i) with |d_i| <= u =
-// 2^-9; the weights are exact and the rest is float32 (~1e-6 of the output). So an output's error is
+// 2^-8 (BF16 holds 8 significant bits: 7 stored and the implicit one); the weights are exact and the rest is float32 (~1e-6 of the output). So an output's error is
 //   err_c = sum_j w_j sum_i d_ji h_ji down_j[c][i],  against  want_c = sum_j w_j sum_i h_ji down_j[c][i] + bias.
 // Over a row's H outputs (random weights: sum_c down[c][i] down[c][i'] ~ 0 for i != i', up to 1/sqrt(H)),
 //   sum_c err_c^2 / sum_c want_c^2 <= (sum_ji d_ji^2 (w_j h_ji)^2) / (sum_ji (w_j h_ji)^2) <= u^2:
-// a weighted mean of d^2, so a row's rms error over its rms output is at most u = 2^-9 = 1.95e-3 (about
-// 0.42 u expected: the rms of d over mantissas spread log-uniformly). kMmaRms is u itself; a missing bias,
+// a weighted mean of d^2, so a row's rms error over its rms output is at most u = 2^-8 = 3.9e-3 (about
+// 0.42 u expected: the rms of d over mantissas spread log-uniformly; the H200 measured up to 3.1e-3, 0.8 u,
+// on 16-row calls of few experts, where the cross terms the bound neglects are largest). kMmaRms is u itself; a missing bias,
 // a wrong clamp, expert or weight moves a row's rms by 1e-2 or more. The largest error of a row against
 // its largest output (row_error) is, the errors being sums of thousands of terms (Gaussian-like), about
 // 4 rms(err) against at least 3 rms(want) here: kMmaMax = 3 u leaves room for it.
-constexpr double kMmaRms = 1.0 / 512;
-constexpr double kMmaMax = 3.0 / 512;
+constexpr double kMmaRms = 1.0 / 256;
+constexpr double kMmaMax = 3.0 / 256;
 
 
 MoeOptions options(int k, bool accumulate = false) {
@@ -520,7 +521,10 @@ TEST(GpuMoe, GroupedMmaTakesEveryScale) {
   if (!mk::device_has_tensor_cores()) GTEST_SKIP() << "no BF16 tensor cores on this GPU";
   const int E = 8, k = 2, H = 128, I = 96, rows = 100;
   Layer L = uneven_layer(E, H, I, ops::DType::MXFP4, 55);
-  const uint8_t gate_up_scales[] = {0, 1, 2, 100, 118, 122, 127, 240};
+  // gate_up's scales keep h a normal number: the tensor cores flush BF16 subnormals (an h below 2^-126 from
+  // scales of 2^-125 and less is outside the bound's premise, and outside every real checkpoint's range).
+  // The down product's scales go down to 2^-127: they multiply float32 partials, exact at any exponent.
+  const uint8_t gate_up_scales[] = {40, 90, 100, 118, 122, 127, 133, 240};
   const uint8_t down_scales[] = {0, 1, 127, 140, 120, 124};
   SplitMix64 rng(3);
   for (auto& e : L.gate_up_scales) e = gate_up_scales[rng.next() % 8];

@@ -609,7 +609,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const float* __restr
 //   - BF16 experts are exact in BF16; their products accumulate straight into the total.
 //   - The activations are rounded to BF16 (round to nearest even): x when it comes as float32 (a BF16 x is
 //     taken as it is) and h, the SwiGLU's output, which the gate_up kernel writes as BF16 for the down
-//     kernel. That is the only rounding beyond FP32 accumulation: a relative error of at most 2^-9 per
+//     kernel. That is the only rounding beyond FP32 accumulation: a relative error of at most 2^-8 per
 //     activation value (gpu_moe_test.cc derives the tolerance on the output from it).
 // The bias, the clamped SwiGLU (clamped_swiglu, the other paths' function) and the combine are float32
 // as on the other paths; y is written per pair and combine_kernel sums each row's pairs in index order.

@@ -78,7 +78,7 @@ size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k);
 // multiply-adds over the exactly decoded weights); no value is rounded to BF16 on the way, and a row's
 // output is the same bits on any of the three. grouped_mma: the weights are as exact (MXFP4 values in BF16,
 // their E8M0 scale applied in float to each block's FP32 partial sum), the activations x and h are rounded
-// to BF16 for the tensor cores (relative error 2^-9 each at most; moe_kernels.cu), the rest float32 as on
+// to BF16 for the tensor cores (relative error 2^-8 each at most; moe_kernels.cu), the rest float32 as on
 // the other paths. Every path is deterministic: a row's output does not depend on the other rows of the
 // call nor on the run (no atomics in the arithmetic).
 void moe(const MoeLayer& layer, const void* x, bool x_bf16, int64_t x_stride, int rows, float* out, int64_t out_stride, int top_k,
