@@ -599,7 +599,6 @@ AppendToken DeviceKVCache::Impl::destination(const Sequence& s, int pos) const {
 
 void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream) {
   const int M = options.min_tokens;
-  drop_out_of_window(s, s.length, changes, stream);
   for (int i = 0; i < n; ++i) {
     const int pos = s.length + i;
     if (pos >= M) {
@@ -736,17 +735,19 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   AppendParams p;
   clear_bytes(p);  // padding too: callers compare parameter blocks byte for byte
   p.n_kv = c.n_kv;
+  // A rotating cache first gives back what left each sequence's window (as KVCache::append does, even
+  // for nothing appended): all of them before any page is taken, since demand() counted those pages free.
+  std::vector<int> changes;
+  for (const Span& sp : spans) {
+    Impl::Sequence& s = c.seq(sp.seq);
+    c.drop_out_of_window(s, s.length, changes, stream);
+  }
   if (total == 0) {
-    // Nothing to write; a rotating cache still gives back what left the window (as KVCache::append).
-    std::vector<AppendToken> none;
-    std::vector<int> changes;
-    for (const Span& sp : spans) c.place(c.seq(sp.seq), 0, none, changes, stream);
     c.upload_page_table(changes, stream);
     return p;
   }
   std::vector<AppendToken> tokens;
   tokens.reserve(total);
-  std::vector<int> changes;
   for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, changes, stream);
   c.upload_page_table(changes, stream);
   const size_t token_bytes = tokens.size() * sizeof(AppendToken);

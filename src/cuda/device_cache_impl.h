@@ -158,7 +158,7 @@ struct DeviceKVCache::Impl {
   TierParams main_params() const;
   TierParams sink_params() const;
   EncodeParams encode_params(const SideFormat& side, bool key, const TileFormat& tile) const;
-  // Positions [length, length + n) of a sequence: page allocation (a page another sequence still holds is
+  // Positions [length, length + n) of a sequence (a rotating cache's drop_out_of_window first): page allocation (a page another sequence still holds is
   // copied first), the changed page-table entries (queued in `changes`) and the per-token destinations of
   // the append kernel.
   void place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream);
