@@ -303,10 +303,14 @@ INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels,
 
 // A prompt of n_prompt tokens in one call (all logits), then n_decode tokens one at a time, on the CPU
 // (float32 weights as stored) and on the GPU with the same KV settings, every row of logits compared.
+void compare_with_cpu(const std::string& path, const KVSettings& kv, int n_prompt, int n_decode);
 void compare_with_cpu(const std::string& path, const std::string& kv_spec, int n_prompt, int n_decode, bool fused = false) {
   SCOPED_TRACE(path + " kv " + kv_spec + (fused ? " fused" : ""));
   KVSettings kv = parse_kv_spec(kv_spec);
   kv.fused = fused;
+  compare_with_cpu(path, kv, n_prompt, n_decode);
+}
+void compare_with_cpu(const std::string& path, const KVSettings& kv, int n_prompt, int n_decode) {
   const double tolerance = kv.compressed() ? kCompressedTolerance : kTolerance;
   CpuDevice cpu_device(2);
   const auto cpu = Model::open(path, cpu_device);
@@ -342,6 +346,59 @@ TEST(GpuModel, DemoModelMatchesTheCpu) {
   TQ_REQUIRE_GPU();
   compare_with_cpu(demo_model_dir(), "f16", 30, 12);
   compare_with_cpu(demo_model_dir(), "k8v3", 30, 12, true);
+}
+
+// GPT-OSS's sliding-window layers (window 4 in the golden model) keep rotating caches on the GPU as on the
+// CPU: a prompt of 40 (each of its queries with its own window) and 160 decode steps, 40 windows, with the
+// sliding layers dense (the default) and compressed (--kv-swa-compress), the full layer FP16 or K8/V3
+// (fused and standard), every row of logits against the CPU. The per-layer attention summary names the
+// rotating cache, the sliding layer's pool is bounded by its window, and every attention call ran the
+// path its layer asked for.
+TEST(GpuModel, GptOssRotatingCachesMatchTheCpu) {
+  TQ_REQUIRE_GPU();
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-gptoss/gpt_oss_bf16";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpt-oss)";
+  struct Setting {
+    const char* spec;
+    bool fused, swa_compress;
+  };
+  for (const Setting& st : {Setting{"f16", false, false}, Setting{"k8v3", true, false}, Setting{"k8v3", true, true},
+                            Setting{"k8v4", false, true}}) {
+    KVSettings kv = parse_kv_spec(st.spec);
+    kv.fused = st.fused;
+    kv.swa_compress = st.swa_compress;
+    SCOPED_TRACE(kv.describe());
+    compare_with_cpu(dir, kv, 40, 160);
+  }
+  GpuModel gpu(dir);
+  KVSettings kv = parse_kv_spec("k8v3");
+  kv.fused = true;
+  kv.swa_compress = true;
+  const int64_t ctx = 8192;
+  auto engine = testing_util::make_engine(*gpu.model, kv, 2, ctx);
+  SplitMix64 rng(3);
+  const auto tokens = testing_util::random_ids(gpu.model->vocab_size(), 300, rng);
+  const int s = engine->add_sequence();
+  for (int i = 0; i < 300; i += 20) {
+    BatchEntry e{s, std::span<const int32_t>(tokens.data() + i, 20), -1, Logits::last};
+    engine->forward({&e, 1});
+  }
+  const auto report = engine->attention_report();
+  const auto memory = engine->layer_memory();
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_NE(report[0].cache.find("rotating(window 4)"), std::string::npos) << report[0].cache;
+  EXPECT_EQ(report[1].cache.find("rotating"), std::string::npos) << report[1].cache;
+  for (size_t l = 0; l < report.size(); ++l) {
+    std::printf("  layer %zu: %s, %lld positions held, %.2f MiB allocated, fused %lld standard %lld\n", l, report[l].cache.c_str(),
+                static_cast<long long>(memory[l].main_tokens + memory[l].sink_tokens), memory[l].allocated_bytes / 1048576.0,
+                static_cast<long long>(report[l].stats.fused), static_cast<long long>(report[l].stats.standard));
+    EXPECT_GT(report[l].stats.fused, 0) << "layer " << l;
+    EXPECT_EQ(report[l].stats.standard, 0) << "layer " << l;
+    EXPECT_EQ(report[l].stats.fused_fallbacks, 0) << "layer " << l;
+  }
+  EXPECT_LE(memory[0].main_tokens, 4 + 2 * 64) << "the sliding layer holds its window and at most two pages";
+  EXPECT_EQ(memory[1].main_tokens + memory[1].sink_tokens, 300);
+  EXPECT_LT(memory[0].allocated_bytes * 4, memory[1].allocated_bytes) << "the sliding layer's pool should be sized by its window";
 }
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {
