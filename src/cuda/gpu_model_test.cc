@@ -444,6 +444,14 @@ TEST(GpuModel, GptOssRotatingCachesMatchGrowingCachesAndTheCpu) {
       EXPECT_EQ(report[l].stats.standard > 0, !layer_fused[l]) << "layer " << l;
       EXPECT_EQ(report[l].stats.fused_fallbacks, 0) << "layer " << l;
     }
+    // Decode steps are replayed from graphs whenever every layer attends fused (the window's pages move
+    // between replays: the plan and the page table are device data).
+    const StepStats steps = rot->step_stats();
+    std::printf("    decode steps: %lld replayed (%lld captures), %lld eager\n", static_cast<long long>(steps.replays),
+                static_cast<long long>(steps.captures), static_cast<long long>(steps.eager_steps));
+    if (layer_fused[0] && layer_fused[1]) {
+      EXPECT_GT(steps.replays, 100) << steps.eager_reason;
+    }
     // 2 sequences of 199 and 182 positions: the sliding layer holds its window and at most two pages each.
     EXPECT_LE(memory[0].main_tokens, 2 * (4 + 2 * 64)) << "the sliding layer holds its window and at most two pages";
     EXPECT_EQ(grow_memory[0].main_tokens, 199 + 182);
