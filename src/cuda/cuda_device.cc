@@ -622,10 +622,11 @@ Moe CudaDevice::moe_experts(const MoeWeights& w, std::string_view what) {
 std::unique_ptr<LayerCache> CudaDevice::kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                                  const CacheCapacity& capacity) {
   TQ_CHECK(capacity.max_tokens > 0, "the CUDA backend allocates its KV caches up front: give the pool a size (positions)");
-  // The device cache keeps every position (a sliding window is applied by the attention) and is bounded
-  // by its capacity, not by max_blocks.
+  // The device cache is bounded by its capacity, not by max_blocks. A sliding-window layer's cache
+  // (options.window > 0) is a rotating one: each sequence holds only the pages its window can still see,
+  // and its pool is bounded by the window (DeviceCacheCapacity::rotating_append_tokens), not by
+  // capacity.max_tokens, which still bounds the positions a sequence may reach.
   KVCacheOptions o = options;
-  o.window = 0;
   o.max_blocks = 0;
   DeviceCacheCapacity cap;
   cap.max_sequences = capacity.max_sequences;
