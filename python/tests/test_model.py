@@ -163,3 +163,24 @@ def test_kld_from_python_logits_is_turboquant_perplexitys(demo, tmp_path):
     assert kld.max() == pytest.approx(want["kld_max"], rel=1e-9)
     assert ppl == pytest.approx(want["ppl"], rel=1e-9)
     assert want["kld_mean"] > 0  # the compressed cache does change the distribution
+
+
+# head_dim 16 (the two tiny models) takes no TurboQuant group: they run the FP16 cache.
+SHARED = [("tq-llama-hd128", "k8v3+fused", ["--kv-k-bits", "8", "--kv-v-bits", "3", "--kv-fused"]), ("stories260K", "f16", []),
+          ("tinystories-656K", "f16", [])]
+
+
+@pytest.mark.parametrize("name,kv,flags", SHARED)
+def test_shared_models_generate_turboquant_generates_text(tq, name, kv, flags):
+    from conftest import SHARED_DIR
+
+    path = SHARED_DIR / "models" / name
+    if not (path / "config.json").exists() and not list(path.glob("*.gguf")):
+        pytest.skip(f"{path} is absent (the shared models are not on this machine)")
+    target = path if (path / "config.json").exists() else sorted(path.glob("*.gguf"))[0]
+    model = tq.load(target, kv=kv, threads=2)
+    text = model.generate("Once upon a time", max_tokens=16, temperature=0)
+    out = subprocess.run([tool("turboquant-generate"), "--model", str(target), "--prompt", "Once upon a time", *flags,
+                          "--max-tokens", "16", "--temp", "0", "--threads", "2", "--no-chat-template"],
+                         check=True, capture_output=True, text=True)
+    assert out.stdout == "Once upon a time" + text + "\n"
