@@ -46,7 +46,8 @@ def main():
     print(f"model {a.model}, kv {a.kv}, {a.threads} threads, {len(r['tokens'])} tokens, {a.repeats} repeats each, alternating")
     print(f"turboquant-generate decode: median {mc:.1f} tokens/s  (all: {', '.join(f'{v:.1f}' for v in cli)})")
     print(f"Python generate decode:     median {mp:.1f} tokens/s  (all: {', '.join(f'{v:.1f}' for v in py)})")
-    print(f"Python / CLI: {mp / mc:.3f}")
+    print(f"Python / CLI: {mp / mc:.3f} (medians); median of the paired ratios (each Python run over the CLI run after it): "
+          f"{statistics.median(p / c for p, c in zip(py, cli)):.3f}")
     return 0
 
 
