@@ -108,3 +108,17 @@ def test_cache_errors_name_the_problem(tq, demo, tmp_path):
         tq.load_prompt_cache(tmp_path / "demo.tqpc", other)
     with pytest.raises(tq.Error, match="made for another model"):
         other.generate([1, 2], max_tokens=1, prompt_cache=cache)
+
+
+def test_a_cancelled_stream_leaves_the_cache_consistent(tq, demo):
+    cache = tq.make_prompt_cache(demo)
+    it = demo.generate(PROMPT, max_tokens=500, temperature=0, ignore_eos=True, stream=True, prompt_cache=cache)
+    next(it)
+    next(it)
+    it.close()
+    r = demo.last_result
+    assert r["stop_reason"] == "cancelled"
+    held = len(cache.tokens)
+    assert all(l["main_tokens"] + l["sink_tokens"] == held for l in cache.layers)
+    assert cache.tokens + cache.pending == demo.tokenizer.encode(PROMPT) + r["tokens"]
+    assert demo.generate(MORE, max_tokens=4, temperature=0, prompt_cache=cache)

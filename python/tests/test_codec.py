@@ -182,3 +182,20 @@ def test_docstrings_everywhere():
     for name in codec.__all__:
         obj = getattr(codec, name)
         assert obj.__doc__ and obj.__doc__.strip(), name
+
+
+def test_the_gil_is_released_while_quantizing():
+    import threading
+    import time
+
+    x = np.random.default_rng(1).standard_normal((1 << 16, 128)).astype(np.float32)  # 32 MiB: a long call
+    q = codec.Quantizer(128, 4)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (q.quantize(x), done.set()))
+    ticks = 0
+    worker.start()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.0005)
+    worker.join()
+    assert ticks > 10  # Python ran during the one C++ call
