@@ -184,3 +184,21 @@ def test_shared_models_generate_turboquant_generates_text(tq, name, kv, flags):
                           "--max-tokens", "16", "--temp", "0", "--threads", "2", "--no-chat-template"],
                          check=True, capture_output=True, text=True)
     assert out.stdout == "Once upon a time" + text + "\n"
+
+
+def test_cuda_generates_turboquant_generates_text(tq):
+    # A CUDA build on a GPU machine; skipped elsewhere with the reason the C++ gives.
+    try:
+        model = tq.load(DEMO, device="cuda", kv="k8v3+fused")
+    except tq.Error as e:
+        if "without the CUDA backend" in str(e) or "no usable CUDA device" in str(e):
+            pytest.skip(str(e))
+        raise
+    assert "cuda" in model.device
+    text = model.generate(PROMPT, max_tokens=40, temperature=0)
+    out = subprocess.run([tool("turboquant-generate"), "--model", str(DEMO), "--prompt", PROMPT, "--device", "cuda", "--kv-k-bits", "8",
+                          "--kv-v-bits", "3", "--kv-fused", "--max-tokens", "40", "--temp", "0"], check=True, capture_output=True, text=True)
+    assert out.stdout == PROMPT + text + "\n"
+    assert "".join(model.generate(PROMPT, max_tokens=40, temperature=0, stream=True)) == text
+    with pytest.raises(tq.Error, match="prompt caches are host"):
+        model.generate(PROMPT, max_tokens=2, prompt_cache=tq.make_prompt_cache(model))
