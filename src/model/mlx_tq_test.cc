@@ -217,12 +217,17 @@ double max_relative_error(const std::vector<float>& a, const std::vector<float>&
 // measured 5e-7 to 7e-7; the bound is 1e-5 (our Paley H_20 in place of Sloane's gives 1.3; any wrong bit of
 // layout, sign, order or level is far above the bound).
 TEST(MlxTq, FixtureFoldersGiveTheLogitsOfTheirDequantizedWeights) {
-  const std::map<std::string, std::map<std::string, int>> expect_bits = {
-      {"llama-b4-g32", {{"model.layers.0.self_attn.q_proj", 4}, {"model.layers.1.mlp.down_proj", 4}}},
-      {"llama-b3-g64", {{"model.layers.0.self_attn.q_proj", 3}, {"model.layers.1.mlp.up_proj", 3}}},
-      {"qwen2-b2-g32-attn3", {{"model.layers.0.self_attn.k_proj", 3}, {"model.layers.1.mlp.down_proj", 2}}},
+  struct Expect {
+    std::map<std::string, int> bits;  // layer -> bits
+    size_t layers;
+    int down_block;  // layer 0's down_proj rotation block; 0: kept in F16 (in = 160 is not a multiple of 64)
   };
-  for (const auto& [name, bits] : expect_bits) {
+  const std::map<std::string, Expect> expect = {
+      {"llama-b4-g32", {{{"model.layers.0.self_attn.q_proj", 4}, {"model.layers.1.mlp.down_proj", 4}}, 14, 160}},  // H_20 (x) H_8
+      {"llama-b3-g32-i96", {{{"model.layers.0.self_attn.q_proj", 3}, {"model.layers.1.mlp.up_proj", 3}}, 14, 96}},  // H_12 (x) H_8
+      {"qwen2-b2-g64-attn3", {{{"model.layers.0.self_attn.k_proj", 3}, {"model.layers.1.mlp.up_proj", 2}}, 12, 0}},
+  };
+  for (const auto& [name, want] : expect) {
     SCOPED_TRACE(name);
     const std::string folder = kFixtures + "/" + name;
     const Golden g = read_golden(folder);
@@ -231,17 +236,15 @@ TEST(MlxTq, FixtureFoldersGiveTheLogitsOfTheirDequantizedWeights) {
     ASSERT_TRUE(files.mlx_tq != nullptr);
     std::map<std::string, MlxTqLayer> layers;
     for (const MlxTqLayer& l : files.mlx_tq->layers) layers[l.name] = l;
-    for (const auto& [layer, b] : bits) {
+    for (const auto& [layer, b] : want.bits) {
       ASSERT_TRUE(layers.count(layer)) << layer;
       EXPECT_EQ(layers[layer].bits, b) << layer;
     }
-    if (name == "llama-b3-g64") {
-      EXPECT_EQ(layers.size(), 12u);  // down_proj (in = 160) is not a multiple of 64: kept in F16
+    EXPECT_EQ(layers.size(), want.layers);
+    if (want.down_block == 0)
       EXPECT_EQ(files.tensors().at("model.layers.0.mlp.down_proj.weight").dtype, DType::f16);
-    } else {
-      EXPECT_EQ(layers.size(), 14u);
-      EXPECT_EQ(layers["model.layers.0.mlp.down_proj"].rotation_block, 160);  // H_20 (x) H_8
-    }
+    else
+      EXPECT_EQ(layers["model.layers.0.mlp.down_proj"].rotation_block, want.down_block);
     const size_t vocab = static_cast<size_t>(cpu.model->vocab_size());
     auto engine = testing_util::dense_engine(*cpu.model, "f32");
     const std::vector<float> prompt = testing_util::feed_all(*engine, engine->add_sequence(), g.ids, g.ids.size());
@@ -304,7 +307,7 @@ std::vector<uint8_t> halves(std::initializer_list<float> v) {
 
 TEST(MlxTq, DamagedFoldersGiveClearErrors) {
   ScratchDir dir("mlx_tq_damaged");
-  const std::string B3 = "llama-b3-g64", q = "model.layers.0.self_attn.q_proj";
+  const std::string B3 = "llama-b3-g32-i96", q = "model.layers.0.self_attn.q_proj";
   // q_proj at 3 bits: [64, 64] -> 7 words a row, the last with 4 codes (bits 12..31 zero).
   auto set_word = [](RawTensor& r, size_t word, uint32_t value) { std::memcpy(r.bytes.data() + 4 * word, &value, 4); };
   expect_error([&] { open_model(damaged(dir, B3, "pad", [&](auto& t) { set_word(t[q + ".weight"], 6, 1u << 20); })); },
@@ -321,9 +324,9 @@ TEST(MlxTq, DamagedFoldersGiveClearErrors) {
   expect_error([&] {
     open_model(damaged(dir, B3, "scales", [&](auto& t) {
       RawTensor& r = t[q + ".scales"];
-      r.shape = {32, 2};
+      r.shape = {32, 4};
     }));
-  }, {q + ".scales", "has shape [32, 2]", "expected [64, in / group]"});
+  }, {q + ".scales", "has shape [32, 4]", "expected [64, in / group]"});
   expect_error([&] {
     open_model(damaged(dir, B3, "group16", [&](auto& t) {
       RawTensor& r = t[q + ".scales"];
@@ -334,7 +337,7 @@ TEST(MlxTq, DamagedFoldersGiveClearErrors) {
   expect_error([&] {
     open_model(damaged(dir, B3, "nan_scale", [&](auto& t) {
       const std::vector<uint8_t> nan = halves({std::nanf("")});
-      std::copy(nan.begin(), nan.end(), t[q + ".scales"].bytes.begin() + 2);
+      std::copy(nan.begin(), nan.end(), t[q + ".scales"].bytes.begin() + 4);  // row 1, group 0 (2 groups a row)
     }));
   }, {q + ".scales", "row 1, group 0", "finite"});
   // A 16-entry codebook on 3-bit codes: the packed width is 3 bits', the codebook 4 bits'.
