@@ -1,5 +1,6 @@
 #include "model/mlx_tq.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,9 @@
 namespace tq {
 
 using json = nlohmann::json;
+
+// 2- and 4-bit layers use the file's words in place as our byte rows: that holds on a little-endian host.
+static_assert(std::endian::native == std::endian::little, "MLX TurboQuant words are read in place as little-endian bytes");
 
 namespace {
 
