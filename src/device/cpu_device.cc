@@ -64,7 +64,7 @@ Linear CpuDevice::linear(std::span<const ops::WeightView> parts, std::string_vie
       if (tq_inputs_[k]->serves(w)) m.tq_input[i] = static_cast<int>(k);
     if (m.tq_input[i] < 0) {
       m.tq_input[i] = static_cast<int>(tq_inputs_.size());
-      tq_inputs_.push_back(std::make_unique<ops::TqInput>(w.cols, w.tq.rotation_block, w.tq.seed));
+      tq_inputs_.push_back(std::make_unique<ops::TqInput>(w.cols, w.tq));
     }
   }
   l.id = static_cast<int>(matrices_.size());

@@ -15,6 +15,7 @@ ops::DType to_ops(DType t) {
     case DType::tq3: return ops::DType::TQ3;
     case DType::tq4: return ops::DType::TQ4;
     case DType::u8:
+    case DType::u32:
     case DType::mxfp4: break;
   }
   fail("internal error: a ", dtype_name(t), " tensor is not a dense matrix (validate_weights refuses it)");

@@ -17,7 +17,8 @@ ops::DType to_ops_matrix(DType t) {
     case DType::bf16: return ops::DType::BF16;
     case DType::q8_0: return ops::DType::Q8_0;
     case DType::mxfp4: return ops::DType::MXFP4;
-    case DType::u8: break;
+    case DType::u8:
+    case DType::u32: break;
   }
   fail("internal error: a U8 tensor is not an expert matrix");
 }

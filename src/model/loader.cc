@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/mlx_tq.h"
 #include "model/tq_weights.h"
 
 namespace tq {
@@ -25,6 +26,13 @@ ModelFiles open_model(const std::string& path) {
                "': TurboQuant weights are read for the Llama family (llama, mistral, qwen2, qwen3) only, not ",
                architecture_name(a));
       attach_tq_weights(*q, m.safetensors->tensors());
+    } else if (const std::optional<MlxTqQuantization> mq = read_mlx_tq_quantization(path)) {
+      // The reference system's folder: its layers become tq views too (repacked where needed).
+      const ModelArch a = m.config.arch;
+      TQ_CHECK(a == ModelArch::llama || a == ModelArch::mistral || a == ModelArch::qwen2 || a == ModelArch::qwen3, "'", path,
+               "': the reference system's TurboQuant folders are read for the Llama family (llama, mistral, qwen2, qwen3) "
+               "only, not ", architecture_name(a));
+      m.mlx_tq = attach_mlx_tq_weights(*mq, m.safetensors->tensors());
     } else {
       auto ends_with = [](const std::string& s, const std::string& t) {
         return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
@@ -32,6 +40,9 @@ ModelFiles open_model(const std::string& path) {
       for (const TensorView& t : m.safetensors->tensors().all())
         TQ_CHECK(!ends_with(t.name, ".tq_codes") && !ends_with(t.name, ".tq_scales"), "'", path, "': tensor '", t.name,
                  "' is a TurboQuant plane, but config.json has no quantization block with mode \"", kTqMode, "\"");
+      for (const TensorView& t : m.safetensors->tensors().all())
+        TQ_CHECK(t.dtype != DType::u32, "'", t.file, "': tensor '", t.name, "' is U32 (packed codes), but config.json has no "
+                 "quantization block with mode \"", kMlxTqMode, "\" (the reference system's TurboQuant folders)");
     }
   } else {
     const std::string ext = fs::path(path).extension().string();

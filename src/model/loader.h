@@ -14,6 +14,8 @@
 
 namespace tq {
 
+struct MlxTqStorage;
+
 struct ModelFiles {
   std::string path;
   ModelConfig config;
@@ -26,6 +28,8 @@ struct ModelFiles {
   ModelWeights weights;
   // Mixture-of-experts layers (config.num_experts > 0): per-expert views over `weights`.
   ExpertWeights experts;
+  // The reference system's TurboQuant folders (model/mlx_tq.h): buffers the tq views point into.
+  std::shared_ptr<MlxTqStorage> mlx_tq;
 
   const TensorSet& tensors() const { return gguf ? gguf->tensors() : safetensors->tensors(); }
 };

@@ -23,13 +23,15 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // U8 holds the planes of MXFP4 expert weights (*_blocks, *_scales); the weight checks say where it
 // may appear.
-constexpr const char* kSupportedDtypes = "F32, F16, BF16, U8";
+// U32 holds the packed codes of the reference system's TurboQuant folders (model/mlx_tq.h).
+constexpr const char* kSupportedDtypes = "F32, F16, BF16, U8, U32";
 
 std::optional<DType> supported_dtype(const std::string& name) {
   if (name == "F32") return DType::f32;
   if (name == "F16") return DType::f16;
   if (name == "BF16") return DType::bf16;
   if (name == "U8") return DType::u8;
+  if (name == "U32") return DType::u32;
   return std::nullopt;
 }
 

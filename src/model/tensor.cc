@@ -22,6 +22,7 @@ const char* dtype_name(DType t) {
     case DType::tq2: return "TQ2";
     case DType::tq3: return "TQ3";
     case DType::tq4: return "TQ4";
+    case DType::u32: return "U32";
   }
   return "?";
 }
@@ -42,6 +43,7 @@ int64_t dtype_block_bytes(DType t) {
     case DType::tq2: return 8;
     case DType::tq3: return 12;
     case DType::tq4: return 16;
+    case DType::u32: return 4;
   }
   return 0;
 }
@@ -126,6 +128,14 @@ void read_row_f32(const TensorView& view, int64_t row, float* out) {
     case DType::u8:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
       break;
+    case DType::u32:
+      // Words as numbers (exact up to 2^24; packed codes are read as words by model/mlx_tq.cc, not here).
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t v;
+        std::memcpy(&v, src + 4 * i, 4);
+        out[i] = static_cast<float>(v);
+      }
+      break;
     case DType::mxfp4:
       for (int64_t blk = 0; blk < n / kMxfp4BlockElems; ++blk) {
         const uint8_t* block = src + blk * kMxfp4BlockBytes;
@@ -167,6 +177,12 @@ void TensorSet::add(TensorView view) {
   }
   index_.emplace(view.name, tensors_.size());
   tensors_.push_back(std::move(view));
+}
+
+void TensorSet::replace(TensorView view) {
+  const auto it = index_.find(view.name);
+  TQ_CHECK(it != index_.end(), source_, ": no tensor '", view.name, "' to replace");
+  tensors_[it->second] = std::move(view);
 }
 
 void TensorSet::add_alias(const std::string& alias, const std::string& target) {

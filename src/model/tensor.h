@@ -28,6 +28,10 @@ enum class DType {
   tq2,    // TurboQuant weights (docs/FORMATS.md): a view the loader makes over '<name>.tq_codes' (U8) and
   tq3,    // '<name>.tq_scales' (F16) of a converted folder; shape [out, in], 32 values = 4 * bits bytes of codes,
   tq4,    // the scales in TensorView::tq_scales. Never a dtype in a file.
+
+  // MLX TurboQuant folders (model/mlx_tq.h).
+  u32,    // raw little-endian 32-bit words (safetensors U32): the packed codes of the reference system's
+          // weight folders, read only by model/mlx_tq.cc, which turns them into tq2/tq3/tq4 views
 };
 
 const char* dtype_name(DType t);           // "F32", "F16", "BF16", "Q8_0", "U8", "MXFP4"
@@ -85,6 +89,9 @@ class TensorSet {
 
   // Throws tq::Error when the name is already taken (naming both files).
   void add(TensorView view);
+  // Puts `view` in the place of the stored tensor of its name (a loader's view over raw planes, e.g. MLX
+  // TurboQuant codes); throws when there is none.
+  void replace(TensorView view);
   // `alias` resolves to the tensor `target` (e.g. a tied embedding stored once under another name).
   void add_alias(const std::string& alias, const std::string& target);
 

@@ -81,6 +81,8 @@ std::vector<uint8_t> encode_values(DType dtype, const std::vector<float>& values
     case DType::tq3:
     case DType::tq4:
       fail("TurboQuant weights are written as their .tq_codes / .tq_scales planes (turboquant-convert), not from floats");
+    case DType::u32:
+      fail("U32 words are written raw (add_raw), not from floats");
   }
   return out;
 }
