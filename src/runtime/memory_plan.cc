@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/architecture.h"
 
 namespace tq {
 
@@ -223,6 +224,22 @@ std::string memory_refusal(const PlanRequest& request, const MemoryPlan& plan, i
   else
     os << "not even one position fits: the weights alone take " << format_bytes(plan.weight_bytes);
   return os.str();
+}
+
+void refuse_unless_fits(const ModelFiles& files, const KVSettings& kv, int64_t positions, int parallel, int64_t budget_bytes,
+                        int prefill_chunk) {
+  PlanRequest r;
+  r.layers = layer_specs_for(files.config);
+  r.config = files.config;
+  r.weight_bytes = file_tensor_bytes(files.tensors());
+  r.kv = kv;
+  r.context = positions;
+  r.parallel = parallel;
+  r.prefill_chunk = prefill_chunk;
+  const MemoryPlan plan = plan_memory(r);
+  const int64_t budget = budget_bytes > 0 ? budget_bytes : available_memory_bytes();
+  const std::string refusal = memory_refusal(r, plan, budget, budget_bytes > 0 ? "the memory budget (--memory-budget-mb)" : "available memory (MemAvailable, /proc/meminfo)");
+  TQ_CHECK(refusal.empty(), refusal);
 }
 
 }  // namespace tq

@@ -18,6 +18,7 @@
 
 #include "kv/cache.h"
 #include "model/config.h"
+#include "model/loader.h"
 #include "runtime/kv_settings.h"
 
 namespace tq {
@@ -83,6 +84,12 @@ int64_t available_memory_bytes();
 // "" when the plan fits in budget_bytes, else a message naming what was asked, the numbers and the largest
 // context that would fit (the up-front refusal of turboquant-generate and turboquant-serve).
 std::string memory_refusal(const PlanRequest& request, const MemoryPlan& plan, int64_t budget_bytes, const std::string& budget_source);
+
+// The up-front check of turboquant-generate and turboquant-serve, on the model's files (headers: the config
+// and the tensor table): `parallel` sequences of `positions` positions each, against budget_bytes, or
+// MemAvailable when budget_bytes is 0. Throws tq::Error with memory_refusal's message when it does not fit.
+void refuse_unless_fits(const ModelFiles& files, const KVSettings& kv, int64_t positions, int parallel, int64_t budget_bytes,
+                        int prefill_chunk = 512);
 
 std::string format_bytes(int64_t bytes);  // "1.5 GiB", "312.0 KiB", "17 B"
 

@@ -12,6 +12,7 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "runtime/generate.h"
+#include "runtime/memory_plan.h"
 #include "serve/api.h"
 
 namespace tq::serve {
@@ -178,6 +179,18 @@ void Server::load(std::unique_ptr<Device> device) {
     // Room for every slot at a full context (what llama-server gives its slots together).
     const int64_t ctx = options_.ctx_size > 0 ? options_.ctx_size : model_->position_limit();
     eo.kv_pool_tokens = static_cast<int64_t>(options_.parallel) * ctx;
+  }
+  // Up front: the pool full (every slot at its context, or the --kv-pool-mb budget split among the slots)
+  // must fit with the weights and the workspace, before any request fills it halfway.
+  if (!model_->device().is_cuda()) {
+    int64_t positions = options_.ctx_size > 0 ? options_.ctx_size : model_->position_limit();
+    if (options_.kv_pool_bytes > 0) {
+      const std::vector<LayerSpec> specs = model_->layer_specs();
+      const int64_t per_position =
+          std::max<int64_t>(1, kv_bytes_per_position(specs, engine_cache_options(specs, options_.kv, model_->device().default_block_tokens())));
+      positions = std::min(positions, std::max<int64_t>(1, options_.kv_pool_bytes / per_position / options_.parallel));
+    }
+    refuse_unless_fits(model_->files(), options_.kv, positions, options_.parallel, options_.memory_budget_bytes, options_.batch_tokens);
   }
   engine_ = std::make_unique<Engine>(*model_, eo);
 

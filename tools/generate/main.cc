@@ -23,6 +23,7 @@
 #include "kv_flags.h"
 #include "progress.h"
 #include "runtime/generate.h"
+#include "runtime/memory_plan.h"
 
 namespace {
 
@@ -78,6 +79,10 @@ int main(int argc, char** argv) {
   app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::Range(0, 1 << 30));
   cli::add_device_flags(app, device_flags);
   cli::add_kv_flags(app, kv);
+  int64_t memory_budget_mb = 0;
+  app.add_option("--memory-budget-mb", memory_budget_mb,
+                 "refuse up front a run whose weights, KV cache and workspace need more than this, MiB (0: MemAvailable)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -135,6 +140,15 @@ int main(int argc, char** argv) {
     go.sampling.repetition_window = rep_ctx;
     go.sampling.seed = seed;
     go.sampling.validate();
+
+    // Up front, before any cache grows: the positions this run can reach (the prompt and what it generates,
+    // within the context) must fit with the weights and the workspace (runtime/memory_plan.h).
+    const int64_t ctx = ctx_size > 0 ? ctx_size : model->position_limit();
+    const int64_t reach = std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()) + max_tokens);
+    if (device->is_cuda())
+      std::fprintf(stderr, "memory check: not made on --device cuda (the device caches are not planned yet, turboquant-plan --device cuda)\n");
+    else
+      refuse_unless_fits(model->files(), kv, reach, 1, memory_budget_mb << 20, go.prefill_chunk);
 
     EngineOptions eo;
     eo.kv = kv;

@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   app.add_option("--port", o.port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--parallel", o.parallel, "sequences decoding at once (more requests queue)")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--ctx-size,-c", o.ctx_size, "positions per sequence (0: the model's)")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  int64_t memory_budget_mb = 0;
+  app.add_option("--memory-budget-mb", memory_budget_mb,
+                 "refuse to start when the weights, the full KV pool and the workspace need more than this, MiB (0: MemAvailable)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--kv-pool-mb", kv_pool_mb, "KV budget of all layers and sequences in MiB (0: room for --parallel sequences of --ctx-size)")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
@@ -81,6 +85,7 @@ int main(int argc, char** argv) {
     o.kv.block_tokens = block_tokens;
     o.kv.resolve();
     o.kv_pool_bytes = static_cast<int64_t>(kv_pool_mb) << 20;
+    o.memory_budget_bytes = memory_budget_mb << 20;
     if (!chat_template_file.empty()) {
       o.chat_template = read_whole_file(chat_template_file);
       TQ_CHECK(!o.chat_template.empty(), "--chat-template: '", chat_template_file, "' is empty");
