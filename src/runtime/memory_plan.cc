@@ -137,6 +137,9 @@ MemoryPlan plan_memory(const PlanRequest& r) {
   MemoryPlan p;
   p.context = r.context > 0 ? r.context : r.config.max_position_embeddings;
   TQ_CHECK(p.context >= 1, r.config.source, ": the model has no context length (max_position_embeddings); give a context size");
+  // What Engine refuses (at the model's position limit; benchmarks raise it, a plan does not).
+  TQ_CHECK(r.config.max_position_embeddings <= 0 || p.context <= r.config.max_position_embeddings, "a context of ", p.context,
+           " positions is longer than the model's ", r.config.max_position_embeddings);
   p.parallel = r.parallel;
   p.weight_bytes = r.weight_bytes;
   const std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, r.default_block_tokens);
@@ -161,7 +164,9 @@ MemoryPlan plan_memory(const PlanRequest& r) {
   }
   // One row of logits per sequence (generation), float32 on the CPU.
   p.logits_bytes = static_cast<int64_t>(r.parallel) * r.config.vocab_size * static_cast<int64_t>(sizeof(float));
-  p.activation_bytes = activation_estimate(r.config, std::min<int64_t>(r.prefill_chunk, p.context) * r.parallel);
+  // A step's rows: a prompt chunk (the server's batch of --batch-tokens rows in all), or one decode row per
+  // sequence when there are more sequences than that.
+  p.activation_bytes = activation_estimate(r.config, std::max<int64_t>(std::min<int64_t>(r.prefill_chunk, p.context), r.parallel));
   return p;
 }
 

@@ -44,7 +44,8 @@ struct PlanRequest {
   KVSettings kv;              // resolved
   int64_t context = 0;        // positions per sequence (0: the model's max_position_embeddings)
   int parallel = 1;           // sequences at once
-  int prefill_chunk = 512;    // positions a prompt appends per forward call (a rotating cache holds window + chunk)
+  int prefill_chunk = 512;    // positions a prompt appends per forward call (a rotating cache holds window + chunk),
+                              // and the rows of a step (the server's batch_tokens)
   int default_block_tokens = kDefaultBlockTokens;
 };
 
