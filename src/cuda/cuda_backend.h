@@ -37,6 +37,8 @@ namespace tq::cuda {
 
 // Whether a CUDA device can be used; when not, `reason` says why (no driver, no device, ...).
 bool device_available(std::string* reason = nullptr);
+// The device's free and total memory (cudaMemGetInfo); false, with `reason`, when there is no usable device.
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes, std::string* reason = nullptr);
 
 struct DeviceProperties {
   std::string name;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "cuda/cache_size.h"
 #include "model/architecture.h"
 
 namespace tq {
@@ -130,6 +131,77 @@ int64_t activation_estimate(const ModelConfig& c, int64_t rows) {
 
 }  // namespace
 
+namespace {
+
+// The CUDA backend: every cache allocated up front (Engine on a device that preallocates, CudaDevice::kv_cache,
+// DeviceKVCache, CudaStateCache), the weights as its BF16 copies (an estimate), its fixed reservations.
+MemoryPlan plan_cuda(const PlanRequest& r, MemoryPlan p) {
+  p.cuda = true;
+  constexpr int kCudaPageTokens = 64;  // CudaDevice::default_block_tokens
+  const int max_sequences = r.max_sequences > 0 ? r.max_sequences : r.parallel;
+  const int64_t pool_tokens = r.kv_pool_tokens > 0 ? r.kv_pool_tokens : static_cast<int64_t>(max_sequences) * p.context;
+  std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, kCudaPageTokens);
+  for (size_t l = 0; l < r.layers.size(); ++l) {
+    const LayerSpec& s = r.layers[l];
+    MemoryUsage m;
+    LayerKindPlan& k = s.kind == LayerKind::full_attention ? p.full : s.kind == LayerKind::sliding_attention ? p.sliding : p.recurrent;
+    ++k.layers;
+    if (s.kind == LayerKind::linear_attention) {
+      // CudaStateCache: a slot per sequence the engine may hold, from the start.
+      m.main_bytes = static_cast<int64_t>(r.parallel) * s.state.bytes_per_sequence();
+      m.allocated_bytes = static_cast<int64_t>(max_sequences) * s.state.bytes_per_sequence();
+      m.fp16_bytes = m.main_bytes;
+      k.state_bytes_per_sequence += s.state.bytes_per_sequence();
+    } else {
+      KVCacheOptions o = options[l];
+      o.window = 0;  // the device keeps every position of a sliding layer (CudaDevice::kv_cache)
+      o.max_blocks = 0;
+      const int64_t blocks = pool_blocks(pool_tokens, max_sequences, o.block_tokens);
+      const cuda::DeviceKVLayerSize z = cuda::device_kv_layer_size(s.n_kv_heads, s.head_dim, o, max_sequences, blocks * o.block_tokens);
+      const int64_t M = o.min_tokens, main = std::max<int64_t>(0, p.context - M);
+      m.sink_tokens = r.parallel * std::min(p.context, M);
+      m.main_tokens = r.parallel * main;
+      m.sink_bytes = m.sink_tokens * s.n_kv_heads * 2 * 2 * s.head_dim;  // DeviceKVCache::memory
+      m.main_bytes = m.main_tokens * z.main_bytes_per_token;
+      m.allocated_bytes = z.device_bytes();
+      m.blocks_in_use = r.parallel * ((main + o.block_tokens - 1) / o.block_tokens);
+      m.block_bytes = z.page_bytes;
+      m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
+      k.main_bytes_per_token += z.main_bytes_per_token;
+      k.sink_bytes_per_token += static_cast<int64_t>(s.n_kv_heads) * 2 * 2 * s.head_dim;
+      k.tokens_held = std::max(k.tokens_held, main);
+    }
+    k.usage += m;
+    p.kv += m;
+    p.layers.push_back(m);
+  }
+  p.logits_bytes = static_cast<int64_t>(r.parallel) * r.config.vocab_size * static_cast<int64_t>(sizeof(float));
+  p.activation_bytes = activation_estimate(r.config, std::max<int64_t>(std::min<int64_t>(r.prefill_chunk, p.context), r.parallel));
+  p.backend_bytes = (int64_t{32} << 20) + (int64_t{4} << 20);  // CudaDevice: cuBLAS workspace, upload staging
+  return p;
+}
+
+}  // namespace
+
+int64_t cuda_weight_bytes_estimate(const TensorSet& tensors) {
+  auto ends_with = [](const std::string& s, const char* t) {
+    const std::string e(t);
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+  };
+  int64_t bytes = 0;
+  for (const TensorView& t : tensors.all()) {
+    if (ends_with(t.name, ".tq_codes") || ends_with(t.name, ".tq_scales")) continue;  // their view is the matrix
+    if (t.dtype == DType::u8 || t.dtype == DType::mxfp4) {
+      bytes += static_cast<int64_t>(t.nbytes);  // MXFP4 expert planes, kept as they are
+    } else if (t.shape.size() >= 2) {
+      bytes += t.numel() * 2;  // BF16 rows
+    } else {
+      bytes += t.numel() * static_cast<int64_t>(sizeof(float));
+    }
+  }
+  return bytes;
+}
+
 MemoryPlan plan_memory(const PlanRequest& r) {
   TQ_CHECK(r.parallel >= 1, "a memory plan needs at least one sequence, got ", r.parallel);
   TQ_CHECK(r.context >= 0, "the context size must not be negative, got ", r.context);
@@ -142,6 +214,7 @@ MemoryPlan plan_memory(const PlanRequest& r) {
            " positions is longer than the model's ", r.config.max_position_embeddings);
   p.parallel = r.parallel;
   p.weight_bytes = r.weight_bytes;
+  if (r.cuda) return plan_cuda(r, p);
   const std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, r.default_block_tokens);
   // The prompt in chunks: the most a rotating cache holds at once (its window and a chunk).
   std::vector<int64_t> appends;

@@ -8,8 +8,8 @@
 // a run's appends over those same functions. So a plan equals what engine.layer_memory() reports after the
 // same appends, field for field (memory_plan_test runs both on every model at hand).
 //
-// CPU caches only: the CUDA backend's device caches (tiles of 16 positions, pages allocated up front) and
-// its BF16 weights are sized elsewhere (src/cuda) and not planned here yet; the tools say so.
+// The CUDA backend's device caches (tiles of 16 positions, pages allocated up front) come from
+// cuda/cache_size.h, the arithmetic DeviceKVCache allocates with; its weights and workspace are estimates.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,12 @@ struct PlanRequest {
   int prefill_chunk = 512;    // positions a prompt appends per forward call (a rotating cache holds window + chunk),
                               // and the rows of a step (the server's batch_tokens)
   int default_block_tokens = kDefaultBlockTokens;
+  // The CUDA backend (turboquant-plan --device cuda): its device caches, allocated up front for
+  // max_sequences sequences (0: parallel) and a pool of kv_pool_tokens positions (0: parallel x context), in
+  // pages of 64 positions (cuda/cache_size.h); weights as the device's BF16 copies; its workspace.
+  bool cuda = false;
+  int max_sequences = 0;
+  int64_t kv_pool_tokens = 0;
 };
 
 // One kind of layer, summed over its layers.
@@ -68,12 +74,20 @@ struct MemoryPlan {
   MemoryUsage kv;                    // all layers
   int64_t logits_bytes = 0;          // float32 logits of one output row per sequence
   int64_t activation_bytes = 0;      // the step's scratch tensors, estimated from the layer widths (see memory_plan.cc)
-  int64_t workspace_bytes() const { return logits_bytes + activation_bytes; }
+  int64_t backend_bytes = 0;         // CUDA: the cuBLAS workspace and the upload staging the device reserves
+  bool cuda = false;                 // weight_bytes is then an estimate of the device's BF16 copies
+  int64_t workspace_bytes() const { return logits_bytes + activation_bytes + backend_bytes; }
   // What the process needs: the mapped weights, every cache's allocation, the workspace.
   int64_t total_bytes() const { return weight_bytes + kv.allocated_bytes + workspace_bytes(); }
 };
 
 MemoryPlan plan_memory(const PlanRequest& request);
+
+// The bytes the CUDA backend's copies of the weights take, estimated from the tensor table: every matrix as
+// BF16 (the device converts F32/F16/BF16/Q8_0/TurboQuant matrices to BF16 rows), the MXFP4 expert planes as
+// stored, vectors (norms, biases) as float32. Not the device's own count (Device::weight_bytes(), which needs
+// the model built): the tied and stacked matrices the architectures make are not modelled.
+int64_t cuda_weight_bytes_estimate(const TensorSet& tensors);
 
 // The largest context (at most the model's position limit) whose plan fits in budget_bytes with the
 // request's other settings; 0 when not even one position fits.

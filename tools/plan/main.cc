@@ -20,6 +20,9 @@
 #include "model/architecture.h"
 #include "model/loader.h"
 #include "runtime/memory_plan.h"
+#ifdef TQ_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace {
 
@@ -88,16 +91,35 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "turboquant-plan: %s\n", e.what());
     return 2;
   }
+  // The memory to fit in: this machine's (the CPU's caches and the mapped weights), or the GPU's.
+  int64_t budget = 0;
+  std::string budget_source;
   if (device == "cuda") {
-    // The CUDA backend's caches are tiles of 16 positions in pages allocated up front for every sequence, and
-    // its weights are uploaded as BF16: neither is what this plan computes (the CPU's caches and mapped files).
-    std::fprintf(stderr,
-                 "turboquant-plan: --device cuda is not planned yet: the CUDA backend's device caches (16-position tiles, "
-                 "pages allocated up front) and its BF16 weights are sized in src/cuda, not by runtime/memory_plan.h%s\n",
-                 gpu_memory_mb ? " (--gpu-memory-mb was given)" : "");
-    return 1;
-  }
-  if (gpu_memory_mb) {
+    if (budget_mb) {
+      std::fprintf(stderr, "turboquant-plan: --memory-budget-mb is the host's; with --device cuda give --gpu-memory-mb\n");
+      return 2;
+    }
+    if (gpu_memory_mb > 0) {
+      budget = gpu_memory_mb << 20;
+      budget_source = "GPU memory (--gpu-memory-mb)";
+    } else {
+#ifdef TQ_HAVE_CUDA
+      int64_t free_bytes = 0, total_bytes = 0;
+      std::string why;
+      if (!cuda::device_memory(&free_bytes, &total_bytes, &why)) {
+        std::fprintf(stderr, "turboquant-plan: --device cuda: no GPU to ask (%s): give its memory with --gpu-memory-mb\n", why.c_str());
+        return 2;
+      }
+      budget = free_bytes;
+      budget_source = "free GPU memory (cudaMemGetInfo, of " + format_bytes(total_bytes) + ")";
+#else
+      std::fprintf(stderr,
+                   "turboquant-plan: --device cuda: this build has no CUDA backend to ask the GPU its free memory (cudaMemGetInfo); "
+                   "give it with --gpu-memory-mb\n");
+      return 2;
+#endif
+    }
+  } else if (gpu_memory_mb) {
     std::fprintf(stderr, "turboquant-plan: --gpu-memory-mb is for --device cuda\n");
     return 2;
   }
@@ -107,14 +129,19 @@ int main(int argc, char** argv) {
     PlanRequest r;
     r.layers = layer_specs_for(headers.config);
     r.config = headers.config;
-    r.weight_bytes = file_tensor_bytes(headers.tensors());
+    r.cuda = device == "cuda";
+    // CPU: the files' bytes, mapped; CUDA: the device's BF16 copies (an estimate).
+    r.weight_bytes = r.cuda ? cuda_weight_bytes_estimate(headers.tensors()) : file_tensor_bytes(headers.tensors());
+    if (r.cuda) r.default_block_tokens = 64;
     r.kv = kv;
     r.context = context;
     r.parallel = parallel;
     r.prefill_chunk = prefill_chunk;
     const MemoryPlan plan = plan_memory(r);
-    const int64_t budget = budget_mb > 0 ? budget_mb << 20 : available_memory_bytes();
-    const std::string budget_source = budget_mb > 0 ? "--memory-budget-mb" : "MemAvailable (/proc/meminfo)";
+    if (!r.cuda) {
+      budget = budget_mb > 0 ? budget_mb << 20 : available_memory_bytes();
+      budget_source = budget_mb > 0 ? "available (--memory-budget-mb)" : "available (MemAvailable, /proc/meminfo)";
+    }
     const bool fits = plan.total_bytes() <= budget;
 
     // The largest context per format, with the run's other settings (sink tier, group size, block size).
@@ -202,7 +229,10 @@ int main(int argc, char** argv) {
                      {"kv_bytes_in_use", plan.kv.bytes_in_use()},
                      {"sink_bytes", plan.kv.sink_bytes},
                      {"layer_types", layers},
-                     {"workspace", json{{"logits_bytes", plan.logits_bytes}, {"activation_bytes_estimate", plan.activation_bytes}}},
+                     {"weight_bytes_estimate", plan.cuda},
+                     {"workspace", json{{"logits_bytes", plan.logits_bytes},
+                                        {"activation_bytes_estimate", plan.activation_bytes},
+                                        {"backend_bytes", plan.backend_bytes}}},
                      {"total_bytes", plan.total_bytes()},
                      {"budget_bytes", budget},
                      {"budget_source", budget_source},
@@ -212,10 +242,10 @@ int main(int argc, char** argv) {
       std::cout << out.dump(2) << std::endl;
     } else {
       std::printf("model: %s (%s)\n", model_path.c_str(), headers.config.summary().c_str());
-      std::printf("run: %lld positions per sequence, %d sequence%s, device cpu, KV %s\n", static_cast<long long>(plan.context), plan.parallel,
-                  plan.parallel == 1 ? "" : "s", kv.describe().c_str());
-      std::printf("weights: %s (%lld bytes, mapped from the files)\n", format_bytes(plan.weight_bytes).c_str(),
-                  static_cast<long long>(plan.weight_bytes));
+      std::printf("run: %lld positions per sequence, %d sequence%s, device %s, KV %s\n", static_cast<long long>(plan.context), plan.parallel,
+                  plan.parallel == 1 ? "" : "s", device.c_str(), kv.describe().c_str());
+      std::printf("weights: %s (%lld bytes, %s)\n", format_bytes(plan.weight_bytes).c_str(), static_cast<long long>(plan.weight_bytes),
+                  plan.cuda ? "an estimate of the device's BF16 copies" : "mapped from the files");
       auto attention = [&](const char* name, const LayerKindPlan& k, const std::string& extra) {
         if (k.layers == 0) return;
         std::printf("  %-16s %3d layers: %lld bytes per position per sequence, %lld positions held per sequence%s: %s (%s allocated)\n", name,
@@ -227,7 +257,9 @@ int main(int argc, char** argv) {
       attention("full attention", plan.full, "");
       std::string window;
       for (const LayerSpec& l : r.layers)
-        if (l.kind == LayerKind::sliding_attention) window = " (window " + std::to_string(l.window) + " + a chunk of " + std::to_string(prefill_chunk) + ")";
+        if (l.kind == LayerKind::sliding_attention)
+          window = plan.cuda ? " (window " + std::to_string(l.window) + ": the device keeps every position)"
+                             : " (window " + std::to_string(l.window) + " + a chunk of " + std::to_string(prefill_chunk) + ")";
       attention("sliding window", plan.sliding, window);
       if (plan.recurrent.layers)
         std::printf("  %-16s %3d layers: %s per sequence: %s\n", "recurrent state", plan.recurrent.layers,
@@ -235,9 +267,10 @@ int main(int argc, char** argv) {
       if (kv.min_tokens > 0 && kv.compressed())
         std::printf("  sink tier: the first %d positions of each sequence in FP16, %lld bytes per position: %s\n", kv.min_tokens,
                     static_cast<long long>(plan.full.sink_bytes_per_token), format_bytes(plan.kv.sink_bytes).c_str());
-      std::printf("workspace: logits %s, activations about %s (an estimate from the layer widths)\n", format_bytes(plan.logits_bytes).c_str(),
-                  format_bytes(plan.activation_bytes).c_str());
-      std::printf("total: %s (%lld bytes) of %s available (%s): %s\n", format_bytes(plan.total_bytes()).c_str(),
+      std::printf("workspace: logits %s, activations about %s (an estimate from the layer widths)%s%s\n", format_bytes(plan.logits_bytes).c_str(),
+                  format_bytes(plan.activation_bytes).c_str(), plan.cuda ? ", cuBLAS workspace and upload staging " : "",
+                  plan.cuda ? format_bytes(plan.backend_bytes).c_str() : "");
+      std::printf("total: %s (%lld bytes) of %s %s: %s\n", format_bytes(plan.total_bytes()).c_str(),
                   static_cast<long long>(plan.total_bytes()), format_bytes(budget).c_str(), budget_source.c_str(), fits ? "fits" : "does NOT fit");
       std::printf("largest context that fits (%d sequence%s), per KV format:\n", plan.parallel, plan.parallel == 1 ? "" : "s");
       for (const Row& row : rows) {
