@@ -304,19 +304,26 @@ std::string memory_refusal(const PlanRequest& request, const MemoryPlan& plan, i
   return os.str();
 }
 
-void refuse_unless_fits(const ModelFiles& files, const KVSettings& kv, int64_t positions, int parallel, int64_t budget_bytes,
-                        int prefill_chunk) {
+void refuse_unless_fits(const ModelFiles& files, const KVSettings& kv, const FitCheck& check) {
   PlanRequest r;
   r.layers = layer_specs_for(files.config);
   r.config = files.config;
-  r.weight_bytes = file_tensor_bytes(files.tensors());
+  r.cuda = check.cuda;
+  r.weight_bytes = check.cuda ? cuda_weight_bytes_estimate(files.tensors()) : file_tensor_bytes(files.tensors());
+  if (check.cuda) r.default_block_tokens = 64;
   r.kv = kv;
-  r.context = positions;
-  r.parallel = parallel;
-  r.prefill_chunk = prefill_chunk;
+  r.context = check.positions;
+  r.parallel = check.parallel;
+  r.max_sequences = check.max_sequences;
+  r.kv_pool_tokens = check.kv_pool_tokens;
+  r.prefill_chunk = check.prefill_chunk;
   const MemoryPlan plan = plan_memory(r);
-  const int64_t budget = budget_bytes > 0 ? budget_bytes : available_memory_bytes();
-  const std::string refusal = memory_refusal(r, plan, budget, budget_bytes > 0 ? "the memory budget (--memory-budget-mb)" : "available memory (MemAvailable, /proc/meminfo)");
+  TQ_CHECK(!check.cuda || check.budget_bytes > 0, "internal error: the GPU memory check needs the GPU's memory");
+  const int64_t budget = check.budget_bytes > 0 ? check.budget_bytes : available_memory_bytes();
+  const std::string source = !check.budget_source.empty() ? check.budget_source
+                             : check.budget_bytes > 0    ? "the memory budget (--memory-budget-mb)"
+                                                         : "available memory (MemAvailable, /proc/meminfo)";
+  const std::string refusal = memory_refusal(r, plan, budget, source);
   TQ_CHECK(refusal.empty(), refusal);
 }
 

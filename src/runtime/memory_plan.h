@@ -101,10 +101,18 @@ int64_t available_memory_bytes();
 std::string memory_refusal(const PlanRequest& request, const MemoryPlan& plan, int64_t budget_bytes, const std::string& budget_source);
 
 // The up-front check of turboquant-generate and turboquant-serve, on the model's files (headers: the config
-// and the tensor table): `parallel` sequences of `positions` positions each, against budget_bytes, or
-// MemAvailable when budget_bytes is 0. Throws tq::Error with memory_refusal's message when it does not fit.
-void refuse_unless_fits(const ModelFiles& files, const KVSettings& kv, int64_t positions, int parallel, int64_t budget_bytes,
-                        int prefill_chunk = 512);
+// and the tensor table). Throws tq::Error with memory_refusal's message when the run does not fit.
+struct FitCheck {
+  int64_t positions = 0;       // per sequence
+  int parallel = 1;            // sequences at once
+  int max_sequences = 0;       // CUDA: the sequences the engine holds (0: parallel)
+  int64_t kv_pool_tokens = 0;  // CUDA: the pool the engine allocates up front (0: parallel x positions)
+  int prefill_chunk = 512;
+  bool cuda = false;           // the CUDA backend's caches and weight copies against the GPU's memory
+  int64_t budget_bytes = 0;    // 0: MemAvailable (the CPU; required on CUDA)
+  std::string budget_source;   // what the budget is, for the message
+};
+void refuse_unless_fits(const ModelFiles& files, const KVSettings& kv, const FitCheck& check);
 
 std::string format_bytes(int64_t bytes);  // "1.5 GiB", "312.0 KiB", "17 B"
 

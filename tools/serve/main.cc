@@ -17,6 +17,9 @@
 #include "core/error.h"
 #include "core/read_file.h"
 #include "device_flags.h"
+#ifdef TQ_HAVE_CUDA_MODEL
+#include "cuda/cuda_backend.h"
+#endif
 #include "kv_flags.h"
 #include "serve/chat_page.h"
 #include "serve/server.h"
@@ -112,6 +115,16 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // inherited by every thread started below
 
   try {
+    if (device_flags.device == "cuda" && o.memory_budget_bytes == 0) {
+      // The up-front check on the GPU needs its free memory before the weights go up.
+#ifdef TQ_HAVE_CUDA_MODEL
+      int64_t free_bytes = 0, total_bytes = 0;
+      std::string why;
+      if (cuda::device_memory(&free_bytes, &total_bytes, &why)) o.device_free_bytes = free_bytes;
+#endif
+      if (o.device_free_bytes == 0)
+        std::fprintf(stderr, "turboquant-serve: memory check: the GPU's free memory is unknown, no check made (give --memory-budget-mb)\n");
+    }
     serve::Server server(o);
     const int port = server.bind();
     std::thread http([&] { server.listen(); });
