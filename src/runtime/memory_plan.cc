@@ -190,7 +190,10 @@ int64_t cuda_weight_bytes_estimate(const TensorSet& tensors) {
   };
   int64_t bytes = 0;
   for (const TensorView& t : tensors.all()) {
-    if (ends_with(t.name, ".tq_codes") || ends_with(t.name, ".tq_scales")) continue;  // their view is the matrix
+    // CudaDevice::linear refuses TurboQuant weights (no rotated-activation kernels on the GPU yet): so does the plan.
+    TQ_CHECK(!ends_with(t.name, ".tq_codes") && !ends_with(t.name, ".tq_scales") && t.dtype != DType::tq2 && t.dtype != DType::tq3 &&
+                 t.dtype != DType::tq4,
+             tensors.source(), ": tensor '", t.name, "' is a TurboQuant weight plane, which the CUDA backend does not run yet");
     if (t.dtype == DType::u8 || t.dtype == DType::mxfp4) {
       bytes += static_cast<int64_t>(t.nbytes);  // MXFP4 expert planes, kept as they are
     } else if (t.shape.size() >= 2) {

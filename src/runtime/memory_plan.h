@@ -84,8 +84,8 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const PlanRequest& request);
 
 // The bytes the CUDA backend's copies of the weights take, estimated from the tensor table: every matrix as
-// BF16 (the device converts F32/F16/BF16/Q8_0/TurboQuant matrices to BF16 rows), the MXFP4 expert planes as
-// stored, vectors (norms, biases) as float32. Not the device's own count (Device::weight_bytes(), which needs
+// BF16 (the device converts F32/F16/BF16/Q8_0 matrices to BF16 rows), the MXFP4 expert planes as stored,
+// vectors (norms, biases) as float32. TurboQuant weight folders are refused, as the device refuses them. Not the device's own count (Device::weight_bytes(), which needs
 // the model built): the tied and stacked matrices the architectures make are not modelled.
 int64_t cuda_weight_bytes_estimate(const TensorSet& tensors);
 
