@@ -37,7 +37,7 @@ std::vector<std::string> models_under(const std::string& root) {
 }
 
 std::vector<std::string> every_model() {
-  std::vector<std::string> all = models_under(std::string(TQ_SOURCE_DIR) + "/../shared/models");
+  std::vector<std::string> all = models_under(std::string(TQ_SHARED_DIR) + "/models");
   for (const char* set : {"golden", "golden-hd64", "golden-gptoss", "golden-qwen3_5", "golden-qwen3_next"})
     for (const std::string& m : models_under(std::string(TQ_SOURCE_DIR) + "/tests/fixtures/" + set)) all.push_back(m);
   return all;
