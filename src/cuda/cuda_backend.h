@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "cuda/cache_size.h"
 #include "cuda/kernel_params.h"
 #include "kv/cache.h"
 
@@ -42,6 +43,8 @@ namespace tq::cuda {
 
 // Whether a CUDA device can be used; when not, `reason` says why (no driver, no device, ...).
 bool device_available(std::string* reason = nullptr);
+// The device's free and total memory (cudaMemGetInfo); false, with `reason`, when there is no usable device.
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes, std::string* reason = nullptr);
 
 struct DeviceProperties {
   std::string name;
@@ -63,13 +66,10 @@ struct DeviceCacheCapacity {
   // up to this many positions (a prompt chunk), not max_tokens: an append keeps every position its
   // queries can see, as the CPU's rotating cache does (kv/cache.h). max_tokens still bounds the
   // positions a sequence may reach. A larger append fits while other sequences leave room.
-  int rotating_append_tokens = 1024;
+  int rotating_append_tokens = kDefaultRotatingAppendTokens;
 };
 
-// Pages of `page_tokens` positions a rotating cache's sequence holds at most right after appending
-// `append` positions (append >= 1): the pages covering [pos - window + 1, pos + append) for the first
-// appended position pos, plus the one page the drop rule always keeps.
-int64_t rotating_pages_per_sequence(int window, int page_tokens, int append);
+// rotating_pages_per_sequence(window, page_tokens, append): cuda/cache_size.h (the pool's bound per sequence).
 
 // One attention layer's KV cache on the device.
 class DeviceKVCache {

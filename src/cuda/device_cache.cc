@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "cuda/check.h"
+#include "cuda/cache_size.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
@@ -28,6 +29,20 @@ bool device_available(std::string* reason) {
     if (reason) *reason = "no CUDA device";
     return false;
   }
+  return true;
+}
+
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes, std::string* reason) {
+  if (!device_available(reason)) return false;
+  size_t free = 0, total = 0;
+  const cudaError_t e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) {
+    if (reason) *reason = std::string("cudaMemGetInfo failed: ") + cudaGetErrorString(e);
+    cudaGetLastError();
+    return false;
+  }
+  *free_bytes = static_cast<int64_t>(free);
+  *total_bytes = static_cast<int64_t>(total);
   return true;
 }
 
@@ -273,30 +288,29 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
   setup_dense_side(c.sink_k, options.sink_type, "the sink tier");
   setup_dense_side(c.sink_v, options.sink_type, "the sink tier");
 
-  c.main_tile = tile_format(head_dim, section_format(c.main_k.kind, head_dim, c.group_size),
-                            section_format(c.main_v.kind, head_dim, c.group_size));
-  c.sink_tile = tile_format(head_dim, section_format(c.sink_k.kind, head_dim, head_dim), section_format(c.sink_v.kind, head_dim, head_dim));
-  c.page_tokens = options.block_tokens;
-  c.tiles_per_page = c.page_tokens / kTileTokens;
-  c.sink_tiles = (options.min_tokens + kTileTokens - 1) / kTileTokens;
-  // Pages a sequence may reach: the positions asked for. A growing cache's pool holds them all; a rotating
-  // one's only what the windows of all its sequences can hold at once (rotating_pages_per_sequence).
-  const int64_t reach_pages = std::max<int64_t>(1, (capacity.max_tokens + c.page_tokens - 1) / c.page_tokens);
-  int64_t pool_pages = reach_pages;
-  if (options.window > 0)
-    pool_pages = std::min(pool_pages, capacity.max_sequences *
-                                          rotating_pages_per_sequence(options.window, c.page_tokens, capacity.rotating_append_tokens));
+  // Tiles, pages and pools from the arithmetic the memory plan shares (cuda/cache_size.h); the kinds it
+  // derives from the options must be the ones the sides were set up with.
+  const DeviceKVLayerSize size =
+      device_kv_layer_size(n_kv_heads, head_dim, options, capacity.max_sequences, capacity.max_tokens, capacity.rotating_append_tokens);
   // Page-table entries are indexed by int (the kernels' slot * row + page).
-  TQ_CHECK(reach_pages * capacity.max_sequences <= INT32_MAX, "a device cache of ", capacity.max_sequences, " sequences of ",
+  TQ_CHECK(size.row_pages * capacity.max_sequences <= INT32_MAX, "a device cache of ", capacity.max_sequences, " sequences of ",
            capacity.max_tokens, " positions needs a page table of more than 2^31 entries");
-  c.n_pages = static_cast<int>(pool_pages);
-  c.row_pages = static_cast<int>(reach_pages);
-  c.page_bytes = static_cast<size_t>(n_kv_heads) * c.tiles_per_page * c.main_tile.bytes;
+  TQ_CHECK(size.main_tile.k.kind == c.main_k.kind && size.main_tile.v.kind == c.main_v.kind && size.sink_tile.k.kind == c.sink_k.kind &&
+               size.main_tile.k.groups == (is_dense(c.main_k.kind) ? 0 : head_dim / c.group_size),
+           "internal error: the device cache's size arithmetic disagrees with its formats");
+  c.main_tile = size.main_tile;
+  c.sink_tile = size.sink_tile;
+  c.page_tokens = size.page_tokens;
+  c.tiles_per_page = size.tiles_per_page;
+  c.sink_tiles = size.sink_tiles;
+  c.n_pages = static_cast<int>(size.n_pages);  // a rotating cache's: what the windows of all its sequences hold at once
+  c.row_pages = static_cast<int>(size.row_pages);
+  c.page_bytes = static_cast<size_t>(size.page_bytes);
 
-  c.main_pool.reserve(c.page_bytes * c.n_pages);
+  c.main_pool.reserve(static_cast<size_t>(size.main_pool_bytes));
   TQ_CUDA_CHECK(cudaMemset(c.main_pool.get(), 0, c.main_pool.bytes()));
   if (c.sink_tiles > 0) {
-    c.sink_pool.reserve(static_cast<size_t>(capacity.max_sequences) * n_kv_heads * c.sink_tiles * c.sink_tile.bytes);
+    c.sink_pool.reserve(static_cast<size_t>(size.sink_pool_bytes));
     TQ_CUDA_CHECK(cudaMemset(c.sink_pool.get(), 0, c.sink_pool.bytes()));
   }
   c.host_page_table.assign(static_cast<size_t>(capacity.max_sequences) * c.row_pages, -1);
@@ -552,16 +566,6 @@ int DeviceKVCache::length(int seq) const { return impl_->seq(seq).length; }
 int DeviceKVCache::first_kept(int seq) const { return impl_->first_kept(impl_->seq(seq)); }
 int DeviceKVCache::window() const { return impl_->options.window; }
 
-int64_t rotating_pages_per_sequence(int window, int page_tokens, int append) {
-  TQ_CHECK(window >= 1 && page_tokens >= 1 && append >= 1, "internal error: rotating_pages_per_sequence(", window, ", ", page_tokens, ", ",
-           append, ")");
-  // Right after appending [pos, pos + append), a sequence holds the pages that meet [pos - window + 1,
-  // pos + append) and the page of pos - 1 (the drop rule keeps one page even when it left the window:
-  // window 1): the pages meeting a run of max(window, 2) - 1 + append positions, at most
-  // ceil((run - 1) / page_tokens) + 1 of them.
-  const int64_t run = static_cast<int64_t>(std::max(window, 2)) - 1 + append;
-  return (run - 1 + page_tokens - 1) / page_tokens + 1;
-}
 
 void DeviceKVCache::Impl::drop_out_of_window(Sequence& s, int next_pos, std::vector<int>& changes, void* stream) {
   if (options.window <= 0) return;

@@ -35,6 +35,42 @@ const KVCacheOptions& checked(int n_kv_heads, int head_dim, const KVCacheOptions
 }
 }  // namespace
 
+int64_t KVLayerSize::pool_bytes(int64_t blocks) const {
+  return BlockPool::blocks_allocated_for(blocks, first_chunk_blocks, later_chunk_blocks) * block_bytes;
+}
+
+KVLayerSize kv_layer_size(int n_kv_heads, int head_dim, const KVCacheOptions& options) {
+  checked(n_kv_heads, head_dim, options);
+  const VectorFormat k(head_dim, options.k), v(head_dim, options.v);
+  const VectorFormat sink(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0});
+  KVLayerSize z;
+  z.n_kv_heads = n_kv_heads;
+  z.head_dim = head_dim;
+  z.min_tokens = options.min_tokens;
+  z.window = options.window;
+  z.block_tokens = options.block_tokens;
+  z.main_bytes_per_token = static_cast<int64_t>(n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
+  z.sink_bytes_per_token = static_cast<int64_t>(n_kv_heads) * 2 * static_cast<int64_t>(sink.record_bytes());
+  z.sink_reserved_bytes = z.sink_bytes_per_token * options.min_tokens;
+  // A block: for each head, block_tokens K records (or a column region of the same size), then as many V records.
+  const size_t block = static_cast<size_t>(n_kv_heads) * static_cast<size_t>(options.block_tokens) * (k.record_bytes() + v.record_bytes());
+  z.block_bytes = static_cast<int64_t>(BlockPool::rounded_block_bytes(block));
+  // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so that the
+  // memory a short sequence reserves does not grow with the block size; later chunks fill huge pages (BlockPool).
+  z.first_chunk_blocks = std::max(1, 1024 / std::max(1, options.block_tokens));
+  z.later_chunk_blocks = BlockPool::later_chunk_blocks(static_cast<size_t>(z.block_bytes), z.first_chunk_blocks);
+  return z;
+}
+
+int rotating_blocks_to_drop(int64_t first_block_pos, int64_t blocks, int64_t next_pos, int window, int block_tokens) {
+  if (window <= 0) return 0;
+  // Queries from next_pos on look back at most window - 1 positions.
+  const int64_t oldest_needed = next_pos - window + 1;
+  int drop = 0;
+  while (blocks - drop > 1 && first_block_pos + static_cast<int64_t>(drop + 1) * block_tokens <= oldest_needed) ++drop;
+  return drop;
+}
+
 KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
     : n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
@@ -45,11 +81,8 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       block_head_bytes_(static_cast<size_t>(options.block_tokens) *
                         (k_format_->record_bytes() + v_format_->record_bytes())),
       k_columns_(k_format_->supports_columns() && options.block_tokens % 16 == 0),
-      // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so
-      // that the memory a short sequence reserves does not grow with the block size; later chunks fill
-      // huge pages (BlockPool).
-      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens)),
-            options.max_blocks) {
+      size_(kv_layer_size(n_kv_heads, head_dim, options)),
+      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), size_.first_chunk_blocks, options.max_blocks) {
 }
 
 std::string KVCache::describe() const {
@@ -197,15 +230,11 @@ int KVCache::first_kept(int seq) const {
 }
 
 void KVCache::drop_out_of_window(Sequence& s, int next_pos) {
-  if (options_.window <= 0) return;
-  // Queries from next_pos on look back at most window - 1 positions.
-  const int oldest_needed = next_pos - options_.window + 1;
-  const int T = options_.block_tokens;
-  while (s.block_table.size() > 1 && s.first_block_pos + T <= oldest_needed) {
-    pool_.release(s.block_table.front());
-    s.block_table.erase(s.block_table.begin());
-    s.first_block_pos += T;
-  }
+  const int drop = rotating_blocks_to_drop(s.first_block_pos, static_cast<int64_t>(s.block_table.size()), next_pos, options_.window,
+                                           options_.block_tokens);
+  for (int i = 0; i < drop; ++i) pool_.release(s.block_table[static_cast<size_t>(i)]);
+  s.block_table.erase(s.block_table.begin(), s.block_table.begin() + drop);
+  s.first_block_pos += drop * options_.block_tokens;
 }
 
 uint8_t* KVCache::main_block(Sequence& s, int pos) {
@@ -377,8 +406,8 @@ MemoryUsage KVCache::memory() const {
     m.main_tokens += std::max(0, s.length - std::max(M, s.first_block_pos));
     m.allocated_bytes += static_cast<int64_t>(s.sink_k.size() + s.sink_v.size());
   }
-  m.sink_bytes = m.sink_tokens * static_cast<int64_t>(sink_bytes_per_token());
-  m.main_bytes = m.main_tokens * static_cast<int64_t>(main_bytes_per_token());
+  m.sink_bytes = m.sink_tokens * size_.sink_bytes_per_token;
+  m.main_bytes = m.main_tokens * size_.main_bytes_per_token;
   m.allocated_bytes += static_cast<int64_t>(pool_.bytes_allocated());
   m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(n_kv_heads_) * head_dim_;
   return m;
@@ -636,8 +665,8 @@ MemoryUsage StateCache::memory() const {
 int StateCache::add_sequence() {
   while (states_.count(next_id_)) ++next_id_;
   State s;
-  s.conv.assign(static_cast<size_t>(shape_.conv_channels) * std::max(0, shape_.conv_kernel - 1), 0.0f);
-  s.recurrent.assign(static_cast<size_t>(shape_.state_heads) * shape_.state_dk * shape_.state_dv, 0.0f);
+  s.conv.assign(static_cast<size_t>(shape_.conv_floats()), 0.0f);
+  s.recurrent.assign(static_cast<size_t>(shape_.recurrent_floats()), 0.0f);
   states_.emplace(next_id_, std::move(s));
   return next_id_++;
 }
@@ -646,8 +675,8 @@ void StateCache::add_sequence_with_id(int seq) {
   TQ_CHECK(seq >= 0, "sequence ids are non-negative, got ", seq);
   TQ_CHECK(!states_.count(seq), "sequence ", seq, " already exists in this state cache");
   State s;
-  s.conv.assign(static_cast<size_t>(shape_.conv_channels) * std::max(0, shape_.conv_kernel - 1), 0.0f);
-  s.recurrent.assign(static_cast<size_t>(shape_.state_heads) * shape_.state_dk * shape_.state_dv, 0.0f);
+  s.conv.assign(static_cast<size_t>(shape_.conv_floats()), 0.0f);
+  s.recurrent.assign(static_cast<size_t>(shape_.recurrent_floats()), 0.0f);
   states_.emplace(seq, std::move(s));
 }
 

@@ -56,4 +56,34 @@ ModelFiles open_model(const std::string& path) {
   return m;
 }
 
+ModelFiles open_model_headers(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  TQ_CHECK(fs::exists(path, ec), "model path '", path, "' does not exist");
+  ModelFiles m;
+  m.path = path;
+  if (fs::is_directory(path, ec)) {
+    m.config = load_hf_config(path);
+    m.generation = load_generation_config(path);
+    m.safetensors = std::make_unique<SafetensorsModel>(SafetensorsModel::open(path, SafetensorsRead::header_only));
+    m.naming = WeightNaming::hf;
+  } else {
+    const std::string ext = fs::path(path).extension().string();
+    TQ_CHECK(ext == ".gguf", "'", path, "' is neither a model folder nor a .gguf file");
+    m.gguf = std::make_unique<GgufFile>(GgufFile::open(path));
+    m.config = config_from_gguf(*m.gguf);
+    m.naming = WeightNaming::gguf;
+  }
+  return m;
+}
+
+int64_t file_tensor_bytes(const TensorSet& tensors) {
+  int64_t bytes = 0;
+  for (const TensorView& t : tensors.all()) {
+    if (t.dtype == DType::tq2 || t.dtype == DType::tq3 || t.dtype == DType::tq4) continue;  // a view over the planes
+    bytes += static_cast<int64_t>(t.nbytes);
+  }
+  return bytes;
+}
+
 }  // namespace tq
