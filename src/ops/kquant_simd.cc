@@ -1,0 +1,302 @@
+// Products of ggml block weights (Q4_0, Q4_K, Q5_K, Q6_K) with float activations, for every Highway target.
+// The activation row is quantized to int8 once per call (ops/kquant.h, quantize_activation) and the weight
+// codes are multiplied with it in integers:
+//  - x86 AVX2 / AVX3: vpmaddubsw (unsigned codes x signed activations, pairs summed to int16; no saturation
+//    here: |code| <= 63 and |q| <= 127, so a pair is at most 16002) then vpmaddwd by the sub-block scales;
+//  - AVX3_DL (AVX-512 VNNI): the same with vpdpwssd (multiply-add of the int16 pairs fused), and Q4_0 with
+//    vpdpbusd;
+//  - the other targets: the same integer arithmetic in plain loops (the compiler vectorises them for the
+//    target), giving the same integers.
+// A k-quant super-block's integer sums are exact; each takes its float scales in one scalar expression
+// (CombineK), so every target gives the same bits for the k-quants. Q4_0 keeps a float vector accumulator
+// on x86 (one block of 32 values is too short for a horizontal sum each), so its rounding depends on the
+// target (within the bound of ops/kquant.h).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/kquant_simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/half.h"
+#include "ops/kquant.h"
+#include "ops/kquant_kernels.h"
+
+// Which integer path this pass compiles (re-evaluated per target).
+#undef TQ_KQ_X86
+#undef TQ_KQ_VNNI
+#undef TQ_KQ_ATTR
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#define TQ_KQ_X86 1
+#else
+#define TQ_KQ_X86 0
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
+// Highway's AVX3_DL target requires AVX512-VNNI at run time (Ice Lake and later) but does not name it in
+// its target attributes; the row kernels add it (they are called, never inlined, from the entry points).
+#define TQ_KQ_VNNI 1
+#define TQ_KQ_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) HWY_NOINLINE
+#else
+#define TQ_KQ_VNNI 0
+#define TQ_KQ_ATTR HWY_NOINLINE
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace tq::ops {
+namespace HWY_NAMESPACE {
+
+HWY_INLINE float HalfAt(const uint8_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return f16_bits_to_f32(b);
+}
+
+// The float combination of one k-quant super-block, the same expression on every target:
+// dx * (d * scaled - dmin * mins) (Q6_K: dmin = 0, mins = 0).
+HWY_INLINE float CombineK(float dx, float d, int32_t scaled, float dmin, int32_t mins) {
+  return dx * (d * static_cast<float>(scaled) - dmin * static_cast<float>(mins));
+}
+
+// sum_j m_j * (q sums of sub-block j) of a Q4_K/Q5_K block: the min term, in integers.
+HWY_INLINE int32_t MinTerm(const uint8_t* scales, const int16_t* sums16) {
+  int32_t mins = 0;
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    kquant_scale_min(scales, j, sc, m);
+    mins += m * (sums16[2 * j] + sums16[2 * j + 1]);
+  }
+  return mins;
+}
+
+#if TQ_KQ_X86
+
+HWY_INLINE __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// acc += the int16 pairs of codes * x (vpmaddubsw) times `scale` (int16 per lane), pairs summed to int32.
+HWY_INLINE __m256i DotScaled(__m256i acc, __m256i codes, __m256i x, __m256i scale) {
+  const __m256i p = _mm256_maddubs_epi16(codes, x);
+#if TQ_KQ_VNNI
+  return _mm256_dpwssd_epi32(acc, p, scale);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
+#endif
+}
+
+HWY_INLINE int32_t HSum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+TQ_KQ_ATTR float DotQ4_0(const uint8_t* row, const QuantizedActivation& a) {
+  const __m256i low = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
+  __m256 acc = _mm256_setzero_ps();
+  const size_t blocks = a.cols / 32;
+  for (size_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * kQ4_0BlockBytes;
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    // Values 0-15 (low nibbles) then 16-31 (high nibbles), minus 8: signed codes in [-8, 7].
+    const __m256i codes = _mm256_sub_epi8(
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low), eight);
+    const __m256i x = Load256(a.q.data() + 32 * b);
+    // |w| * (x with w's sign): unsigned times signed, as the instructions take them.
+    const __m256i aw = _mm256_sign_epi8(codes, codes), sx = _mm256_sign_epi8(x, codes);
+#if TQ_KQ_VNNI
+    const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+#else
+    const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+#endif
+    const float scale = HalfAt(blk) * a.d[b];
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(scale)));
+  }
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Q4_K (kBits 4) and Q5_K (kBits 5).
+template <int kBits>
+TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
+  constexpr size_t kBytes = kBits == 4 ? kQ4_KBlockBytes : kQ5_KBlockBytes;
+  const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+  float sum = 0.0f;
+  for (size_t b = 0; b < a.cols / 256; ++b) {
+    const uint8_t* blk = row + b * kBytes;
+    const uint8_t* qs = blk + (kBits == 4 ? 16 : 48);
+    const int8_t* x = a.q.data() + 256 * b;
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) kquant_scale_min(blk + 4, j, sc[j], m[j]);
+    __m256i acc = _mm256_setzero_si256();
+    __m256i qh = kBits == 5 ? Load256(blk + 16) : _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {
+      const __m256i v = Load256(qs + 32 * g);
+      __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      if constexpr (kBits == 5) {
+        // Bits 2g and 2g + 1 of qh: the fifth bits of sub-blocks 2g and 2g + 1 (qh is shifted by 2 per g).
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+        qh = _mm256_srli_epi16(qh, 2);
+      }
+      acc = DotScaled(acc, lo, Load256(x + 64 * g), _mm256_set1_epi16(sc[2 * g]));
+      acc = DotScaled(acc, hi, Load256(x + 64 * g + 32), _mm256_set1_epi16(sc[2 * g + 1]));
+    }
+    sum += CombineK(a.d[b], HalfAt(blk), HSum(acc), HalfAt(blk + 2), MinTerm(blk + 4, a.sums16.data() + 16 * b));
+  }
+  return sum;
+}
+
+TQ_KQ_ATTR float DotQ6_K(const uint8_t* row, const QuantizedActivation& a) {
+  const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+  float sum = 0.0f;
+  for (size_t b = 0; b < a.cols / 256; ++b) {
+    const uint8_t* blk = row + b * kQ6_KBlockBytes;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const int8_t* x = a.q.data() + 256 * b;
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = Load256(blk + 64 * h), l1 = Load256(blk + 64 * h + 32), hb = Load256(blk + 128 + 32 * h);
+      const __m256i codes[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, low),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4))};
+      for (int k = 0; k < 4; ++k) {
+        const int s = 8 * h + 2 * k;  // sub-blocks s (values 0-15 of the chunk) and s + 1 (16-31)
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+        acc = DotScaled(acc, codes[k], Load256(x + 128 * h + 32 * k), scale);
+      }
+    }
+    // The codes are stored + 32: subtract 32 * sum_s sc_s * (q sum of s).
+    int32_t offset = 0;
+    for (int s = 0; s < 16; ++s) offset += sc[s] * a.sums16[16 * b + s];
+    sum += CombineK(a.d[b], HalfAt(blk + 208), HSum(acc) - 32 * offset, 0.0f, 0);
+  }
+  return sum;
+}
+
+#else  // the integer arithmetic in plain loops
+
+TQ_KQ_ATTR float DotQ4_0(const uint8_t* row, const QuantizedActivation& a) {
+  float sum = 0.0f;
+  for (size_t b = 0; b < a.cols / 32; ++b) {
+    const uint8_t* blk = row + b * kQ4_0BlockBytes;
+    const int8_t* x = a.q.data() + 32 * b;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) isum += ((blk[2 + j] & 15) - 8) * x[j] + ((blk[2 + j] >> 4) - 8) * x[j + 16];
+    sum += HalfAt(blk) * a.d[b] * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+template <int kBits>
+TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
+  constexpr size_t kBytes = kBits == 4 ? kQ4_KBlockBytes : kQ5_KBlockBytes;
+  float sum = 0.0f;
+  for (size_t b = 0; b < a.cols / 256; ++b) {
+    const uint8_t* blk = row + b * kBytes;
+    const uint8_t* qs = blk + (kBits == 4 ? 16 : 48);
+    const uint8_t* qh = blk + 16;
+    const int8_t* x = a.q.data() + 256 * b;
+    int32_t scaled = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(blk + 4, j, sc, m);
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) {
+        int code = (j % 2 == 0) ? qs[32 * (j / 2) + l] & 15 : qs[32 * (j / 2) + l] >> 4;
+        if constexpr (kBits == 5) code |= ((qh[l] >> j) & 1) << 4;
+        dot += code * x[32 * j + l];
+      }
+      scaled += sc * dot;
+    }
+    sum += CombineK(a.d[b], HalfAt(blk), scaled, HalfAt(blk + 2), MinTerm(blk + 4, a.sums16.data() + 16 * b));
+  }
+  return sum;
+}
+
+TQ_KQ_ATTR float DotQ6_K(const uint8_t* row, const QuantizedActivation& a) {
+  float sum = 0.0f;
+  for (size_t b = 0; b < a.cols / 256; ++b) {
+    const uint8_t* blk = row + b * kQ6_KBlockBytes;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const int8_t* x = a.q.data() + 256 * b;
+    int32_t isum = 0;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* l0 = blk + 64 * h;
+      const uint8_t* hb = blk + 128 + 32 * h;
+      for (int k = 0; k < 4; ++k) {
+        int32_t dot[2] = {0, 0};
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t lo = k % 2 == 0 ? l0[l] : l0[l + 32];
+          const int code = ((k < 2 ? lo & 15 : lo >> 4) | (((hb[l] >> (2 * k)) & 3) << 4));
+          dot[l / 16] += code * x[128 * h + 32 * k + l];
+        }
+        const int s = 8 * h + 2 * k;
+        isum += sc[s] * dot[0] + sc[s + 1] * dot[1];
+      }
+    }
+    int32_t offset = 0;
+    for (int s = 0; s < 16; ++s) offset += sc[s] * a.sums16[16 * b + s];
+    sum += CombineK(a.d[b], HalfAt(blk + 208), isum - 32 * offset, 0.0f, 0);
+  }
+  return sum;
+}
+
+#endif  // TQ_KQ_X86
+
+HWY_INLINE float RowDot(DType t, const uint8_t* row, const QuantizedActivation& a) {
+  switch (t) {
+    case DType::Q4_0: return DotQ4_0(row, a);
+    case DType::Q4_K: return DotQ45_K<4>(row, a);
+    case DType::Q5_K: return DotQ45_K<5>(row, a);
+    case DType::Q6_K: return DotQ6_K(row, a);
+    default: break;
+  }
+  HWY_ABORT("kquant product: %s is not a ggml block type", dtype_name(t));
+}
+
+// Per thread: the quantized activations of the current call (reused across calls: no allocation per product).
+std::vector<QuantizedActivation>& ActivationBuffers(size_t n) {
+  thread_local std::vector<QuantizedActivation> buffers;
+  if (buffers.size() < n) buffers.resize(n);
+  return buffers;
+}
+
+void KquantMatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
+                      size_t row_end, const float* bias) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  std::vector<QuantizedActivation>& acts = ActivationBuffers(n);
+  for (size_t t = 0; t < n; ++t) quantize_activation(x + t * cols, cols, activation_block(w.dtype), acts[t]);
+  // One weight row against every token: the row stays in L1 while the tokens' int8 rows stream from L2.
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w.row_bytes(static_cast<int64_t>(r));
+    for (size_t t = 0; t < n; ++t) {
+      float v = RowDot(w.dtype, row, acts[t]);
+      if (bias) v += bias[r];
+      y[t * y_stride + r] = v;
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tq::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tq::ops::kernels {
+
+HWY_EXPORT(KquantMatMulRows);
+
+void kquant_matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
+                        size_t row_end, const float* bias) {
+  HWY_DYNAMIC_DISPATCH(KquantMatMulRows)(w, x, n, y, y_stride, row_begin, row_end, bias);
+}
+
+}  // namespace tq::ops::kernels
+#endif
