@@ -117,6 +117,19 @@ TQ_KQ_ATTR float DotQ4_0(const uint8_t* row, const QuantizedActivation& a) {
   return _mm_cvtss_f32(s);
 }
 
+// The eight 6-bit scales (bytes 0-7 of out) and mins (bytes 8-15) of a Q4_K/Q5_K block, unpacked four at a
+// time in 32-bit words (kquant_scale_min's bit positions: sub-blocks 0-3 in the low 6 bits of bytes 0-3
+// and 4-7; sub-blocks 4-7 take their low 4 bits from the nibbles of bytes 8-11 and their high 2 bits from
+// the top bits of bytes 0-3 / 4-7).
+HWY_INLINE void UnpackScalesMins(const uint8_t* scales, uint8_t* out) {
+  uint32_t w[3];
+  std::memcpy(w, scales, 12);
+  const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+  const uint32_t words[4] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & low2) << 4), w[1] & low6,
+                             ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4)};
+  std::memcpy(out, words, 16);
+}
+
 // Q4_K (kBits 4) and Q5_K (kBits 5).
 template <int kBits>
 TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
@@ -127,23 +140,31 @@ TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
     const uint8_t* blk = row + b * kBytes;
     const uint8_t* qs = blk + (kBits == 4 ? 16 : 48);
     const int8_t* x = a.q.data() + 256 * b;
-    uint8_t sc[8], m[8];
-    for (int j = 0; j < 8; ++j) kquant_scale_min(blk + 4, j, sc[j], m[j]);
+    uint8_t sm[16];  // scales [8], mins [8]
+    UnpackScalesMins(blk + 4, sm);
     __m256i acc = _mm256_setzero_si256();
     __m256i qh = kBits == 5 ? Load256(blk + 16) : _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {
       const __m256i v = Load256(qs + 32 * g);
       __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       if constexpr (kBits == 5) {
-        // Bits 2g and 2g + 1 of qh: the fifth bits of sub-blocks 2g and 2g + 1 (qh is shifted by 2 per g).
+        // Bits 2g and 2g + 1 of qh: the fifth bits of sub-blocks 2g and 2g + 1 (qh is shifted by 2 per g;
+        // the 16-bit shifts never move a neighbour byte's bit into bits 0-1).
         lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
         qh = _mm256_srli_epi16(qh, 2);
       }
-      acc = DotScaled(acc, lo, Load256(x + 64 * g), _mm256_set1_epi16(sc[2 * g]));
-      acc = DotScaled(acc, hi, Load256(x + 64 * g + 32), _mm256_set1_epi16(sc[2 * g + 1]));
+      acc = DotScaled(acc, lo, Load256(x + 64 * g), _mm256_set1_epi16(sm[2 * g]));
+      acc = DotScaled(acc, hi, Load256(x + 64 * g + 32), _mm256_set1_epi16(sm[2 * g + 1]));
     }
-    sum += CombineK(a.d[b], HalfAt(blk), HSum(acc), HalfAt(blk + 2), MinTerm(blk + 4, a.sums16.data() + 16 * b));
+    // Min term: m_j times the q sum of sub-block j (two sums of 16 each, |sum| <= 4064: int16 holds it).
+    const __m256i s16 = Load256(a.sums16.data() + 16 * b);
+    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+    __m128i mt = _mm_madd_epi16(pairs, mins16);
+    mt = _mm_add_epi32(mt, _mm_shuffle_epi32(mt, _MM_SHUFFLE(1, 0, 3, 2)));
+    mt = _mm_add_epi32(mt, _mm_shuffle_epi32(mt, _MM_SHUFFLE(2, 3, 0, 1)));
+    sum += CombineK(a.d[b], HalfAt(blk), HSum(acc), HalfAt(blk + 2), _mm_cvtsi128_si32(mt));
   }
   return sum;
 }
