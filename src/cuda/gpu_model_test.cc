@@ -22,6 +22,8 @@
 #include "cuda/device_cache_impl.h"
 #include "cuda/ops_kernels.h"
 #include "device/cpu_device.h"
+#include "model/gguf_export.h"
+#include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
 #include "ops/ops.h"
@@ -342,6 +344,17 @@ TEST(GpuModel, DemoModelMatchesTheCpu) {
   TQ_REQUIRE_GPU();
   compare_with_cpu(demo_model_dir(), "f16", 30, 12);
   compare_with_cpu(demo_model_dir(), "k8v3", 30, 12, true);
+}
+
+// A GGUF with ggml k-quant matrices (the demo model exported as Q4_K / Q6_K) is refused at load by name.
+TEST(GpuModel, KquantGgufIsRefusedAtLoad) {
+  TQ_REQUIRE_GPU();
+  testing_util::ScratchDir dir("gpu_kquant");
+  const ModelFiles hf = open_model(demo_model_dir());
+  write_llama_gguf(hf, dir.file("q4k.gguf"), LlamaGgufOptions{});
+  auto device = cuda::make_cuda_device();
+  testing_util::expect_error([&] { Model::open(dir.file("q4k.gguf"), *device); },
+                             {"Q4_K", "k-quant", "not supported by the CUDA backend", "--device cpu"});
 }
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {
