@@ -71,7 +71,18 @@ HWY_INLINE int32_t MinTerm(const uint8_t* scales, const int16_t* sums16) {
 
 #if TQ_KQ_X86
 
+// The row kernels below take T tokens at once (T = 1 for decode, kTokens for batches): each weight vector is
+// decoded once and multiplied with every token's activation, and each token's integer sums and float
+// combination are exactly those of T = 1, so a batch gives decode's bits.
+
 HWY_INLINE __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// binary16 -> float with F16C (part of every target that takes this path).
+HWY_INLINE float HalfAtF16C(const uint8_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return _cvtsh_ss(b);
+}
 
 // acc += the int16 pairs of codes * x (vpmaddubsw) times `scale` (int16 per lane), pairs summed to int32.
 HWY_INLINE __m256i DotScaled(__m256i acc, __m256i codes, __m256i x, __m256i scale) {
@@ -90,31 +101,37 @@ HWY_INLINE int32_t HSum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-TQ_KQ_ATTR float DotQ4_0(const uint8_t* row, const QuantizedActivation& a) {
+template <int T>
+TQ_KQ_ATTR void DotQ4_0(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
   const __m256i low = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
-  __m256 acc = _mm256_setzero_ps();
-  const size_t blocks = a.cols / 32;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  const size_t blocks = a[0]->cols / 32;
   for (size_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + b * kQ4_0BlockBytes;
     const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
     // Values 0-15 (low nibbles) then 16-31 (high nibbles), minus 8: signed codes in [-8, 7].
     const __m256i codes = _mm256_sub_epi8(
         _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low), eight);
-    const __m256i x = Load256(a.q.data() + 32 * b);
     // |w| * (x with w's sign): unsigned times signed, as the instructions take them.
-    const __m256i aw = _mm256_sign_epi8(codes, codes), sx = _mm256_sign_epi8(x, codes);
+    const __m256i aw = _mm256_sign_epi8(codes, codes);
+    const float d = HalfAtF16C(blk);
+    for (int t = 0; t < T; ++t) {
+      const __m256i sx = _mm256_sign_epi8(Load256(a[t]->q.data() + 32 * b), codes);
 #if TQ_KQ_VNNI
-    const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+      const __m256i s32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
 #else
-    const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
 #endif
-    const float scale = HalfAt(blk) * a.d[b];
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(scale)));
+      acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(d * a[t]->d[b])));
+    }
   }
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  for (int t = 0; t < T; ++t) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[t] = _mm_cvtss_f32(s);
+  }
 }
 
 // The eight 6-bit scales (bytes 0-7 of out) and mins (bytes 8-15) of a Q4_K/Q5_K block, unpacked four at a
@@ -130,19 +147,31 @@ HWY_INLINE void UnpackScalesMins(const uint8_t* scales, uint8_t* out) {
   std::memcpy(out, words, 16);
 }
 
+// sum_j m_j * (q sum of sub-block j) from the block's 16 sums of 16 (|pair sum| <= 4064: int16 holds it).
+HWY_INLINE int32_t MinTermSse(const uint8_t* mins, const int16_t* sums16) {
+  const __m256i s16 = Load256(sums16);
+  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+  const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
+  __m128i mt = _mm_madd_epi16(pairs, m16);
+  mt = _mm_add_epi32(mt, _mm_shuffle_epi32(mt, _MM_SHUFFLE(1, 0, 3, 2)));
+  mt = _mm_add_epi32(mt, _mm_shuffle_epi32(mt, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(mt);
+}
+
 // Q4_K (kBits 4) and Q5_K (kBits 5).
-template <int kBits>
-TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
+template <int kBits, int T>
+TQ_KQ_ATTR void DotQ45_K(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
   constexpr size_t kBytes = kBits == 4 ? kQ4_KBlockBytes : kQ5_KBlockBytes;
   const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-  float sum = 0.0f;
-  for (size_t b = 0; b < a.cols / 256; ++b) {
+  float sum[T];
+  for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+  for (size_t b = 0; b < a[0]->cols / 256; ++b) {
     const uint8_t* blk = row + b * kBytes;
     const uint8_t* qs = blk + (kBits == 4 ? 16 : 48);
-    const int8_t* x = a.q.data() + 256 * b;
     uint8_t sm[16];  // scales [8], mins [8]
     UnpackScalesMins(blk + 4, sm);
-    __m256i acc = _mm256_setzero_si256();
+    __m256i acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_si256();
     __m256i qh = kBits == 5 ? Load256(blk + 16) : _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {
       const __m256i v = Load256(qs + 32 * g);
@@ -154,29 +183,30 @@ TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
         qh = _mm256_srli_epi16(qh, 2);
       }
-      acc = DotScaled(acc, lo, Load256(x + 64 * g), _mm256_set1_epi16(sm[2 * g]));
-      acc = DotScaled(acc, hi, Load256(x + 64 * g + 32), _mm256_set1_epi16(sm[2 * g + 1]));
+      const __m256i s_lo = _mm256_set1_epi16(sm[2 * g]), s_hi = _mm256_set1_epi16(sm[2 * g + 1]);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* x = a[t]->q.data() + 256 * b + 64 * g;
+        acc[t] = DotScaled(acc[t], lo, Load256(x), s_lo);
+        acc[t] = DotScaled(acc[t], hi, Load256(x + 32), s_hi);
+      }
     }
-    // Min term: m_j times the q sum of sub-block j (two sums of 16 each, |sum| <= 4064: int16 holds it).
-    const __m256i s16 = Load256(a.sums16.data() + 16 * b);
-    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
-    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
-    __m128i mt = _mm_madd_epi16(pairs, mins16);
-    mt = _mm_add_epi32(mt, _mm_shuffle_epi32(mt, _MM_SHUFFLE(1, 0, 3, 2)));
-    mt = _mm_add_epi32(mt, _mm_shuffle_epi32(mt, _MM_SHUFFLE(2, 3, 0, 1)));
-    sum += CombineK(a.d[b], HalfAt(blk), HSum(acc), HalfAt(blk + 2), _mm_cvtsi128_si32(mt));
+    const float d = HalfAtF16C(blk), dmin = HalfAtF16C(blk + 2);
+    for (int t = 0; t < T; ++t)
+      sum[t] += CombineK(a[t]->d[b], d, HSum(acc[t]), dmin, MinTermSse(sm + 8, a[t]->sums16.data() + 16 * b));
   }
-  return sum;
+  for (int t = 0; t < T; ++t) out[t] = sum[t];
 }
 
-TQ_KQ_ATTR float DotQ6_K(const uint8_t* row, const QuantizedActivation& a) {
+template <int T>
+TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
   const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
-  float sum = 0.0f;
-  for (size_t b = 0; b < a.cols / 256; ++b) {
+  float sum[T];
+  for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+  for (size_t b = 0; b < a[0]->cols / 256; ++b) {
     const uint8_t* blk = row + b * kQ6_KBlockBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    const int8_t* x = a.q.data() + 256 * b;
-    __m256i acc = _mm256_setzero_si256();
+    __m256i acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i l0 = Load256(blk + 64 * h), l1 = Load256(blk + 64 * h + 32), hb = Load256(blk + 128 + 32 * h);
       const __m256i codes[4] = {
@@ -190,20 +220,24 @@ TQ_KQ_ATTR float DotQ6_K(const uint8_t* row, const QuantizedActivation& a) {
       for (int k = 0; k < 4; ++k) {
         const int s = 8 * h + 2 * k;  // sub-blocks s (values 0-15 of the chunk) and s + 1 (16-31)
         const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
-        acc = DotScaled(acc, codes[k], Load256(x + 128 * h + 32 * k), scale);
+        for (int t = 0; t < T; ++t)
+          acc[t] = DotScaled(acc[t], codes[k], Load256(a[t]->q.data() + 256 * b + 128 * h + 32 * k), scale);
       }
     }
-    // The codes are stored + 32: subtract 32 * sum_s sc_s * (q sum of s).
-    int32_t offset = 0;
-    for (int s = 0; s < 16; ++s) offset += sc[s] * a.sums16[16 * b + s];
-    sum += CombineK(a.d[b], HalfAt(blk + 208), HSum(acc) - 32 * offset, 0.0f, 0);
+    // The codes are stored + 32: subtract 32 * sum_s sc_s * (q sum of s), 16 products in one vpmaddwd.
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const float d = HalfAtF16C(blk + 208);
+    for (int t = 0; t < T; ++t) {
+      const int32_t offset = HSum(_mm256_madd_epi16(sc16, Load256(a[t]->sums16.data() + 16 * b)));
+      sum[t] += CombineK(a[t]->d[b], d, HSum(acc[t]) - 32 * offset, 0.0f, 0);
+    }
   }
-  return sum;
+  for (int t = 0; t < T; ++t) out[t] = sum[t];
 }
 
 #else  // the integer arithmetic in plain loops
 
-TQ_KQ_ATTR float DotQ4_0(const uint8_t* row, const QuantizedActivation& a) {
+HWY_INLINE float DotQ4_0One(const uint8_t* row, const QuantizedActivation& a) {
   float sum = 0.0f;
   for (size_t b = 0; b < a.cols / 32; ++b) {
     const uint8_t* blk = row + b * kQ4_0BlockBytes;
@@ -216,7 +250,7 @@ TQ_KQ_ATTR float DotQ4_0(const uint8_t* row, const QuantizedActivation& a) {
 }
 
 template <int kBits>
-TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
+HWY_INLINE float DotQ45_KOne(const uint8_t* row, const QuantizedActivation& a) {
   constexpr size_t kBytes = kBits == 4 ? kQ4_KBlockBytes : kQ5_KBlockBytes;
   float sum = 0.0f;
   for (size_t b = 0; b < a.cols / 256; ++b) {
@@ -241,7 +275,7 @@ TQ_KQ_ATTR float DotQ45_K(const uint8_t* row, const QuantizedActivation& a) {
   return sum;
 }
 
-TQ_KQ_ATTR float DotQ6_K(const uint8_t* row, const QuantizedActivation& a) {
+HWY_INLINE float DotQ6_KOne(const uint8_t* row, const QuantizedActivation& a) {
   float sum = 0.0f;
   for (size_t b = 0; b < a.cols / 256; ++b) {
     const uint8_t* blk = row + b * kQ6_KBlockBytes;
@@ -269,14 +303,32 @@ TQ_KQ_ATTR float DotQ6_K(const uint8_t* row, const QuantizedActivation& a) {
   return sum;
 }
 
+template <int T>
+TQ_KQ_ATTR void DotQ4_0(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
+  for (int t = 0; t < T; ++t) out[t] = DotQ4_0One(row, *a[t]);
+}
+template <int kBits, int T>
+TQ_KQ_ATTR void DotQ45_K(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
+  for (int t = 0; t < T; ++t) out[t] = DotQ45_KOne<kBits>(row, *a[t]);
+}
+template <int T>
+TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
+  for (int t = 0; t < T; ++t) out[t] = DotQ6_KOne(row, *a[t]);
+}
+
 #endif  // TQ_KQ_X86
 
-HWY_INLINE float RowDot(DType t, const uint8_t* row, const QuantizedActivation& a) {
+// Tokens per call of the batched row kernels: 4 accumulators (and for Q4_0 4 float vectors) per row beside
+// the decoded weight vectors stay within the 16 registers of AVX2.
+constexpr int kTokens = 4;
+
+template <int T>
+HWY_INLINE void RowDots(DType t, const uint8_t* row, const QuantizedActivation* const* a, float* out) {
   switch (t) {
-    case DType::Q4_0: return DotQ4_0(row, a);
-    case DType::Q4_K: return DotQ45_K<4>(row, a);
-    case DType::Q5_K: return DotQ45_K<5>(row, a);
-    case DType::Q6_K: return DotQ6_K(row, a);
+    case DType::Q4_0: return DotQ4_0<T>(row, a, out);
+    case DType::Q4_K: return DotQ45_K<4, T>(row, a, out);
+    case DType::Q5_K: return DotQ45_K<5, T>(row, a, out);
+    case DType::Q6_K: return DotQ6_K<T>(row, a, out);
     default: break;
   }
   HWY_ABORT("kquant product: %s is not a ggml block type", dtype_name(t));
@@ -294,13 +346,23 @@ void KquantMatMulRows(const WeightView& w, const float* x, size_t n, float* y, s
   const size_t cols = static_cast<size_t>(w.cols);
   std::vector<QuantizedActivation>& acts = ActivationBuffers(n);
   for (size_t t = 0; t < n; ++t) quantize_activation(x + t * cols, cols, activation_block(w.dtype), acts[t]);
-  // One weight row against every token: the row stays in L1 while the tokens' int8 rows stream from L2.
+  // One weight row against every token, kTokens at a time: the row stays in L1 while the tokens' int8 rows
+  // stream from L2, and each decoded weight vector serves kTokens tokens.
+  const QuantizedActivation* ptrs[kTokens];
+  float out[kTokens];
   for (size_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = w.row_bytes(static_cast<int64_t>(r));
-    for (size_t t = 0; t < n; ++t) {
-      float v = RowDot(w.dtype, row, acts[t]);
-      if (bias) v += bias[r];
-      y[t * y_stride + r] = v;
+    const float b = bias ? bias[r] : 0.0f;
+    size_t t = 0;
+    for (; t + kTokens <= n; t += kTokens) {
+      for (int i = 0; i < kTokens; ++i) ptrs[i] = &acts[t + static_cast<size_t>(i)];
+      RowDots<kTokens>(w.dtype, row, ptrs, out);
+      for (int i = 0; i < kTokens; ++i) y[(t + static_cast<size_t>(i)) * y_stride + r] = bias ? out[i] + b : out[i];
+    }
+    for (; t < n; ++t) {
+      ptrs[0] = &acts[t];
+      RowDots<1>(w.dtype, row, ptrs, out);
+      y[t * y_stride + r] = bias ? out[0] + b : out[0];
     }
   }
 }
