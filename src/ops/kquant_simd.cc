@@ -170,8 +170,10 @@ TQ_KQ_ATTR void DotQ45_K(const uint8_t* row, const QuantizedActivation* const* a
     const uint8_t* qs = blk + (kBits == 4 ? 16 : 48);
     uint8_t sm[16];  // scales [8], mins [8]
     UnpackScalesMins(blk + 4, sm);
-    __m256i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_si256();
+    // Decode keeps two accumulators (low and high sub-blocks), halving the chain of dependent multiply-adds
+    // (integer sums: the split does not change them).
+    __m256i acc[T], acc2[T];
+    for (int t = 0; t < T; ++t) acc[t] = acc2[t] = _mm256_setzero_si256();
     __m256i qh = kBits == 5 ? Load256(blk + 16) : _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {
       const __m256i v = Load256(qs + 32 * g);
@@ -187,12 +189,17 @@ TQ_KQ_ATTR void DotQ45_K(const uint8_t* row, const QuantizedActivation* const* a
       for (int t = 0; t < T; ++t) {
         const int8_t* x = a[t]->q.data() + 256 * b + 64 * g;
         acc[t] = DotScaled(acc[t], lo, Load256(x), s_lo);
-        acc[t] = DotScaled(acc[t], hi, Load256(x + 32), s_hi);
+        if constexpr (T == 1) {
+          acc2[t] = DotScaled(acc2[t], hi, Load256(x + 32), s_hi);
+        } else {
+          acc[t] = DotScaled(acc[t], hi, Load256(x + 32), s_hi);
+        }
       }
     }
     const float d = HalfAtF16C(blk), dmin = HalfAtF16C(blk + 2);
     for (int t = 0; t < T; ++t)
-      sum[t] += CombineK(a[t]->d[b], d, HSum(acc[t]), dmin, MinTermSse(sm + 8, a[t]->sums16.data() + 16 * b));
+      sum[t] += CombineK(a[t]->d[b], d, HSum(_mm256_add_epi32(acc[t], acc2[t])), dmin,
+                         MinTermSse(sm + 8, a[t]->sums16.data() + 16 * b));
   }
   for (int t = 0; t < T; ++t) out[t] = sum[t];
 }
@@ -205,8 +212,8 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
   for (size_t b = 0; b < a[0]->cols / 256; ++b) {
     const uint8_t* blk = row + b * kQ6_KBlockBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    __m256i acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_si256();
+    __m256i acc[T], acc2[T];  // decode: the two halves in separate chains (as in DotQ45_K)
+    for (int t = 0; t < T; ++t) acc[t] = acc2[t] = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i l0 = Load256(blk + 64 * h), l1 = Load256(blk + 64 * h + 32), hb = Load256(blk + 128 + 32 * h);
       const __m256i codes[4] = {
@@ -220,8 +227,14 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
       for (int k = 0; k < 4; ++k) {
         const int s = 8 * h + 2 * k;  // sub-blocks s (values 0-15 of the chunk) and s + 1 (16-31)
         const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
-        for (int t = 0; t < T; ++t)
-          acc[t] = DotScaled(acc[t], codes[k], Load256(a[t]->q.data() + 256 * b + 128 * h + 32 * k), scale);
+        for (int t = 0; t < T; ++t) {
+          const __m256i x = Load256(a[t]->q.data() + 256 * b + 128 * h + 32 * k);
+          if (T == 1 && h == 1) {
+            acc2[t] = DotScaled(acc2[t], codes[k], x, scale);
+          } else {
+            acc[t] = DotScaled(acc[t], codes[k], x, scale);
+          }
+        }
       }
     }
     // The codes are stored + 32: subtract 32 * sum_s sc_s * (q sum of s), 16 products in one vpmaddwd.
@@ -229,7 +242,7 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
     const float d = HalfAtF16C(blk + 208);
     for (int t = 0; t < T; ++t) {
       const int32_t offset = HSum(_mm256_madd_epi16(sc16, Load256(a[t]->sums16.data() + 16 * b)));
-      sum[t] += CombineK(a[t]->d[b], d, HSum(acc[t]) - 32 * offset, 0.0f, 0);
+      sum[t] += CombineK(a[t]->d[b], d, HSum(_mm256_add_epi32(acc[t], acc2[t])) - 32 * offset, 0.0f, 0);
     }
   }
   for (int t = 0; t < T; ++t) out[t] = sum[t];
