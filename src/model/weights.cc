@@ -50,7 +50,8 @@ const char* allowed_names(Kind k) {
   switch (k) {
     case Kind::vector: return "norms and biases must be F32, F16 or BF16";
     case Kind::matrix:
-      return "matrices must be F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K or TurboQuant (a converted folder)";
+      return "matrices must be F32, F16, BF16, Q8_0 or TurboQuant (a converted folder), or in a GGUF Q4_0, Q4_K, Q5_K "
+             "or Q6_K";
     case Kind::plane: return "MXFP4 blocks and scales must be U8";
     case Kind::experts: return "expert matrices must be F32, F16, BF16, Q8_0 or MXFP4";
     case Kind::hf_experts:
