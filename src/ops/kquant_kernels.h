@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "ops/kquant.h"
 #include "ops/ops.h"
 
 namespace tq::ops::kernels {
@@ -14,5 +15,8 @@ namespace tq::ops::kernels {
 // thread: every (row, token) is one independent dot product.
 void kquant_matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                         size_t row_end, const float* bias);
+
+// quantize_activation with the target's vectors (what kquant_matmul_rows runs): the same codes and scales.
+void kquant_quantize_activation(const float* x, size_t cols, size_t block, QuantizedActivation& out);
 
 }  // namespace tq::ops::kernels

@@ -347,6 +347,42 @@ HWY_INLINE void RowDots(DType t, const uint8_t* row, const QuantizedActivation* 
   HWY_ABORT("kquant product: %s is not a ggml block type", dtype_name(t));
 }
 
+// quantize_activation (ops/kquant.h) with the target's vectors: the same float operations (|x| max, amax / 127,
+// 127 / amax, x * id rounded to nearest even, clamped to [-127, 127]), so the same codes on every target.
+void QuantizeActivationSimd(const float* HWY_RESTRICT x, size_t cols, size_t block, QuantizedActivation& a) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const size_t N = hn::Lanes(d);
+  a.cols = cols;
+  a.block = block;
+  a.q.resize(cols);
+  a.d.resize(cols / block);
+  a.sums16.resize(cols / 16);
+  if (block % N != 0) return quantize_activation(x, cols, block, a);  // wider than a block: the scalar code
+  for (size_t b = 0; b < cols / block; ++b) {
+    const float* xb = x + b * block;
+    auto vmax = hn::Zero(d);
+    for (size_t i = 0; i < block; i += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(d, xb + i)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    a.d[b] = amax / 127.0f;
+    const auto id = hn::Set(d, amax > 0 ? 127.0f / amax : 0.0f);
+    const auto lo = hn::Set(di, -127), hi = hn::Set(di, 127);
+    int8_t* q = a.q.data() + b * block;
+    for (size_t i = 0; i < block; i += N) {
+      const auto r = hn::Min(hn::Max(hn::NearestInt(hn::Mul(hn::LoadU(d, xb + i), id)), lo), hi);
+      HWY_ALIGN int32_t buf[HWY_LANES(int32_t)];
+      hn::Store(r, di, buf);
+      for (size_t j = 0; j < N; ++j) q[i + j] = static_cast<int8_t>(buf[j]);
+    }
+  }
+  for (size_t s = 0; s < cols / 16; ++s) {
+    int sum = 0;
+    for (size_t i = 0; i < 16; ++i) sum += a.q[16 * s + i];
+    a.sums16[s] = static_cast<int16_t>(sum);
+  }
+}
+
 // Per thread: the quantized activations of the current call (reused across calls: no allocation per product).
 std::vector<QuantizedActivation>& ActivationBuffers(size_t n) {
   thread_local std::vector<QuantizedActivation> buffers;
@@ -358,7 +394,7 @@ void KquantMatMulRows(const WeightView& w, const float* x, size_t n, float* y, s
                       size_t row_end, const float* bias) {
   const size_t cols = static_cast<size_t>(w.cols);
   std::vector<QuantizedActivation>& acts = ActivationBuffers(n);
-  for (size_t t = 0; t < n; ++t) quantize_activation(x + t * cols, cols, activation_block(w.dtype), acts[t]);
+  for (size_t t = 0; t < n; ++t) QuantizeActivationSimd(x + t * cols, cols, activation_block(w.dtype), acts[t]);
   // One weight row against every token, kTokens at a time: the row stays in L1 while the tokens' int8 rows
   // stream from L2, and each decoded weight vector serves kTokens tokens.
   const QuantizedActivation* ptrs[kTokens];
@@ -388,6 +424,11 @@ HWY_AFTER_NAMESPACE();
 namespace tq::ops::kernels {
 
 HWY_EXPORT(KquantMatMulRows);
+HWY_EXPORT(QuantizeActivationSimd);
+
+void kquant_quantize_activation(const float* x, size_t cols, size_t block, QuantizedActivation& out) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActivationSimd)(x, cols, block, out);
+}
 
 void kquant_matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                         size_t row_end, const float* bias) {

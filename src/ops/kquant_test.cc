@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "hwy/tests/hwy_gtest.h"
 #include "ops/kquant.h"
+#include "ops/kquant_kernels.h"
 #include "ops/ops.h"
 #include "ops/reference.h"
 
@@ -206,6 +207,22 @@ TEST(Kquant, ActivationQuantizationIsWithinHalfAStep) {
 
 class KquantTargets : public hwy::TestWithParamTarget {};
 HWY_TARGET_INSTANTIATE_TEST_SUITE_P(KquantTargets);
+
+// The kernels' vector quantization of the activation gives the scalar reference's codes, scales and sums
+// (ties and the clamp included: some values are placed exactly on .5 steps and at the block's maximum).
+TEST_P(KquantTargets, ActivationQuantizationMatchesTheScalarCode) {
+  for (size_t block : {size_t{32}, size_t{256}}) {
+    auto x = gaussian(1024, 31 + block);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = (static_cast<float>(i % 40) - 20.5f) / 127.0f * 3.0f;  // ties
+    for (size_t i = 0; i < 64; ++i) x[i] = 0.0f;  // an all-zero block
+    QuantizedActivation want, got;
+    quantize_activation(x.data(), x.size(), block, want);
+    kernels::kquant_quantize_activation(x.data(), x.size(), block, got);
+    ASSERT_EQ(want.q, got.q) << block;
+    ASSERT_EQ(want.d, got.d) << block;
+    ASSERT_EQ(want.sums16, got.sums16) << block;
+  }
+}
 
 // matmul (any n, 1 or 2 threads) against the integer reference (float rounding only) and against the float
 // product of the exact weights (within the activation's rounding, ops/kquant.h); matvec gives the same bits
