@@ -101,6 +101,21 @@ HWY_INLINE int32_t HSum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// The lane sums of four int32 vectors, one per lane of the result (integer adds: exactly HSum of each).
+HWY_INLINE __m128i HSum4(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+HWY_INLINE __m128i HSum4(__m128i a, __m128i b, __m128i c, __m128i d) {
+  return _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d));
+}
+
+// CombineK for four tokens at once, lane t for token t: the same multiplications and subtraction per lane.
+HWY_INLINE __m128 CombineK4(__m128 dx, float d, __m128i scaled, float dmin, __m128i mins) {
+  return _mm_mul_ps(dx, _mm_sub_ps(_mm_mul_ps(_mm_set1_ps(d), _mm_cvtepi32_ps(scaled)),
+                                   _mm_mul_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins))));
+}
+
 template <int T>
 TQ_KQ_ATTR void DotQ4_0(const uint8_t* row, const QuantizedActivation* const* a, float* out) {
   const __m256i low = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
@@ -165,6 +180,7 @@ TQ_KQ_ATTR void DotQ45_K(const uint8_t* row, const QuantizedActivation* const* a
   const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
   float sum[T];
   for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+  __m128 sum4 = _mm_setzero_ps();  // T == 4: the running sums, lane t for token t
   for (size_t b = 0; b < a[0]->cols / 256; ++b) {
     const uint8_t* blk = row + b * kBytes;
     const uint8_t* qs = blk + (kBits == 4 ? 16 : 48);
@@ -197,10 +213,24 @@ TQ_KQ_ATTR void DotQ45_K(const uint8_t* row, const QuantizedActivation* const* a
       }
     }
     const float d = HalfAtF16C(blk), dmin = HalfAtF16C(blk + 2);
-    for (int t = 0; t < T; ++t)
-      sum[t] += CombineK(a[t]->d[b], d, HSum(_mm256_add_epi32(acc[t], acc2[t])), dmin,
-                         MinTermSse(sm + 8, a[t]->sums16.data() + 16 * b));
+    if constexpr (T == 4) {
+      // The four tokens' sums, min terms and float combinations side by side (the same operations per lane).
+      const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+      __m128i mt[4];
+      for (int t = 0; t < 4; ++t) {
+        const __m256i s16 = Load256(a[t]->sums16.data() + 16 * b);
+        mt[t] = _mm_madd_epi16(_mm_hadd_epi16(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1)), m16);
+      }
+      const __m128 dx = _mm_setr_ps(a[0]->d[b], a[1]->d[b], a[2]->d[b], a[3]->d[b]);
+      sum4 = _mm_add_ps(sum4, CombineK4(dx, d, HSum4(acc[0], acc[1], acc[2], acc[3]), dmin,
+                                        HSum4(mt[0], mt[1], mt[2], mt[3])));
+    } else {
+      for (int t = 0; t < T; ++t)
+        sum[t] += CombineK(a[t]->d[b], d, HSum(_mm256_add_epi32(acc[t], acc2[t])), dmin,
+                           MinTermSse(sm + 8, a[t]->sums16.data() + 16 * b));
+    }
   }
+  if constexpr (T == 4) _mm_storeu_ps(sum, sum4);
   for (int t = 0; t < T; ++t) out[t] = sum[t];
 }
 
@@ -209,6 +239,7 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
   const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
   float sum[T];
   for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+  __m128 sum4 = _mm_setzero_ps();  // T == 4: the running sums, lane t for token t
   for (size_t b = 0; b < a[0]->cols / 256; ++b) {
     const uint8_t* blk = row + b * kQ6_KBlockBytes;
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
@@ -240,11 +271,21 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
     // The codes are stored + 32: subtract 32 * sum_s sc_s * (q sum of s), 16 products in one vpmaddwd.
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
     const float d = HalfAtF16C(blk + 208);
-    for (int t = 0; t < T; ++t) {
-      const int32_t offset = HSum(_mm256_madd_epi16(sc16, Load256(a[t]->sums16.data() + 16 * b)));
-      sum[t] += CombineK(a[t]->d[b], d, HSum(_mm256_add_epi32(acc[t], acc2[t])) - 32 * offset, 0.0f, 0);
+    if constexpr (T == 4) {
+      __m256i off[4];
+      for (int t = 0; t < 4; ++t) off[t] = _mm256_madd_epi16(sc16, Load256(a[t]->sums16.data() + 16 * b));
+      const __m128i scaled = _mm_sub_epi32(HSum4(acc[0], acc[1], acc[2], acc[3]),
+                                           _mm_slli_epi32(HSum4(off[0], off[1], off[2], off[3]), 5));
+      const __m128 dx = _mm_setr_ps(a[0]->d[b], a[1]->d[b], a[2]->d[b], a[3]->d[b]);
+      sum4 = _mm_add_ps(sum4, CombineK4(dx, d, scaled, 0.0f, _mm_setzero_si128()));
+    } else {
+      for (int t = 0; t < T; ++t) {
+        const int32_t offset = HSum(_mm256_madd_epi16(sc16, Load256(a[t]->sums16.data() + 16 * b)));
+        sum[t] += CombineK(a[t]->d[b], d, HSum(_mm256_add_epi32(acc[t], acc2[t])) - 32 * offset, 0.0f, 0);
+      }
     }
   }
+  if constexpr (T == 4) _mm_storeu_ps(sum, sum4);
   for (int t = 0; t < T; ++t) out[t] = sum[t];
 }
 
