@@ -471,6 +471,10 @@ Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_vi
   for (const ops::WeightView& w : parts)
     TQ_CHECK(!ops::is_tq(w.dtype), what, ": ", ops::dtype_name(w.dtype),
              " (TurboQuant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
+  // ggml's block types (a *-Q4_K_M.gguf) have no GPU kernels yet: refused by name, never widened to BF16.
+  for (const ops::WeightView& w : parts)
+    TQ_CHECK(!ops::is_kquant(w.dtype), what, ": ", ops::dtype_name(w.dtype),
+             " (GGUF k-quant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
   DeviceMatrix m;
   m.rows = stacked_rows(parts, what);
   m.cols = parts[0].cols;

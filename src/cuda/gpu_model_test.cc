@@ -23,6 +23,8 @@
 #include "cuda/device_cache_impl.h"
 #include "cuda/ops_kernels.h"
 #include "device/cpu_device.h"
+#include "model/gguf_export.h"
+#include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
 #include "ops/ops.h"
@@ -485,6 +487,17 @@ TEST(GpuModel, GptOssSlidingLayerPoolIsBoundedByTheWindow) {
   EXPECT_EQ(memory[1].main_tokens + memory[1].sink_tokens, 300);
   // 2 x rotating_pages_per_sequence(4, 64, 1024) = 36 pages against 257 for the full layer.
   EXPECT_LT(memory[0].allocated_bytes * 4, memory[1].allocated_bytes) << "the sliding layer's pool should be sized by its window";
+}
+
+// A GGUF with ggml k-quant matrices (the demo model exported as Q4_K / Q6_K) is refused at load by name.
+TEST(GpuModel, KquantGgufIsRefusedAtLoad) {
+  TQ_REQUIRE_GPU();
+  testing_util::ScratchDir dir("gpu_kquant");
+  const ModelFiles hf = open_model(demo_model_dir());
+  write_llama_gguf(hf, dir.file("q4k.gguf"), LlamaGgufOptions{});
+  auto device = cuda::make_cuda_device();
+  testing_util::expect_error([&] { Model::open(dir.file("q4k.gguf"), *device); },
+                             {"Q4_K", "k-quant", "not supported by the CUDA backend", "--device cpu"});
 }
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {

@@ -16,6 +16,7 @@
 
 #include "core/half.h"
 #include "ops/kernels.h"
+#include "ops/kquant_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq::ops {
@@ -685,6 +686,10 @@ void MatVecRows(const WeightView& w, const float* x, float* y, size_t row_begin,
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: break;  // ops.cc refuses them before (they take a rotated activation: tq_weights.h)
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: break;  // kernels::matvec_rows sends them to kquant_simd.cc
   }
   HWY_ABORT("matvec: no dense kernel for %s", dtype_name(w.dtype));
 }
@@ -702,6 +707,10 @@ void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t 
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: break;  // ops.cc refuses them before (they take a rotated activation: tq_weights.h)
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: break;  // kernels::matmul_rows sends them to kquant_simd.cc
   }
   HWY_ABORT("matmul: no dense kernel for %s", dtype_name(w.dtype));
 }
@@ -903,10 +912,12 @@ HWY_EXPORT(TargetName);
 
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias) {
+  if (is_kquant(w.dtype)) return kquant_matmul_rows(w, x, 1, y, 0, row_begin, row_end, bias);
   HWY_DYNAMIC_DISPATCH(MatVecRows)(w, x, y, row_begin, row_end, bias);
 }
 void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias) {
+  if (is_kquant(w.dtype)) return kquant_matmul_rows(w, x, n, y, y_stride, row_begin, row_end, bias);
   HWY_DYNAMIC_DISPATCH(MatMulRows)(w, x, n, y, y_stride, row_begin, row_end, bias);
 }
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y) {
