@@ -1,0 +1,26 @@
+// libFuzzer target: a .gguf file loaded as turboquant loads one (open_model): the header, metadata of
+// every type (nested arrays included), the tensor table (dimensions, ggml types, offsets, alignment), the
+// hyperparameters (config_from_gguf: general.architecture and the <arch>.* keys), validate_weights against
+// them, then the vocabulary (tokenizer.ggml.*: load_model_tokenizer) and a short text through it.
+// Input: the file's bytes. Seeds: stories260K.gguf with its dimensions made small, and small files of
+// the other architectures' keys (fuzz/make_seeds.cc).
+#include "fuzz/fuzz_util.h"
+#include "model/loader.h"
+#include "runtime/generate.h"
+#include "text/tokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string path = tq::fuzz::write_scratch("model.gguf", {reinterpret_cast<const char*>(data), size});
+  tq::fuzz::refused([&] {
+    // What GgufFile reads before the config: every key described (the loader logs them).
+    const tq::GgufFile g = tq::GgufFile::open(path);
+    for (const std::string& k : g.keys()) (void)g.find(k)->describe();
+  });
+  tq::fuzz::refused([&] {
+    const tq::ModelFiles m = tq::open_model(path);
+    const std::unique_ptr<tq::Tokenizer> tok = tq::load_model_tokenizer(m);
+    const std::vector<int32_t> ids = tok->encode("Once upon a time, <s> there was\n a cat.");
+    (void)tok->decode(ids);
+  });
+  return 0;
+}
