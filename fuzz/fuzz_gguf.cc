@@ -6,6 +6,7 @@
 // the other architectures' keys (fuzz/make_seeds.cc).
 #include "fuzz/fuzz_util.h"
 #include "model/loader.h"
+#include "ops/ops.h"
 #include "runtime/generate.h"
 #include "text/tokenizer.h"
 
@@ -18,6 +19,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   tq::fuzz::refused([&] {
     const tq::ModelFiles m = tq::open_model(path);
+    // The RoPE table every architecture builds first (its dims are ints: the config must not narrow into them).
+    const tq::ops::RopeConfig rc = tq::rope_config(m.config);
+    if (rc.head_dim != m.config.head_dim || rc.rotary_dim != m.config.rope_dim) __builtin_trap();
+    const tq::ops::RopeTable rope(rc);
     const std::unique_ptr<tq::Tokenizer> tok = tq::load_model_tokenizer(m);
     const std::vector<int32_t> ids = tok->encode("Once upon a time, <s> there was\n a cat.");
     (void)tok->decode(ids);

@@ -9,6 +9,7 @@
 #include "fuzz/fuzz_util.h"
 #include "model/config.h"
 #include "model/tensor.h"
+#include "ops/ops.h"
 #include "model/tq_weights.h"
 
 namespace {
@@ -34,8 +35,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tq::fuzz::refused([&] {
     const tq::ModelConfig c = tq::parse_hf_config(text, "config.json");
     (void)c.summary();
-    (void)tq::rope_config(c);
     model_sizes(c);
+    // The RoPE table every architecture builds first (its dims are ints: a config must not narrow into them).
+    const tq::ops::RopeConfig rc = tq::rope_config(c);
+    if (rc.head_dim != c.head_dim || rc.rotary_dim != c.rope_dim) __builtin_trap();
+    const tq::ops::RopeTable rope(rc);
+    std::vector<float> cos(rope.inv_freq().size()), sin(cos.size());  // [rotary_dim / 2]
+    rope.cos_sin(c.max_position_embeddings - 1, cos.data(), sin.data());
   });
   tq::fuzz::refused([&] { (void)tq::parse_generation_config(text, "generation_config.json"); });
   const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
