@@ -181,6 +181,11 @@ class BpeTokenizer final : public Tokenizer {
     for (const AddedToken& t : spec_.added_tokens) {
       TQ_CHECK(t.id >= 0, spec_.source, ": added token '", t.content, "' has a negative id ", t.id);
       TQ_CHECK(!t.content.empty(), spec_.source, ": added token ", t.id, " has no content");
+      // Every id below the largest gets a slot in the tables below: an id far past the vocabulary (a corrupt
+      // file's 2000000000) would size them by it (found by fuzz/fuzz_tokenizer_json). The rule of vocab_by_id.
+      const int64_t limit = static_cast<int64_t>(model.vocab_size()) + 2 * static_cast<int64_t>(spec_.added_tokens.size()) + 1024;
+      TQ_CHECK(t.id < limit, spec_.source, ": added token '", t.content, "' has id ", t.id, ", far beyond the vocabulary of ",
+               model.vocab_size(), " and the ", spec_.added_tokens.size(), " added tokens");
       size = std::max(size, t.id + 1);
     }
     vocab_size_ = size;
