@@ -30,11 +30,11 @@ void read_back(const tq::LayerCache& layer) {
 
 }  // namespace
 
-// The codebooks are computed once per (bits, group) and kept (codec/codebook.h): about 0.3 s of CPU each
-// under ASan, which a loaded machine stretches past the 1 s timeout on the first input that names them.
-// Computed here for the formats of the seeds (the default TurboQuant K8/V3, q8_0/q4_0), as a server computes
-// its cache format's at start, so that -timeout measures what one file costs. Other (bits, group) pairs
-// still pay theirs once (docs/RELIABILITY.md).
+// The codebooks are computed once per (bits, group) and kept (codec/codebook.h): about 0.15 s of CPU each in
+// this build (codebook.cc has no coverage instrumentation: fuzz/CMakeLists.txt), which a loaded machine can
+// stretch past the 1 s timeout on the first input that names them. Computed here for the formats of the seeds
+// (the default TurboQuant K8/V3, q8_0/q4_0), as a server computes its cache format's at start, so that -timeout
+// measures what one file costs. Other (bits, group) pairs pay theirs once (docs/RELIABILITY.md).
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   for (int bits : {3, 4, 8}) {
     (void)tq::lloyd_max_codebook(bits);
