@@ -540,6 +540,34 @@ TEST(GpuMoe, GroupedMmaTakesEveryScale) {
   expect_mma_close(got, want, rows, H, "the CPU");
 }
 
+// The same scales one at a time: every gate_up block at one of the values above (down at 127), then every
+// down block at one of its values (gate_up at 127). A failure of GroupedMmaTakesEveryScale then names the
+// product and the exponent where the bound breaks, instead of a mix of eight.
+TEST(GpuMoe, GroupedMmaTakesEachScaleAlone) {
+  TQ_REQUIRE_GPU();
+  namespace mk = moe_kernels;
+  if (!mk::device_has_tensor_cores()) GTEST_SKIP() << "no BF16 tensor cores on this GPU";
+  const int E = 8, k = 2, H = 128, I = 96, rows = 100;
+  CpuDevice cpu(4);
+  const auto x = grid_input(rows, H, 21);
+  const MoeOptions o = options(k);
+  for (const bool in_down : {false, true}) {
+    const std::vector<uint8_t> values = in_down ? std::vector<uint8_t>{0, 1, 120, 124, 127, 140} : std::vector<uint8_t>{40, 90, 100, 118, 122, 127, 133, 240};
+    for (const uint8_t e : values) {
+      SCOPED_TRACE(std::string(in_down ? "down" : "gate_up") + " scales all " + std::to_string(e));
+      Layer L = uneven_layer(E, H, I, ops::DType::MXFP4, 55);
+      std::fill(L.gate_up_scales.begin(), L.gate_up_scales.end(), in_down ? uint8_t{127} : e);
+      std::fill(L.down_scales.begin(), L.down_scales.end(), in_down ? e : uint8_t{127});
+      const KernelLayer K(L);
+      const Moe on_cpu = cpu.moe_experts(L.weights(), "experts");
+      const auto want = cpu_moe_with(cpu, on_cpu, x, rows, o);
+      const auto got = kernel_moe(K, x, rows, k, ActType::f32, o, mk::Path::grouped_mma);
+      const double worst = expect_mma_close(got, want, rows, H, "the CPU");
+      std::printf("grouped_mma, %s scales all %d: worst row rms error %.3g\n", in_down ? "down" : "gate_up", e, worst);
+    }
+  }
+}
+
 // Ties go to the lower index and the weights are a softmax over the chosen logits only: experts that only add
 // their down bias, one-hot per expert, so the output shows who was chosen with which weight (moe_test.cc's
 // case, on the GPU, through both paths).

@@ -171,7 +171,9 @@ class KVCache final : public LayerCache {
   bool has_sequence(int seq) const override { return seqs_.count(seq) != 0; }
   std::vector<int> sequences() const override;
   int length(int seq) const override;  // positions appended so far
-  int first_kept(int seq) const;       // oldest position still held (> 0 only for rotating caches)
+  int first_kept(int seq) const;       // oldest main-tier position still held (> 0 only for rotating caches; the
+                                       // sink tier below options().min_tokens is always held, and a sequence
+                                       // longer than the sink tier whose window dropped nothing reads min_tokens)
   void fork_sequence(int parent, int child, bool copy = false) override;
   void truncate(int seq, int length) override;
   std::string truncate_problem(int seq, int length) const override;
