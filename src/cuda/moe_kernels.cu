@@ -4,7 +4,8 @@
 //   select     a block per row: the top k (lower index first on ties) by counting, for every expert, the
 //              experts that beat it; the softmax over those k; the chosen experts written in index order
 //              (the order of the sum). It also zeroes the decode path's arrival counters.
-//   decode     (rows * k <= kDecodePairs) two kernels spread over the whole GPU:
+//   decode     (rows * k <= kDecodePairs) two kernels spread over the whole GPU, each warp loading its first
+//              weights before its block stages the input vector:
 //              gate_up_decode: a block per (pair, 8 outputs i), the pair's input row in shared memory; a
 //                warp per i reads gate row i and up row i of the pair's expert and writes
 //                h = (clamp(u) + up_offset) * g' * sigmoid(alpha g');
@@ -263,17 +264,48 @@ struct Bf16Rows {
   }
 };
 
-// The whole warp: acc[t] = row t . x, x in shared memory (swizzled). The lanes' units and every rounding
-// are warp_dot's; the next unit's weights are loaded before this one's products, so a lane has two units
-// of its R rows in flight.
-template <typename Rows, int R>
-__device__ __forceinline__ void rows_dot(const Rows& rows, const float4* __restrict__ xs, float (&acc)[R]) {
+// Units a lane loads ahead of the staging (FirstUnits): MXFP4 rows of GPT-OSS-20B (2880 values, 90 units)
+// in one go; BF16 units are 8 values, so 4 of them (Qwen3.6's 2048-value gate/up rows have 8 a lane).
+template <typename Rows> inline constexpr int kFirstUnits = 4;
+template <int R> inline constexpr int kFirstUnits<Mxfp4Rows<R>> = 3;
+
+// A lane's first U units of its R rows (units lane, lane + 32, ..., lane + 32 (U - 1)), loaded before the
+// block stages its input vector: the weights do not depend on it, so their HBM latency overlaps the
+// staging (an L2 read and a barrier) instead of following it. At GPT-OSS-20B's sizes (90 units a row)
+// U = 3 holds every unit a lane has; the rest, if any, streams in rows_dot.
+template <typename Rows, int U>
+struct FirstUnits {
+  typename Rows::Raw raw[U];
+  __device__ __forceinline__ FirstUnits(const Rows& rows) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      if (lane + 32 * j < rows.units) rows.load(lane + 32 * j, raw[j]);
+  }
+};
+
+// The whole warp: acc[t] = row t . x, x in shared memory (swizzled), the first units from `first`. The
+// lanes' units and every rounding are warp_dot's (each lane takes its units in increasing order); past
+// the first U, the next unit's weights are loaded before this one's products, so a lane has two units of
+// its R rows in flight.
+template <typename Rows, int R, int U>
+__device__ __forceinline__ void rows_dot(const Rows& rows, const FirstUnits<Rows, U>& first, const float4* __restrict__ xs, float (&acc)[R]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int t = 0; t < R; ++t) acc[t] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < U; ++j) {
+    const int u = lane + 32 * j;
+    if (u >= rows.units) break;
+    float4 x[Rows::kF4];
+#pragma unroll
+    for (int c = 0; c < Rows::kF4; ++c) x[c] = xs[swizzled<Rows::kF4>(u, c)];
+    rows.fma(first.raw[j], x, acc);
+  }
+  const int u0 = lane + 32 * U;
   typename Rows::Raw cur{}, next{};
-  if (lane < rows.units) rows.load(lane, cur);
-  for (int u = lane; u < rows.units; u += 32) {
+  if (u0 < rows.units) rows.load(u0, cur);
+  for (int u = u0; u < rows.units; u += 32) {
     if (u + 32 < rows.units) rows.load(u + 32, next);
     float4 x[Rows::kF4];
 #pragma unroll
@@ -327,9 +359,11 @@ struct Scratch {
   float* y;           // [rows * k][H]: decode and grouped paths: each pair's expert output (with its bias, unweighted)
 };
 
-// Outputs c per warp of down_decode: 4 for MXFP4 (h, I floats, is staged per block; fewer, larger blocks
-// stage it fewer times), 2 for BF16 (rows of 2 I bytes: more blocks keep more loads in flight).
-int down_rows_per_warp(const MoeLayer& L) { return L.gate_up.format == ExpertFormat::mxfp4 ? 4 : 2; }
+// Outputs c per warp of down_decode: 2 in both formats. With 4 (MXFP4, until 2026-12-03) GPT-OSS-20B's
+// down was 360 blocks for 264 resident (2 a multiprocessor on 132): 1.36 waves, the second a third full.
+// With 2 it is 720 blocks for 396 resident (3 a multiprocessor): 1.82 waves. h is staged twice as often
+// (720 x 11.5 KB from L2, against 17.6 MB of expert weights from HBM).
+int down_rows_per_warp(const MoeLayer&) { return 2; }
 int down_blocks(const MoeLayer& L) {
   const int span = kWarps * down_rows_per_warp(L);
   return (L.hidden + span - 1) / span;
@@ -924,12 +958,11 @@ __global__ void __launch_bounds__(kMmaThreads) down_mma_kernel(MoeLayer L, const
 
 // ---- the decode path
 
-// Blocks of 256 threads per SM the decode kernels are compiled for, i.e. register caps of 85 and 128 a
-// thread: 24 and 16 warps per SM, each with two units of its rows' weights in flight. Tighter caps (4 and 3
-// blocks: 64 and 80 registers) made ptxas spill (16 and 48 bytes) in the MXFP4 kernels; with these it spills
-// nothing (ptxas -v, sm_90a: gate_up 66 registers MXFP4 and 62 BF16, down 107 MXFP4 (4 outputs a warp) and
-// 63 BF16 (2)). Untuned on the H200 so far: tq-product-bench --moe is where to try others.
-constexpr int kGateUpDecodeBlocks = 3, kDownDecodeBlocks = 2;
+// Blocks of 256 threads per SM the decode kernels are compiled for, i.e. a register cap of 85 a thread:
+// 24 warps per SM, each with its first units (FirstUnits) and then two units of its rows' weights in flight.
+// ptxas -v (sm_90a) spills nothing in any of the four kernels at this cap with the first units loaded
+// ahead (checked 2026-12-03); tighter caps (4 blocks: 64 registers) spilled in the MXFP4 kernels before.
+constexpr int kGateUpDecodeBlocks = 3, kDownDecodeBlocks = 3;
 
 // blockIdx.x = pair p (row p / k's j-th expert), blockIdx.y = a block of kWarps outputs i; warp w takes
 // i = blockIdx.y kWarps + w: gate row 2i and up row 2i + 1 (adjacent in the plane), R = 2. The pairs vary
@@ -941,12 +974,15 @@ __global__ void __launch_bounds__(32 * kWarps, kGateUpDecodeBlocks) gate_up_deco
                                                                      float* __restrict__ h) {
   extern __shared__ float4 xs[];  // [H / 4]
   const int p = blockIdx.x, e = chosen[p], I = L.intermediate;
+  const int i = blockIdx.y * kWarps + (threadIdx.x >> 5);
+  // A warp past the last output still stages its share of x (the block's barrier), from gate/up row 0.
+  const Rows<2> rows(L.gate_up, e, 2 * static_cast<int64_t>(i < I ? i : 0));
+  const FirstUnits<Rows<2>, kFirstUnits<Rows<2>>> first(rows);
   stage_vector<Rows<2>::kF4>(x + static_cast<int64_t>(p / k) * x_stride, L.hidden, xs);
   __syncthreads();
-  const int i = blockIdx.y * kWarps + (threadIdx.x >> 5);
   if (i >= I) return;
   float acc[2];
-  rows_dot(Rows<2>(L.gate_up, e, 2 * static_cast<int64_t>(i)), xs, acc);
+  rows_dot(rows, first, xs, acc);
   if ((threadIdx.x & 31) != 0) return;
   const float gb = L.gate_bias[static_cast<int64_t>(e) * I + i], ub = L.up_bias[static_cast<int64_t>(e) * I + i];
   h[static_cast<int64_t>(p) * I + i] = clamped_swiglu(__fadd_rn(acc[0], gb), __fadd_rn(acc[1], ub), limit, alpha, up_offset);
@@ -963,12 +999,15 @@ __global__ void __launch_bounds__(32 * kWarps, kDownDecodeBlocks) down_decode_ke
   extern __shared__ float4 xs[];  // [I / 4]
   __shared__ bool last;
   const int p = blockIdx.x, e = chosen[p], H = L.hidden, row = p / k;
+  const int c0 = (blockIdx.y * kWarps + (threadIdx.x >> 5)) * R, lane = threadIdx.x & 31;
+  // H is a multiple of 32, so a warp's R outputs are all there or none is; a warp past them loads rows 0..R-1.
+  const Rows<R> rows(L.down, e, c0 < H ? c0 : 0);
+  const FirstUnits<Rows<R>, kFirstUnits<Rows<R>>> first(rows);
   stage_vector<Rows<R>::kF4>(h + static_cast<int64_t>(p) * L.intermediate, L.intermediate, xs);
   __syncthreads();
-  const int c0 = (blockIdx.y * kWarps + (threadIdx.x >> 5)) * R, lane = threadIdx.x & 31;
-  if (c0 < H) {  // H is a multiple of 32, so a warp's R outputs are all there or none is
+  if (c0 < H) {
     float acc[R];
-    rows_dot(Rows<R>(L.down, e, c0), xs, acc);
+    rows_dot(rows, first, xs, acc);
 #pragma unroll
     for (int t = 0; t < R; ++t)
       if (lane == t) y[static_cast<int64_t>(p) * H + c0 + t] = __fadd_rn(acc[t], L.down_bias[static_cast<int64_t>(e) * H + c0 + t]);
@@ -1073,7 +1112,7 @@ void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* ou
     }
   } else if (path == Path::decode) {
     if (mxfp4) {
-      launch_decode<Mxfp4Rows, 4>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+      launch_decode<Mxfp4Rows, 2>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
     } else {
       launch_decode<Bf16Rows, 2>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
     }
