@@ -41,6 +41,7 @@
 
 #include "core/error.h"
 #include "cuda/check.h"
+#include "cuda/device_util.cuh"
 #include "cuda/moe_kernels.h"
 
 namespace tq::cuda::moe_kernels {
@@ -973,6 +974,9 @@ __global__ void __launch_bounds__(32 * kWarps, kGateUpDecodeBlocks) gate_up_deco
                                                                      const int32_t* __restrict__ chosen, float limit, float alpha, float up_offset,
                                                                      float* __restrict__ h) {
   extern __shared__ float4 xs[];  // [H / 4]
+  // Every block has started: down_decode (a programmatic dependent) may begin loading its weights on the
+  // multiprocessors this kernel's last wave leaves free; it waits for h before it reads it.
+  grid_dependents_may_start();
   const int p = blockIdx.x, e = chosen[p], I = L.intermediate;
   const int i = blockIdx.y * kWarps + (threadIdx.x >> 5);
   // A warp past the last output still stages its share of x (the block's barrier), from gate/up row 0.
@@ -1003,6 +1007,9 @@ __global__ void __launch_bounds__(32 * kWarps, kDownDecodeBlocks) down_decode_ke
   // H is a multiple of 32, so a warp's R outputs are all there or none is; a warp past them loads rows 0..R-1.
   const Rows<R> rows(L.down, e, c0 < H ? c0 : 0);
   const FirstUnits<Rows<R>, kFirstUnits<Rows<R>>> first(rows);
+  // Launched as a programmatic dependent of gate_up_decode: chosen, the weights and the arrival counters
+  // are select's (finished before gate_up_decode began); h is gate_up_decode's, so wait before staging it.
+  grid_dependency_wait();
   stage_vector<Rows<R>::kF4>(h + static_cast<int64_t>(p) * L.intermediate, L.intermediate, xs);
   __syncthreads();
   if (c0 < H) {
@@ -1052,8 +1059,18 @@ void launch_decode(const MoeLayer& L, const X* x, int64_t x_stride, int rows, fl
                                                                                                                   alpha, up_offset, s.h);
   TQ_CHECK(DownR == down_rows_per_warp(L), "internal error: the down kernel's outputs per warp");
   auto* down = down_decode_kernel<Rows, DownR>;
-  down<<<dim3(pairs, static_cast<unsigned>(down_blocks(L))), threads, dynamic_shared(down, static_cast<size_t>(L.intermediate) * 4), stream>>>(
-      L, s.h, k, s.chosen, s.weight, s.y, s.arrivals, out, out_stride, accumulate);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(pairs, static_cast<unsigned>(down_blocks(L)));
+  config.blockDim = threads;
+  config.dynamicSmemBytes = dynamic_shared(down, static_cast<size_t>(L.intermediate) * 4);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // its weights load while gate_up ends
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, down, L, static_cast<const float*>(s.h), k, static_cast<const int32_t*>(s.chosen),
+                                   static_cast<const float*>(s.weight), s.y, s.arrivals, out, out_stride, accumulate));
 }
 
 template <typename Row, typename X>
