@@ -418,13 +418,20 @@ __global__ void __launch_bounds__(32 * kWarps) logits_kernel(const X* __restrict
   const X* xr = x + static_cast<int64_t>(row) * x_stride;
   const float* w = router + static_cast<int64_t>(e) * H;
   float sum = 0.0f;
-  for (int base = lane * 8; base < H; base += 32 * 8 * kLogitChunks) {
-    float4 wv[kLogitChunks][2];
+  float4 wv[kLogitChunks][2];
+  auto load_router = [&](int base) {
 #pragma unroll
     for (int a = 0; a < kLogitChunks; ++a) {
       const int c = base + a * 32 * 8;
       if (c < H) wv[a][0] = __ldg(reinterpret_cast<const float4*>(w + c)), wv[a][1] = __ldg(reinterpret_cast<const float4*>(w + c) + 1);
     }
+  };
+  // A programmatic dependent launch (launch): the router is no kernel's output, so its first chunks load
+  // before the wait for the previous kernel (which writes x).
+  load_router(lane * 8);
+  grid_dependency_wait();
+  for (int base = lane * 8; base < H; base += 32 * 8 * kLogitChunks) {
+    if (base != lane * 8) load_router(base);
 #pragma unroll
     for (int a = 0; a < kLogitChunks; ++a) {
       const int c = base + a * 32 * 8;
@@ -1112,8 +1119,19 @@ void launch_mma(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float
 template <typename X>
 void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
             float up_offset, bool accumulate, const Scratch& s, Path path, cudaStream_t stream) {
-  logits_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>((L.experts + kWarps - 1) / kWarps)), 32 * kWarps, 0, stream>>>(
-      x, x_stride, L.router, L.router_bias, L.experts, L.hidden, s.logits);
+  {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(rows), static_cast<unsigned>((L.experts + kWarps - 1) / kWarps));
+    config.blockDim = dim3(32 * kWarps);
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the router loads while the previous kernel ends
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, logits_kernel<X>, x, x_stride, static_cast<const float*>(L.router),
+                                     static_cast<const float*>(L.router_bias), L.experts, L.hidden, s.logits));
+  }
   const unsigned select_threads = static_cast<unsigned>((L.experts + 31) / 32 * 32);
   select_kernel<<<static_cast<unsigned>(rows), select_threads, static_cast<size_t>(L.experts + k) * sizeof(float), stream>>>(
       s.logits, L.experts, k, s.chosen, s.weight, s.tiles, path == Path::legacy_decode, s.arrivals, path == Path::decode ? down_blocks(L) : 0);
