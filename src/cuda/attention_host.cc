@@ -198,12 +198,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   // Shortest item: its fixed costs (prologue, publishing a part, a share of the merge) against its tiles.
   // Measured on the H200 (tq-llama-hd128 decode at 32K, device time per step, K8/V3): 16 tiles 383.5 us,
   // 8 tiles 387.5 us, 4 tiles 392.8 us. set_min_tiles overrides it (experiments: --attn-min-tiles).
-  // Short contexts of few KV heads lower it so that every multiprocessor gets an item (PlanShape).
-  if (a.min_tiles > 0) {
-    shape.min_tiles_per_item = a.min_tiles;
-  } else {
-    shape.multiprocessors = sm_count;
-  }
+  if (a.min_tiles > 0) shape.min_tiles_per_item = a.min_tiles;
   a.plan = a.memo ? a.memo->plan(shape, pr) : plan_attention(shape, pr);
 
   // The plan's arrays go up in one copy through page-locked memory (no wait for the stream: the decode

@@ -586,32 +586,6 @@ TEST(CudaPlan, LongContextsAreSplitToFillTheDevice) {
   EXPECT_LE(static_cast<int>(many.items.size()), 1100);
 }
 
-// A short context of few KV heads (Qwen3.6's 2 of 256 at 4K: 512 tiles) gets an item per multiprocessor,
-// not 32 items of 16 tiles; long contexts, and a call that fills the device anyway, keep the floor; an
-// explicit floor (multiprocessors 0) holds as set.
-TEST(CudaPlan, ShortContextsGiveEveryMultiprocessorAnItem) {
-  PlanShape s;
-  s.n_heads = 16;
-  s.n_kv = 2;
-  s.target_blocks = 396;
-  const std::vector<PlanRequest> at_4k{PlanRequest{4096, 1, 4095}};
-  EXPECT_EQ(plan_attention(s, at_4k).items.size(), 32u) << "the explicit floor of 16 tiles";
-  s.multiprocessors = 132;
-  const WorkPlan filled = plan_attention(s, at_4k);
-  EXPECT_EQ(filled.tiles_per_item, 3);
-  EXPECT_GE(static_cast<int>(filled.items.size()), 132);
-  const WorkPlan tiny = plan_attention(s, {PlanRequest{64, 1, 63}});  // 2 x 4 tiles: the fewest per item is 2
-  EXPECT_EQ(tiny.tiles_per_item, kFewestTilesPerItem);
-  const WorkPlan at_32k = plan_attention(s, {PlanRequest{32768, 1, 32767}});  // 4096 tiles: 256 items of 16 already
-  EXPECT_EQ(at_32k.tiles_per_item, 16);
-  s.n_heads = 64;  // GPT-OSS-20B's 8 KV heads at 4K: 2048 tiles, 128 items of 16 (about one per multiprocessor)
-  s.n_kv = 8;
-  EXPECT_EQ(plan_attention(s, at_4k).tiles_per_item, 15);
-  s.min_tiles_per_item = 1;  // never raises a lower floor
-  s.multiprocessors = 132;
-  EXPECT_EQ(plan_attention(s, {PlanRequest{64, 1, 63}}).tiles_per_item, 1);
-}
-
 // The memo gives the plan plan_attention gives, for the same shape and requests only.
 TEST(CudaPlan, TheMemoGivesThePlanOfTheSameCallOnly) {
   PlanShape s;

@@ -60,17 +60,13 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
     }
   }
 
-  // Split size: enough items to fill the GPU once, none shorter than min_tiles_per_item, unless that would
-  // leave multiprocessors without an item: then as short as gives each one (not below kFewestTilesPerItem).
+  // Split size: enough items to fill the GPU once, none shorter than min_tiles_per_item.
   WorkPlan plan;
   plan.tiles = total_tiles;
   plan.groups.reserve(pending.size());
   plan.items.reserve(pending.size());
   const int64_t target = std::max(1, s.target_blocks);
-  int64_t shortest = std::max(1, s.min_tiles_per_item);
-  if (s.multiprocessors > 0 && total_tiles < shortest * s.multiprocessors)
-    shortest = std::clamp<int64_t>(total_tiles / s.multiprocessors, std::min<int64_t>(kFewestTilesPerItem, shortest), shortest);
-  plan.tiles_per_item = static_cast<int>(std::max<int64_t>(shortest, (total_tiles + target - 1) / target));
+  plan.tiles_per_item = static_cast<int>(std::max<int64_t>(std::max(1, s.min_tiles_per_item), (total_tiles + target - 1) / target));
   auto parts_for = [&](int tiles) {
     if (tiles <= 0) return 0;
     return std::max(1, static_cast<int>(std::lround(static_cast<double>(tiles) / plan.tiles_per_item)));

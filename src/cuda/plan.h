@@ -15,7 +15,6 @@
 namespace tq::cuda {
 
 inline constexpr int kRowsPerItem = 8;  // the N dimension of the MMA
-inline constexpr int kFewestTilesPerItem = 2;  // the shortest item the multiprocessor floor makes (32 positions)
 inline constexpr int kMaxPartsPerGroup = 256;  // the merging block keeps one weight per part and row
 
 // Plain structs copied to the device as they are.
@@ -55,10 +54,6 @@ struct PlanShape {
   int window = 0;             // sliding window (0 = none)
   int target_blocks = 1;      // thread blocks that fill the GPU once (SMs x blocks per SM)
   int min_tiles_per_item = 16;
-  // When set, a call whose tiles cannot give every multiprocessor an item of min_tiles_per_item gets shorter
-  // items (down to kFewestTilesPerItem) until it can: batch 1 of a model with 2 KV heads at 4K is 512 tiles,
-  // 32 items of 16 for 132 multiprocessors. 0: min_tiles_per_item holds as it is (an explicit setting).
-  int multiprocessors = 0;
   bool operator==(const PlanShape&) const = default;
 };
 
