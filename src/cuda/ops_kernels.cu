@@ -9,7 +9,6 @@
 
 #include "core/error.h"
 #include "cuda/check.h"
-#include "cuda/device_util.cuh"
 #include "cuda/ops_kernels.h"
 
 namespace tq::cuda::ops_kernels {
@@ -234,23 +233,15 @@ __global__ void __launch_bounds__(32 * kProductWarps) small_batch_product_kernel
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < N; ++t) acc[r][t] = 0.0f;
-  // The weights first, all of them: each lane keeps kProductUnroll x R 16-byte loads in flight. The first
-  // batch is loaded before grid_dependency_wait(): the weights are no earlier kernel's output, so with the
-  // programmatic launch (launch_small_batch_product) their latency overlaps the previous kernel's end, and
-  // only x, the bias and y wait for it.
-  uint4 wv[kProductUnroll][R];
-  auto load_weights = [&](int c0) {
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kProductUnroll) {
+    uint4 wv[kProductUnroll][R];
+    // The weights first, all of them: each lane keeps kProductUnroll x R 16-byte loads in flight.
 #pragma unroll
     for (int u = 0; u < kProductUnroll; ++u) {
       const int c = c0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
     }
-  };
-  load_weights(lane);
-  grid_dependency_wait();
-  for (int c0 = lane; c0 < chunks; c0 += 32 * kProductUnroll) {
-    if (c0 != lane) load_weights(c0);
 #pragma unroll
     for (int u = 0; u < kProductUnroll; ++u) {
       const int c = c0 + 32 * u;
@@ -298,23 +289,11 @@ __global__ void __launch_bounds__(32 * kProductWarps) small_batch_product_kernel
 template <typename XT, int R>
 void launch_small_batch_product(const uint16_t* w, int rows, int cols, const XT* x, int64_t x_stride, int n, float* y,
                                 int64_t y_stride, const float* bias, bool accumulate, cudaStream_t stream) {
-  // A programmatic dependent launch (device_util.cuh): the kernel may start as the stream's previous kernel
-  // ends and load its first weights before it waits for that kernel's writes.
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((rows + kProductWarps * R - 1) / (kProductWarps * R)));
-  config.blockDim = dim3(32 * kProductWarps);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  const unsigned blocks = static_cast<unsigned>((rows + kProductWarps * R - 1) / (kProductWarps * R));
+  const dim3 threads(32 * kProductWarps);
   switch (n) {
-#define TQ_SMALL_PRODUCT(N)                                                                                                   \
-  case N:                                                                                                                     \
-    TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, small_batch_product_kernel<N, XT, R>, w, rows, cols, x, x_stride, y, y_stride, bias, \
-                                     accumulate));                                                                            \
-    break;
+#define TQ_SMALL_PRODUCT(N) \
+  case N: small_batch_product_kernel<N, XT, R><<<blocks, threads, 0, stream>>>(w, rows, cols, x, x_stride, y, y_stride, bias, accumulate); break;
     TQ_SMALL_PRODUCT(1)
     TQ_SMALL_PRODUCT(2)
     TQ_SMALL_PRODUCT(3)
