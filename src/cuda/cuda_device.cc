@@ -15,6 +15,8 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "codec/rotation.h"
+#include "ops/tq_weights.h"
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/deltanet_kernels.h"
@@ -23,6 +25,7 @@
 #include "cuda/ops_kernels.h"
 #include "cuda/plan.h"
 #include "cuda/state_cache.h"
+#include "cuda/weight_kernels.h"
 
 namespace tq::cuda {
 namespace {
@@ -88,10 +91,17 @@ class CudaLayerCache final : public LayerCache {
   std::shared_ptr<int> standard_caches_;  // the device's count of live caches on the standard path
 };
 
-// A weight matrix [rows][cols] on the device as BF16.
+// A weight matrix [rows][cols] on the device: BF16, or TurboQuant weights as stored (tq set).
 struct DeviceMatrix {
-  DeviceBuffer data;
+  DeviceBuffer data;  // BF16 [rows][cols], or the TQ codes [rows][cols * bits / 8]
   int64_t rows = 0, cols = 0;
+  bool tq = false;
+  DeviceBuffer scales;     // TQ: binary16 [rows][cols / group_size]
+  DeviceBuffer levels;     // TQ: F32 [2^bits]
+  DeviceBuffer signs;      // TQ: F32 [cols] the rotation's +-1 signs
+  DeviceBuffer hadamard;   // TQ: int8 [m][m] the rotation's m-mix (one byte when m == 1)
+  weight_kernels::TqMatrix tq_matrix;     // device pointers into the buffers above
+  weight_kernels::TqRotation tq_rotation;
 };
 
 // Bump allocation of scratch memory in chunks that stay put for the step (a recorded graph reads them):
@@ -308,6 +318,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return "cuda (" + device_properties().name + ")"; }
   bool is_cuda() const override { return true; }
   Linear linear(std::span<const ops::WeightView> parts, std::string_view what) override;
+  Linear tq_linear(std::span<const ops::WeightView> parts, std::string_view what);
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
@@ -465,12 +476,69 @@ CudaDevice::~CudaDevice() {
 
 // ------------------------------------------------------------------ what the model keeps
 
-Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
-  // TurboQuant weights need their rotated-activation kernels, which this backend does not have yet: refused,
-  // never dequantized to BF16 behind the user's back.
+// TurboQuant parts stay packed (weight_kernels.h): the parts of one Linear (q/k/v, gate/up) must share the
+// code width, group size, level table and rotation, so one rotated input serves the whole stacked matrix.
+Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string_view what) {
+  const ops::WeightView& first = parts[0];
+  const int bits = ops::tq_bits(first.dtype);
+  const int64_t cols = first.cols;
+  const ops::TqInput input(cols, first.tq);
+  const float* levels = ops::tq_view_levels(first);
+  for (const ops::WeightView& w : parts) {
+    TQ_CHECK(ops::is_tq(w.dtype), what, ": a matrix mixing TurboQuant parts with ", ops::dtype_name(w.dtype), " parts");
+    TQ_CHECK(w.dtype == first.dtype && w.tq.group_size == first.tq.group_size && input.serves(w), what,
+             ": TurboQuant parts with different code widths, group sizes or rotations; the CUDA backend multiplies a stacked "
+             "matrix with one rotated input");
+    TQ_CHECK(std::equal(levels, levels + (1 << bits), ops::tq_view_levels(w)), what,
+             ": TurboQuant parts with different level tables in one stacked matrix");
+  }
+  TQ_CHECK(cols % 64 == 0, what, ": ", cols, " columns; the CUDA TurboQuant kernel reads 64 codes at a time (a multiple of 64)");
+  const std::unique_ptr<Rotation> rotation = ops::tq_rotation(cols, first.tq);
+  const RotationPlan& plan = rotation->plan();
+  TQ_CHECK(plan.block <= weight_kernels::kMaxRotationBlock, what, ": a rotation block of ", plan.block, " columns; the CUDA rotation takes at most ",
+           weight_kernels::kMaxRotationBlock);
+  weight_kernels::init();
+
+  DeviceMatrix m;
+  m.tq = true;
+  m.rows = stacked_rows(parts, what);
+  m.cols = cols;
+  const size_t code_row = ops::tq_code_bytes(first.dtype, cols), scale_row = static_cast<size_t>(cols / first.tq.group_size) * 2;  // bytes
+  std::vector<uint8_t> codes(static_cast<size_t>(m.rows) * code_row);     // [rows][code_row]
+  std::vector<uint8_t> scales(static_cast<size_t>(m.rows) * scale_row);   // [rows][scale_row]: binary16
+  int64_t at = 0;
   for (const ops::WeightView& w : parts)
-    TQ_CHECK(!ops::is_tq(w.dtype), what, ": ", ops::dtype_name(w.dtype),
-             " (TurboQuant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
+    for (int64_t r = 0; r < w.rows; ++r, ++at) {
+      std::memcpy(codes.data() + static_cast<size_t>(at) * code_row, w.row_bytes(r), code_row);
+      std::memcpy(scales.data() + static_cast<size_t>(at) * scale_row, w.scale_row(r), scale_row);
+    }
+  const std::vector<int8_t> hadamard = plan.m > 1 ? std::vector<int8_t>(plan.hadamard_m, plan.hadamard_m + plan.m * plan.m) : std::vector<int8_t>(1, 1);
+  const auto put = [](DeviceBuffer& b, const void* host, size_t bytes) {
+    b.reserve(bytes);
+    b.upload(host, bytes);
+  };
+  put(m.data, codes.data(), codes.size());
+  put(m.scales, scales.data(), scales.size());
+  put(m.levels, levels, sizeof(float) << bits);
+  put(m.signs, plan.signs, static_cast<size_t>(cols) * sizeof(float));
+  put(m.hadamard, hadamard.data(), hadamard.size());
+  TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host copies go out of scope
+  for (const DeviceBuffer* b : {&m.data, &m.scales, &m.levels, &m.signs, &m.hadamard}) weight_bytes_ += static_cast<int64_t>(b->bytes());
+  m.tq_matrix = {m.data.as<uint8_t>(), m.scales.as<uint16_t>(), m.levels.as<float>(), bits, first.tq.group_size, m.rows, m.cols};
+  m.tq_rotation = {m.signs.as<float>(), m.hadamard.as<int8_t>(), plan.block, plan.m, plan.p, plan.inv_sqrt_block};
+  Linear l;
+  l.id = static_cast<int>(matrices_.size());
+  l.rows = m.rows;
+  l.cols = m.cols;
+  matrices_.push_back(std::move(m));
+  return l;
+}
+
+Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
+  TQ_CHECK(!parts.empty(), what, ": a matrix of no parts");
+  if (ops::is_tq(parts[0].dtype)) return tq_linear(parts, what);
+  for (const ops::WeightView& w : parts)
+    TQ_CHECK(!ops::is_tq(w.dtype), what, ": a matrix mixing ", ops::dtype_name(parts[0].dtype), " parts with TurboQuant parts");
   // ggml's block types (a *-Q4_K_M.gguf) have no GPU kernels yet: refused by name, never widened to BF16.
   for (const ops::WeightView& w : parts)
     TQ_CHECK(!ops::is_kquant(w.dtype), what, ": ", ops::dtype_name(w.dtype),
@@ -787,6 +855,7 @@ Tensor CudaDevice::scratch(int64_t rows, int64_t cols, ActType type) {
 
 void CudaDevice::embed(const Linear& table, const Tensor& out) {
   const DeviceMatrix& m = matrices_.at(static_cast<size_t>(table.id));
+  TQ_CHECK(!m.tq, "a TurboQuant embedding table; the CUDA backend looks up BF16 tables only (convert without --quantize-extras)");
   TQ_CHECK(out.type == ActType::f32 && out.cols == m.cols && out.rows == step().rows(), "embedding of ", step().rows(), " tokens into ",
            out.rows, " x ", out.cols);
   note_tensor(out);
@@ -814,6 +883,20 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   if (x.rows == 0) return;
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).as<float>();
   const std::string shape = profiling_step_ ? std::to_string(m.rows) + "x" + std::to_string(m.cols) + " n=" + std::to_string(x.rows) : std::string();
+  if (m.tq) {
+    // TurboQuant weights: the input rotated once into float32 scratch [x.rows][cols] (every part of the
+    // stacked matrix reads it), then the codes streamed by the GEMV, kMaxGemvRows activation rows a pass.
+    const Tensor rotated = scratch(x.rows, x.cols, ActType::f32);
+    note_tensor(x);
+    note_tensor(rotated);
+    note_tensor(out);
+    Timed timed(*this, x.rows <= weight_kernels::kMaxGemvRows ? "matmul (TQ GEMV)" : "matmul (TQ GEMV passes)", shape,
+                static_cast<double>(m.data.bytes() + m.scales.bytes()));
+    if (!launching()) return;
+    weight_kernels::rotate_rows(m.tq_rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows), rotated.f32(), stream_);
+    weight_kernels::tq_product(m.tq_matrix, rotated.f32(), static_cast<int>(x.rows), out.f32(), out.stride, b, accumulate, stream_);
+    return;
+  }
   const double weight_bytes = static_cast<double>(m.rows * m.cols * 2);
   // A decode step's few rows: the weights streamed once by our own kernel, which reads the float32 or BF16
   // input as it is (with cuBLAS's GEMMs the 8B shape's decode step reached 58% of the H200's bandwidth bound).

@@ -1,0 +1,206 @@
+// The CUDA device's products with TurboQuant weights (weight_kernels.h through CudaDevice::linear/matmul)
+// against the CPU device's products on the same weights and against a double reference (the CPU's rotation,
+// the decoded rotated rows, sums in double). Needs a GPU; skips without one.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "codec/rotation.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/rng.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_device.h"
+#include "cuda/gpu_test_util.h"
+#include "device/cpu_device.h"
+#include "ops/ops.h"
+#include "ops/tq_weights.h"
+
+namespace tq::cuda {
+namespace {
+
+using gpu_test::DeviceRows;
+
+#define TQ_REQUIRE_GPU()                                                                                        \
+  do {                                                                                                          \
+    std::string why;                                                                                            \
+    if (!device_available(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): the GPU weight tests need one"; \
+  } while (0)
+
+// A TurboQuant matrix quantized from Gaussian rows, owning its planes.
+struct TqMatrixHost {
+  std::vector<uint8_t> codes;    // [rows][cols * bits / 8]
+  std::vector<uint16_t> scales;  // [rows][cols / group] binary16
+  ops::WeightView view;
+  TqMatrixHost(int bits, int group, int64_t rows, int64_t cols, uint64_t seed, uint64_t rotation_seed) {
+    ops::TqQuantizeOptions o;
+    o.bits = bits;
+    o.group_size = group;
+    o.seed = rotation_seed;
+    const ops::TqRowQuantizer q(cols, o);
+    codes.resize(static_cast<size_t>(rows) * q.code_bytes());
+    scales.resize(static_cast<size_t>(rows * q.groups()));
+    SplitMix64 rng(seed);
+    std::vector<float> row(static_cast<size_t>(cols));  // [cols]
+    for (int64_t r = 0; r < rows; ++r) {
+      for (auto& v : row) v = static_cast<float>(rng.normal());
+      q.quantize(row.data(), codes.data() + static_cast<size_t>(r) * q.code_bytes(), scales.data() + r * q.groups());
+    }
+    view = ops::WeightView::turboquant(q.dtype(), codes.data(), scales.data(), rows, cols, q.params());
+  }
+};
+
+std::vector<float> gaussian(size_t n, uint64_t seed) {
+  SplitMix64 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+// y = W_rot (R x) in double, and sum |W_rot| |R x| per output (the scale of FP32 rounding), from the CPU's
+// rotation and decoded rows.
+void reference(const std::vector<const ops::WeightView*>& parts, const std::vector<float>& x, int n, int64_t cols, std::vector<double>& want,
+               std::vector<double>& magnitude) {
+  const auto rot = ops::tq_rotation(cols, parts[0]->tq);
+  std::vector<float> xr(x);
+  rot->forward(xr.data(), static_cast<size_t>(n));
+  int64_t total = 0;
+  for (const auto* p : parts) total += p->rows;
+  want.assign(static_cast<size_t>(n * total), 0);
+  magnitude.assign(want.size(), 0);
+  std::vector<float> w(static_cast<size_t>(cols));
+  int64_t at = 0;
+  for (const auto* p : parts)
+    for (int64_t r = 0; r < p->rows; ++r, ++at) {
+      ops::tq_rotated_row(*p, r, w.data());
+      for (int t = 0; t < n; ++t) {
+        double s = 0, m = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double v = static_cast<double>(w[static_cast<size_t>(c)]) * xr[static_cast<size_t>(t * cols + c)];
+          s += v, m += std::abs(v);
+        }
+        want[static_cast<size_t>(t * total + at)] = s;
+        magnitude[static_cast<size_t>(t * total + at)] = m;
+      }
+    }
+}
+
+std::vector<float> gpu_product(Device& gpu, const Linear& l, const std::vector<float>& x, int n, ActType type) {
+  DeviceRows dx(x, n, l.cols, type);
+  DeviceRows dout(std::vector<float>(static_cast<size_t>(n * l.rows), 0.0f), n, l.rows, ActType::f32);
+  gpu.matmul(l, dx.tensor, dout.tensor);
+  return dout.read();
+}
+
+std::vector<float> cpu_product(Device& cpu, const Linear& l, std::vector<float> x, int n) {
+  std::vector<float> out(static_cast<size_t>(n * l.rows));
+  const Tensor tx{x.data(), ActType::f32, n, l.cols, l.cols}, tout{out.data(), ActType::f32, n, l.rows, l.rows};
+  cpu.matmul(l, tx, tout);
+  return out;
+}
+
+// Tolerance: the GPU and the CPU decode the same codes exactly and rotate the activation with the same
+// operations in the same order, so they differ only in the order of the FP32 sums of the product (a lane's
+// runs of 8, then a warp reduction, against the CPU's SIMD lanes): at most a few sqrt(cols) roundings of
+// 2^-24 of sum |w x|. 16 sqrt(cols) eps * sum|w x| is ~5e-5 of it at 3072 columns; a wrong code, scale,
+// group or rotation moves an output by orders of magnitude more.
+double tolerance(double magnitude, int64_t cols) { return 16.0 * std::sqrt(static_cast<double>(cols)) * FLT_EPSILON * magnitude + 1e-6; }
+
+TEST(GpuTqWeights, ProductsMatchTheCpuAndTheReference) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  CpuDevice cpu(2);
+  struct Shape {
+    int64_t rows, cols;
+    int group;
+  };
+  int cases = 0;
+  for (const int bits : {2, 3, 4}) {
+    for (const Shape s : {Shape{96, 3072, 64}, Shape{40, 1536, 32}, Shape{72, 4096, 128}, Shape{24, 14336, 64}, Shape{8, 320, 32}}) {
+      if (s.cols % 64 != 0) continue;
+      const TqMatrixHost m(bits, s.group, s.rows, s.cols, 100 + bits * 7 + static_cast<uint64_t>(s.cols), 9);
+      const ops::WeightView parts[] = {m.view};
+      const Linear g = gpu->linear(parts, "w");
+      const Linear c = cpu.linear(parts, "w");
+      for (const int n : {1, 3, 8, 64, 300}) {
+        SCOPED_TRACE("TQ" + std::to_string(bits) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " group " +
+                     std::to_string(s.group) + " rows " + std::to_string(n));
+        ++cases;
+        const auto x = gaussian(static_cast<size_t>(n * s.cols), 7 + static_cast<uint64_t>(n));
+        std::vector<double> want, magnitude;
+        reference({&m.view}, x, n, s.cols, want, magnitude);
+        const auto got = gpu_product(*gpu, g, x, n, ActType::f32);
+        const auto on_cpu = cpu_product(cpu, c, x, n);
+        int bad = 0;
+        for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+          const double tol = tolerance(magnitude[i], s.cols);
+          if (std::abs(got[i] - on_cpu[i]) > tol || std::abs(got[i] - want[i]) > 2 * tol) {
+            ++bad;
+            ADD_FAILURE() << "output " << i << ": gpu " << got[i] << " cpu " << on_cpu[i] << " reference " << want[i] << " (tolerance " << tol
+                          << ")";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3 * 5 * 5);
+}
+
+// A BF16 input is read as the floats it holds: the same outputs, bit for bit, as those floats given as F32.
+TEST(GpuTqWeights, Bf16InputIsItsFloats) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  const TqMatrixHost m(4, 64, 64, 3072, 5, 11);
+  const ops::WeightView parts[] = {m.view};
+  const Linear g = gpu->linear(parts, "w");
+  for (const int n : {1, 8, 20}) {
+    auto x = gaussian(static_cast<size_t>(n * 3072), 3);
+    for (auto& v : x) v = bf16_bits_to_f32(f32_to_bf16_bits(v));
+    EXPECT_EQ(gpu_product(*gpu, g, x, n, ActType::bf16), gpu_product(*gpu, g, x, n, ActType::f32)) << n << " rows";
+  }
+}
+
+// q/k/v parts of one rotation stacked in one matrix: one rotated input for all three, the CPU's outputs.
+TEST(GpuTqWeights, StackedPartsShareOneRotatedInput) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  CpuDevice cpu(2);
+  const int64_t cols = 1536;
+  const TqMatrixHost q(3, 64, 64, cols, 1, 21), k(3, 64, 16, cols, 2, 21), v(3, 64, 16, cols, 3, 21);
+  const ops::WeightView parts[] = {q.view, k.view, v.view};
+  const Linear g = gpu->linear(parts, "qkv");
+  const Linear c = cpu.linear(parts, "qkv");
+  ASSERT_EQ(g.rows, 96);
+  for (const int n : {1, 5, 64}) {
+    const auto x = gaussian(static_cast<size_t>(n * cols), 40 + static_cast<uint64_t>(n));
+    std::vector<double> want, magnitude;
+    reference({&q.view, &k.view, &v.view}, x, n, cols, want, magnitude);
+    const auto got = gpu_product(*gpu, g, x, n, ActType::f32);
+    const auto on_cpu = cpu_product(cpu, c, x, n);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], on_cpu[i], tolerance(magnitude[i], cols)) << n << " rows, output " << i;
+      ASSERT_NEAR(got[i], want[i], 2 * tolerance(magnitude[i], cols)) << n << " rows, output " << i;
+    }
+  }
+}
+
+// Parts rotated differently cannot share a rotated input: refused by name, never dequantized.
+TEST(GpuTqWeights, PartsOfDifferentRotationsAreRefused) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  const TqMatrixHost a(4, 64, 8, 1536, 1, 5), b(4, 64, 8, 1536, 2, 6);
+  const ops::WeightView parts[] = {a.view, b.view};
+  try {
+    gpu->linear(parts, "layer 3 gate/up");
+    FAIL() << "parts of two rotations were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 3 gate/up"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rotation"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tq::cuda
