@@ -109,6 +109,24 @@ std::vector<float> cpu_product(Device& cpu, const Linear& l, std::vector<float> 
 // group or rotation moves an output by orders of magnitude more.
 double tolerance(double magnitude, int64_t cols) { return 16.0 * std::sqrt(static_cast<double>(cols)) * FLT_EPSILON * magnitude + 1e-6; }
 
+// The double reference the GPU tests use agrees with the CPU device (no GPU needed): so a GPU failure below
+// is the GPU's.
+TEST(GpuTqWeights, TheReferenceIsTheCpuDevices) {
+  CpuDevice cpu(2);
+  for (const int bits : {2, 3, 4}) {
+    const TqMatrixHost m(bits, 32, 16, 1536, 3 + static_cast<uint64_t>(bits), 9);
+    const ops::WeightView parts[] = {m.view};
+    const Linear c = cpu.linear(parts, "w");
+    for (const int n : {1, 9}) {
+      const auto x = gaussian(static_cast<size_t>(n * 1536), 70 + static_cast<uint64_t>(n));
+      std::vector<double> want, magnitude;
+      reference({&m.view}, x, n, 1536, want, magnitude);
+      const auto on_cpu = cpu_product(cpu, c, x, n);
+      for (size_t i = 0; i < on_cpu.size(); ++i) ASSERT_NEAR(on_cpu[i], want[i], 2 * tolerance(magnitude[i], 1536)) << "TQ" << bits << " output " << i;
+    }
+  }
+}
+
 TEST(GpuTqWeights, ProductsMatchTheCpuAndTheReference) {
   TQ_REQUIRE_GPU();
   auto gpu = make_cuda_device();
