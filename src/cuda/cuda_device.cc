@@ -91,17 +91,30 @@ class CudaLayerCache final : public LayerCache {
   std::shared_ptr<int> standard_caches_;  // the device's count of live caches on the standard path
 };
 
-// A weight matrix [rows][cols] on the device: BF16, or TurboQuant weights as stored (tq set).
+// One TurboQuant part of a stacked matrix (one WeightView as stored), rows [row0, row0 + matrix.rows) of it.
+struct TqPartOnDevice {
+  int64_t row0 = 0;
+  int rotation = 0;     // index into DeviceMatrix::tq_rotations
+  DeviceBuffer codes;   // [rows][cols * bits / 8]
+  DeviceBuffer scales;  // binary16 [rows][cols / group_size]
+  DeviceBuffer levels;  // F32 [2^bits]
+  weight_kernels::TqMatrix matrix;  // device pointers into the buffers above
+};
+// A rotation of the columns on the device; parts rotated alike (q/k/v, gate/up of our converter) share one.
+struct TqRotationOnDevice {
+  DeviceBuffer signs;     // F32 [cols] +-1
+  DeviceBuffer hadamard;  // int8 [m][m] (one byte when m == 1)
+  weight_kernels::TqRotation rotation;
+};
+
+// A weight matrix [rows][cols] on the device: BF16, or TurboQuant parts as stored (tq set).
 struct DeviceMatrix {
-  DeviceBuffer data;  // BF16 [rows][cols], or the TQ codes [rows][cols * bits / 8]
+  DeviceBuffer data;  // BF16 [rows][cols] (empty for TurboQuant)
   int64_t rows = 0, cols = 0;
   bool tq = false;
-  DeviceBuffer scales;     // TQ: binary16 [rows][cols / group_size]
-  DeviceBuffer levels;     // TQ: F32 [2^bits]
-  DeviceBuffer signs;      // TQ: F32 [cols] the rotation's +-1 signs
-  DeviceBuffer hadamard;   // TQ: int8 [m][m] the rotation's m-mix (one byte when m == 1)
-  weight_kernels::TqMatrix tq_matrix;     // device pointers into the buffers above
-  weight_kernels::TqRotation tq_rotation;
+  std::vector<TqPartOnDevice> tq_parts;
+  std::vector<TqRotationOnDevice> tq_rotations;
+  size_t tq_bytes = 0;  // codes and scales: what a product reads
 };
 
 // Bump allocation of scratch memory in chunks that stay put for the step (a recorded graph reads them):
@@ -476,56 +489,62 @@ CudaDevice::~CudaDevice() {
 
 // ------------------------------------------------------------------ what the model keeps
 
-// TurboQuant parts stay packed (weight_kernels.h): the parts of one Linear (q/k/v, gate/up) must share the
-// code width, group size, level table and rotation, so one rotated input serves the whole stacked matrix.
+// TurboQuant parts stay packed (weight_kernels.h), each with its own code width, group size and level
+// table; parts rotated alike share one rotation, so their input is rotated once per product.
 Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string_view what) {
-  const ops::WeightView& first = parts[0];
-  const int bits = ops::tq_bits(first.dtype);
-  const int64_t cols = first.cols;
-  const ops::TqInput input(cols, first.tq);
-  const float* levels = ops::tq_view_levels(first);
-  for (const ops::WeightView& w : parts) {
-    TQ_CHECK(ops::is_tq(w.dtype), what, ": a matrix mixing TurboQuant parts with ", ops::dtype_name(w.dtype), " parts");
-    TQ_CHECK(w.dtype == first.dtype && w.tq.group_size == first.tq.group_size && input.serves(w), what,
-             ": TurboQuant parts with different code widths, group sizes or rotations; the CUDA backend multiplies a stacked "
-             "matrix with one rotated input");
-    TQ_CHECK(std::equal(levels, levels + (1 << bits), ops::tq_view_levels(w)), what,
-             ": TurboQuant parts with different level tables in one stacked matrix");
-  }
+  const int64_t cols = parts[0].cols;
   TQ_CHECK(cols % 64 == 0, what, ": ", cols, " columns; the CUDA TurboQuant kernel reads 64 codes at a time (a multiple of 64)");
-  const std::unique_ptr<Rotation> rotation = ops::tq_rotation(cols, first.tq);
-  const RotationPlan& plan = rotation->plan();
-  TQ_CHECK(plan.block <= weight_kernels::kMaxRotationBlock, what, ": a rotation block of ", plan.block, " columns; the CUDA rotation takes at most ",
-           weight_kernels::kMaxRotationBlock);
   weight_kernels::init();
-
   DeviceMatrix m;
   m.tq = true;
   m.rows = stacked_rows(parts, what);
   m.cols = cols;
-  const size_t code_row = ops::tq_code_bytes(first.dtype, cols), scale_row = static_cast<size_t>(cols / first.tq.group_size) * 2;  // bytes
-  std::vector<uint8_t> codes(static_cast<size_t>(m.rows) * code_row);     // [rows][code_row]
-  std::vector<uint8_t> scales(static_cast<size_t>(m.rows) * scale_row);   // [rows][scale_row]: binary16
-  int64_t at = 0;
-  for (const ops::WeightView& w : parts)
-    for (int64_t r = 0; r < w.rows; ++r, ++at) {
-      std::memcpy(codes.data() + static_cast<size_t>(at) * code_row, w.row_bytes(r), code_row);
-      std::memcpy(scales.data() + static_cast<size_t>(at) * scale_row, w.scale_row(r), scale_row);
-    }
-  const std::vector<int8_t> hadamard = plan.m > 1 ? std::vector<int8_t>(plan.hadamard_m, plan.hadamard_m + plan.m * plan.m) : std::vector<int8_t>(1, 1);
+  std::vector<std::unique_ptr<ops::TqInput>> inputs;  // the distinct rotations so far, as the CPU device tells them apart
   const auto put = [](DeviceBuffer& b, const void* host, size_t bytes) {
     b.reserve(bytes);
     b.upload(host, bytes);
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host copy goes out of scope
   };
-  put(m.data, codes.data(), codes.size());
-  put(m.scales, scales.data(), scales.size());
-  put(m.levels, levels, sizeof(float) << bits);
-  put(m.signs, plan.signs, static_cast<size_t>(cols) * sizeof(float));
-  put(m.hadamard, hadamard.data(), hadamard.size());
-  TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host copies go out of scope
-  for (const DeviceBuffer* b : {&m.data, &m.scales, &m.levels, &m.signs, &m.hadamard}) weight_bytes_ += static_cast<int64_t>(b->bytes());
-  m.tq_matrix = {m.data.as<uint8_t>(), m.scales.as<uint16_t>(), m.levels.as<float>(), bits, first.tq.group_size, m.rows, m.cols};
-  m.tq_rotation = {m.signs.as<float>(), m.hadamard.as<int8_t>(), plan.block, plan.m, plan.p, plan.inv_sqrt_block};
+  int64_t row0 = 0;
+  for (const ops::WeightView& w : parts) {
+    TQ_CHECK(ops::is_tq(w.dtype), what, ": a matrix mixing TurboQuant parts with ", ops::dtype_name(w.dtype), " parts");
+    const int bits = ops::tq_bits(w.dtype);
+    TqPartOnDevice part;
+    part.row0 = row0;
+    part.rotation = -1;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i]->serves(w)) part.rotation = static_cast<int>(i);
+    if (part.rotation < 0) {
+      const std::unique_ptr<Rotation> rotation = ops::tq_rotation(cols, w.tq);
+      const RotationPlan& plan = rotation->plan();
+      TQ_CHECK(plan.block <= weight_kernels::kMaxRotationBlock, what, ": a rotation block of ", plan.block,
+               " columns; the CUDA rotation takes at most ", weight_kernels::kMaxRotationBlock);
+      TqRotationOnDevice r;
+      const std::vector<int8_t> hadamard = plan.m > 1 ? std::vector<int8_t>(plan.hadamard_m, plan.hadamard_m + plan.m * plan.m) : std::vector<int8_t>(1, 1);
+      put(r.signs, plan.signs, static_cast<size_t>(cols) * sizeof(float));
+      put(r.hadamard, hadamard.data(), hadamard.size());
+      r.rotation = {r.signs.as<float>(), r.hadamard.as<int8_t>(), plan.block, plan.m, plan.p, plan.inv_sqrt_block};
+      weight_bytes_ += static_cast<int64_t>(r.signs.bytes() + r.hadamard.bytes());
+      m.tq_rotations.push_back(std::move(r));
+      inputs.push_back(std::make_unique<ops::TqInput>(cols, w.tq));
+      part.rotation = static_cast<int>(inputs.size()) - 1;
+    }
+    const size_t code_row = ops::tq_code_bytes(w.dtype, cols), scale_row = static_cast<size_t>(cols / w.tq.group_size) * 2;  // bytes
+    std::vector<uint8_t> codes(static_cast<size_t>(w.rows) * code_row);    // [rows][code_row]
+    std::vector<uint8_t> scales(static_cast<size_t>(w.rows) * scale_row);  // [rows][scale_row]: binary16
+    for (int64_t r = 0; r < w.rows; ++r) {
+      std::memcpy(codes.data() + static_cast<size_t>(r) * code_row, w.row_bytes(r), code_row);
+      std::memcpy(scales.data() + static_cast<size_t>(r) * scale_row, w.scale_row(r), scale_row);
+    }
+    put(part.codes, codes.data(), codes.size());
+    put(part.scales, scales.data(), scales.size());
+    put(part.levels, ops::tq_view_levels(w), sizeof(float) << bits);
+    part.matrix = {part.codes.as<uint8_t>(), part.scales.as<uint16_t>(), part.levels.as<float>(), bits, w.tq.group_size, w.rows, cols};
+    m.tq_bytes += codes.size() + scales.size();
+    weight_bytes_ += static_cast<int64_t>(part.codes.bytes() + part.scales.bytes() + part.levels.bytes());
+    m.tq_parts.push_back(std::move(part));
+    row0 += w.rows;
+  }
   Linear l;
   l.id = static_cast<int>(matrices_.size());
   l.rows = m.rows;
@@ -884,17 +903,23 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).as<float>();
   const std::string shape = profiling_step_ ? std::to_string(m.rows) + "x" + std::to_string(m.cols) + " n=" + std::to_string(x.rows) : std::string();
   if (m.tq) {
-    // TurboQuant weights: the input rotated once into float32 scratch [x.rows][cols] (every part of the
-    // stacked matrix reads it), then the codes streamed by the GEMV, kMaxGemvRows activation rows a pass.
-    const Tensor rotated = scratch(x.rows, x.cols, ActType::f32);
+    // TurboQuant weights: the input rotated once per distinct rotation into float32 scratch [x.rows][cols]
+    // (the parts rotated alike read the same one), then each part's codes streamed by the GEMV into its
+    // columns of out, kMaxGemvRows activation rows a pass.
+    std::vector<Tensor> rotated;  // [rotations], each [x.rows][cols]
+    for (size_t i = 0; i < m.tq_rotations.size(); ++i) rotated.push_back(scratch(x.rows, x.cols, ActType::f32));
     note_tensor(x);
-    note_tensor(rotated);
+    for (const Tensor& t : rotated) note_tensor(t);
     note_tensor(out);
     Timed timed(*this, x.rows <= weight_kernels::kMaxGemvRows ? "matmul (TQ GEMV)" : "matmul (TQ GEMV passes)", shape,
-                static_cast<double>(m.data.bytes() + m.scales.bytes()));
+                static_cast<double>(m.tq_bytes));
     if (!launching()) return;
-    weight_kernels::rotate_rows(m.tq_rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows), rotated.f32(), stream_);
-    weight_kernels::tq_product(m.tq_matrix, rotated.f32(), static_cast<int>(x.rows), out.f32(), out.stride, b, accumulate, stream_);
+    for (size_t i = 0; i < m.tq_rotations.size(); ++i)
+      weight_kernels::rotate_rows(m.tq_rotations[i].rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows),
+                                  rotated[i].f32(), stream_);
+    for (const TqPartOnDevice& part : m.tq_parts)
+      weight_kernels::tq_product(part.matrix, rotated[static_cast<size_t>(part.rotation)].f32(), static_cast<int>(x.rows), out.f32() + part.row0,
+                                 out.stride, b ? b + part.row0 : nullptr, accumulate, stream_);
     return;
   }
   const double weight_bytes = static_cast<double>(m.rows * m.cols * 2);

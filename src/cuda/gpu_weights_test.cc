@@ -205,18 +205,48 @@ TEST(GpuTqWeights, StackedPartsShareOneRotatedInput) {
   }
 }
 
-// Parts rotated differently cannot share a rotated input: refused by name, never dequantized.
-TEST(GpuTqWeights, PartsOfDifferentRotationsAreRefused) {
+// Parts of different rotations, widths and group sizes in one stacked matrix (as an MLX folder's q/k/v with
+// their own stored signs and levels could be): each part reads the input rotated by its own rotation, the
+// parts rotated alike share one; the CPU's outputs.
+TEST(GpuTqWeights, PartsOfDifferentRotationsAndWidths) {
   TQ_REQUIRE_GPU();
   auto gpu = make_cuda_device();
-  const TqMatrixHost a(4, 64, 8, 1536, 1, 5), b(4, 64, 8, 1536, 2, 6);
-  const ops::WeightView parts[] = {a.view, b.view};
+  CpuDevice cpu(2);
+  const int64_t cols = 3072;
+  const TqMatrixHost a(4, 64, 32, cols, 1, 5), b(3, 32, 16, cols, 2, 6), c(2, 128, 16, cols, 3, 5);
+  const ops::WeightView parts[] = {a.view, b.view, c.view};
+  const Linear g = gpu->linear(parts, "layer 3 qkv");
+  const Linear k = cpu.linear(parts, "layer 3 qkv");
+  for (const int n : {1, 8, 17}) {
+    const auto x = gaussian(static_cast<size_t>(n * cols), 90 + static_cast<uint64_t>(n));
+    const auto got = gpu_product(*gpu, g, x, n, ActType::f32);
+    const auto on_cpu = cpu_product(cpu, k, x, n);
+    for (const auto* p : {&a, &b, &c}) {
+      std::vector<double> want, magnitude;
+      reference({&p->view}, x, n, cols, want, magnitude);
+      const int64_t row0 = p == &a ? 0 : p == &b ? 32 : 48, rows = p->view.rows;
+      for (int t = 0; t < n; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          const size_t at = static_cast<size_t>(t * 64 + row0 + r), ref = static_cast<size_t>(t * rows + r);
+          ASSERT_NEAR(got[at], on_cpu[at], tolerance(magnitude[ref], cols)) << n << " rows, output " << at;
+          ASSERT_NEAR(got[at], want[ref], 2 * tolerance(magnitude[ref], cols)) << n << " rows, output " << at;
+        }
+    }
+  }
+}
+
+// A TurboQuant matrix whose columns are not a multiple of 64 is refused by name, never dequantized.
+TEST(GpuTqWeights, ColumnsNotAMultipleOf64AreRefused) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  const TqMatrixHost a(4, 32, 8, 160, 1, 5);
+  const ops::WeightView parts[] = {a.view};
   try {
-    gpu->linear(parts, "layer 3 gate/up");
-    FAIL() << "parts of two rotations were accepted";
+    gpu->linear(parts, "layer 3 down_proj");
+    FAIL() << "160 columns were accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer 3 gate/up"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("rotation"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer 3 down_proj"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiple of 64"), std::string::npos) << e.what();
   }
 }
 
