@@ -5,6 +5,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "cuda/cuda_device.h"
 #include "cuda/gpu_test_util.h"
 #include "device/cpu_device.h"
+#include "model/device_weights.h"
+#include "model/loader.h"
 #include "ops/ops.h"
 #include "ops/tq_weights.h"
 
@@ -248,6 +251,41 @@ TEST(GpuTqWeights, ColumnsNotAMultipleOf64AreRefused) {
     EXPECT_NE(std::string(e.what()).find("layer 3 down_proj"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("multiple of 64"), std::string::npos) << e.what();
   }
+}
+
+// The reference system's MLX folders (tests/fixtures/mlx-tq: per-matrix levels, stored signs; Sloane order
+// for non-power-of-two blocks): layer 0's q/k/v and gate/up (64 columns) on the GPU give the CPU's outputs.
+TEST(GpuTqWeights, MlxFolderMatricesMatchTheCpu) {
+  TQ_REQUIRE_GPU();
+  auto gpu = make_cuda_device();
+  CpuDevice cpu(2);
+  int checked = 0;
+  for (const char* name : {"llama-b4-g32", "llama-b3-g32-i96", "qwen2-b2-g64-attn3"}) {
+    const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/mlx-tq/" + name;
+    if (!std::filesystem::exists(dir + "/config.json")) continue;
+    const ModelFiles files = open_model(dir);
+    const auto& L = files.weights.layers[0];
+    for (const std::vector<const TensorView*>& group :
+         {std::vector<const TensorView*>{L.wq, L.wk, L.wv}, std::vector<const TensorView*>{L.w_gate, L.w_up}}) {
+      std::vector<ops::WeightView> parts;
+      for (const auto* t : group) parts.push_back(weight_view(t));
+      if (!ops::is_tq(parts[0].dtype)) continue;
+      const Linear g = gpu->linear(parts, "mlx");
+      const Linear c = cpu.linear(parts, "mlx");
+      for (const int n : {1, 8, 64}) {
+        SCOPED_TRACE(std::string(name) + " rows " + std::to_string(n));
+        const auto x = gaussian(static_cast<size_t>(n * g.cols), 5 + static_cast<uint64_t>(n));
+        const auto got = gpu_product(*gpu, g, x, n, ActType::f32);
+        const auto on_cpu = cpu_product(cpu, c, x, n);
+        double scale = 0;
+        for (const float v : on_cpu) scale = std::max(scale, static_cast<double>(std::abs(v)));
+        // 64 columns: the FP32 sums differ by a few roundings of the largest output.
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], on_cpu[i], 64 * FLT_EPSILON * scale + 1e-6) << "output " << i;
+        ++checked;
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no MLX tq fixture under tests/fixtures/mlx-tq";
 }
 
 }  // namespace
