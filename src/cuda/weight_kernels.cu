@@ -58,36 +58,30 @@ __global__ void rotate_kernel(TqRotation rot, const void* x, bool x_bf16, int64_
 
 constexpr int kGemvWarps = 8;  // output rows per block, one per warp
 
-// The 64 codes of chunk k of a row into registers: TQ4 32 bytes (8 words, code 8w + i in bits [4i, 4i + 4)),
-// TQ2 16 bytes (4 words, code 16w + i in bits [2i, 2i + 2)), TQ3 16 bytes of the 2-bit plane and 8 of the
-// 1-bit plane (code 32w + i in bit i of word w), read as 8-byte pieces since a TQ3 row is only 8-byte aligned.
+// The 8 codes of run j of a row (columns 8j .. 8j + 7) in one word: TQ4 4 bytes (code i in bits [4i, 4i + 4)),
+// TQ2 2 bytes (bits [2i, 2i + 2)), TQ3 the 2 bytes of the 2-bit plane in bits [0, 16) and the byte of the
+// 1-bit plane in bits [16, 24). Consecutive lanes read consecutive runs, so a warp's loads are one
+// contiguous piece of the row (and of the activation).
 template <int BITS>
-__device__ __forceinline__ void load_chunk(const uint8_t* row, int64_t cols, int64_t k, uint32_t (&w)[8]) {
-  if constexpr (BITS == 4) {
-    const uint4* p = reinterpret_cast<const uint4*>(row + k * 32);
-    const uint4 a = __ldg(p), b = __ldg(p + 1);
-    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
-  } else if constexpr (BITS == 2) {
-    const uint4 a = __ldg(reinterpret_cast<const uint4*>(row + k * 16));
-    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
-  } else {
-    const uint2* lo = reinterpret_cast<const uint2*>(row + k * 16);
-    const uint2 a = __ldg(lo), b = __ldg(lo + 1);
-    const uint2 c = __ldg(reinterpret_cast<const uint2*>(row + cols / 4 + k * 8));
-    w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y, w[4] = c.x, w[5] = c.y;
-  }
+__device__ __forceinline__ uint32_t load_run(const uint8_t* row, int64_t cols, int64_t j) {
+  if constexpr (BITS == 4) return __ldg(reinterpret_cast<const uint32_t*>(row) + j);
+  if constexpr (BITS == 2) return __ldg(reinterpret_cast<const uint16_t*>(row) + j);
+  return static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(row) + j)) | (static_cast<uint32_t>(__ldg(row + cols / 4 + j)) << 16);
 }
 
 template <int BITS>
-__device__ __forceinline__ int code_at(const uint32_t (&w)[8], int j) {
-  if constexpr (BITS == 4) return (w[j / 8] >> (4 * (j % 8))) & 15;
-  if constexpr (BITS == 2) return (w[j / 16] >> (2 * (j % 16))) & 3;
-  return ((w[j / 16] >> (2 * (j % 16))) & 3) | (((w[4 + j / 32] >> (j % 32)) & 1) << 2);
+__device__ __forceinline__ int code_of(uint32_t w, int i) {
+  if constexpr (BITS == 4) return (w >> (4 * i)) & 15;
+  if constexpr (BITS == 2) return (w >> (2 * i)) & 3;
+  return ((w >> (2 * i)) & 3) | (((w >> (16 + i)) & 1) << 2);
 }
 
-// One warp per output row; lane l takes the chunks of 64 codes l, l + 32, ...; per run of 8 codes (never
-// across a group, whose size is a multiple of 32) the products with each activation row are summed, then
-// scaled by the group's scale and added to that row's FP32 accumulator; a warp reduction at the end.
+constexpr int kRunsInFlight = 4;  // runs a lane loads before using any (loads in flight per lane)
+
+// One warp per output row; lane l takes the runs of 8 codes l, l + 32, ..., kRunsInFlight of them loaded
+// at once; per run (never across a group, whose size is a multiple of 32) the products with each
+// activation row are summed, scaled by the run's group scale and added to that row's FP32 accumulator; a
+// warp reduction at the end.
 template <int BITS, int N>
 __global__ void __launch_bounds__(kGemvWarps * 32) tq_gemv_kernel(TqMatrix w, const float* xr, float* out, int64_t out_stride,
                                                                    const float* bias, bool accumulate) {
@@ -103,17 +97,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32) tq_gemv_kernel(TqMatrix w, co
   float acc[N];
 #pragma unroll
   for (int r = 0; r < N; ++r) acc[r] = 0;
-  const int64_t chunks = w.cols / 64;
-  for (int64_t k = lane; k < chunks; k += 32) {
-    uint32_t words[8];
-    load_chunk<BITS>(row, w.cols, k, words);
+  const int64_t runs = w.cols / 8;
+  for (int64_t base = lane; base < runs; base += 32 * kRunsInFlight) {
+    uint32_t words[kRunsInFlight];
 #pragma unroll
-    for (int run = 0; run < 8; ++run) {
-      const int64_t c0 = k * 64 + run * 8;
+    for (int u = 0; u < kRunsInFlight; ++u) {
+      const int64_t j = base + 32 * u;
+      words[u] = j < runs ? load_run<BITS>(row, w.cols, j) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kRunsInFlight; ++u) {
+      const int64_t j = base + 32 * u;
+      if (j >= runs) break;
+      const int64_t c0 = j * 8;
       const float scale = __half2float(__ushort_as_half(__ldg(scales + c0 / w.group_size)));
       float lv[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) lv[i] = levels[code_at<BITS>(words, run * 8 + i)];
+      for (int i = 0; i < 8; ++i) lv[i] = levels[code_of<BITS>(words[u], i)];
 #pragma unroll
       for (int r = 0; r < N; ++r) {
         const float4* xp = reinterpret_cast<const float4*>(xr + r * w.cols + c0);
@@ -182,8 +182,8 @@ void rotate_rows(const TqRotation& rot, int64_t cols, const void* x, bool x_bf16
 }
 
 void tq_product(const TqMatrix& w, const float* xr, int n, float* out, int64_t out_stride, const float* bias, bool accumulate, void* stream) {
-  TQ_CHECK(w.cols % 64 == 0 && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) && w.cols % w.group_size == 0,
-           "tq_product: ", w.cols, " columns in groups of ", w.group_size, " (the kernel reads 64 codes at a time: columns a multiple of 64)");
+  TQ_CHECK(w.cols % 32 == 0 && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) && w.cols % w.group_size == 0,
+           "tq_product: ", w.cols, " columns in groups of ", w.group_size, " (columns a multiple of the group size: 32, 64 or 128)");
   for (int r0 = 0; r0 < n; r0 += kMaxGemvRows) {
     const int rows = n - r0 < kMaxGemvRows ? n - r0 : kMaxGemvRows;
     const float* x = xr + static_cast<int64_t>(r0) * w.cols;

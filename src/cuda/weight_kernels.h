@@ -19,7 +19,7 @@ struct TqMatrix {
   const float* levels = nullptr;     // [2^bits] the level table (value = scale * levels[code])
   int bits = 4;                      // 2, 3 or 4
   int group_size = 64;               // 32, 64 or 128
-  int64_t rows = 0, cols = 0;        // cols a multiple of 64 (a warp lane reads 16 or 24 bytes at once)
+  int64_t rows = 0, cols = 0;        // cols a multiple of group_size
 };
 
 // The rotation of the matrix's columns (codec/rotation.h RotationPlan, with device pointers).
