@@ -402,6 +402,7 @@ class CudaDevice final : public Device {
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer cublas_workspace_;  // given to cuBLAS so that a recorded GEMM allocates nothing
   std::vector<DeviceMatrix> matrices_;
+  DeviceBuffer tq_dequant_;  // BF16 [rows][cols] of the largest TurboQuant part: prompts' products dequantize into it
   std::vector<DeviceBuffer> vectors_;
   std::vector<RopeOnDevice> ropes_;
   std::vector<MoeOnDevice> moes_;
@@ -540,6 +541,9 @@ Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string
     put(part.scales, scales.data(), scales.size());
     put(part.levels, ops::tq_view_levels(w), sizeof(float) << bits);
     part.matrix = {part.codes.as<uint8_t>(), part.scales.as<uint16_t>(), part.levels.as<float>(), bits, w.tq.group_size, w.rows, cols};
+    // The prompts' GEMM dequantizes one part at a time into one buffer of fixed address (a recorded decode
+    // step of kGemmRows sequences or more reads it too), sized here at load.
+    if (tq_dequant_.bytes() < static_cast<size_t>(w.rows * cols) * 2) tq_dequant_.reserve(static_cast<size_t>(w.rows * cols) * 2);
     m.tq_bytes += codes.size() + scales.size();
     weight_bytes_ += static_cast<int64_t>(part.codes.bytes() + part.scales.bytes() + part.levels.bytes());
     m.tq_parts.push_back(std::move(part));
@@ -911,12 +915,34 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
     note_tensor(x);
     for (const Tensor& t : rotated) note_tensor(t);
     note_tensor(out);
-    Timed timed(*this, x.rows <= weight_kernels::kMaxGemvRows ? "matmul (TQ GEMV)" : "matmul (TQ GEMV passes)", shape,
-                static_cast<double>(m.tq_bytes));
+    const bool gemm = x.rows >= weight_kernels::kGemmRows;
+    std::vector<Tensor> rotated_bf16;  // [rotations], each [x.rows][cols] BF16: the GEMM's input
+    if (gemm)
+      for (size_t i = 0; i < m.tq_rotations.size(); ++i) rotated_bf16.push_back(scratch(x.rows, x.cols, ActType::bf16));
+    for (const Tensor& t : rotated_bf16) note_tensor(t);
+    Timed timed(*this, !gemm ? (x.rows <= weight_kernels::kMaxGemvRows ? "matmul (TQ GEMV)" : "matmul (TQ GEMV passes)") : "matmul (TQ dequantized, cuBLAS)",
+                shape, static_cast<double>(m.tq_bytes));
     if (!launching()) return;
     for (size_t i = 0; i < m.tq_rotations.size(); ++i)
       weight_kernels::rotate_rows(m.tq_rotations[i].rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows),
                                   rotated[i].f32(), stream_);
+    if (gemm) {
+      for (size_t i = 0; i < m.tq_rotations.size(); ++i)
+        ops_kernels::to_bf16(rotated[i].f32(), rotated[i].stride, x.rows, static_cast<int>(x.cols), static_cast<uint16_t*>(rotated_bf16[i].data),
+                             rotated_bf16[i].stride, stream_);
+      const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+      for (const TqPartOnDevice& part : m.tq_parts) {
+        const Tensor& in = rotated_bf16[static_cast<size_t>(part.rotation)];
+        weight_kernels::tq_dequantize(part.matrix, tq_dequant_.as<uint16_t>(), stream_);
+        // out[n][row0 .. row0 + rows) = in[n][cols] . W_part^T, as the BF16 path's GEMM (column-major terms).
+        TQ_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(part.matrix.rows), static_cast<int>(x.rows),
+                                     static_cast<int>(m.cols), &alpha, tq_dequant_.get(), CUDA_R_16BF, static_cast<int>(m.cols), in.data, CUDA_R_16BF,
+                                     static_cast<int>(in.stride), &beta, out.f32() + part.row0, CUDA_R_32F, static_cast<int>(out.stride),
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (b) ops_kernels::add_bias(out.f32() + part.row0, out.stride, b + part.row0, out.rows, static_cast<int>(part.matrix.rows), stream_);
+      }
+      return;
+    }
     for (const TqPartOnDevice& part : m.tq_parts)
       weight_kernels::tq_product(part.matrix, rotated[static_cast<size_t>(part.rotation)].f32(), static_cast<int>(x.rows), out.f32() + part.row0,
                                  out.stride, b ? b + part.row0 : nullptr, accumulate, stream_);

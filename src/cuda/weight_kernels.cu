@@ -1,4 +1,5 @@
 // TurboQuant weight kernels (weight_kernels.h): the activation's rotation and the decode GEMV.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -142,6 +143,25 @@ __global__ void __launch_bounds__(kGemvWarps * 32) tq_gemv_kernel(TqMatrix w, co
   }
 }
 
+// One thread per run of 8 codes: the 8 values as one 16-byte store of BF16.
+template <int BITS>
+__global__ void tq_dequantize_kernel(TqMatrix w, uint16_t* out) {
+  const int64_t runs = w.cols / 8;
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= w.rows * runs) return;
+  const int64_t o = idx / runs, j = idx % runs;
+  const uint32_t word = load_run<BITS>(w.codes + o * (w.cols * BITS / 8), w.cols, j);
+  const float scale = __half2float(__ushort_as_half(__ldg(w.scales + o * (w.cols / w.group_size) + j * 8 / w.group_size)));
+  uint32_t packed[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat16 lo = __float2bfloat16_rn(scale * __ldg(w.levels + code_of<BITS>(word, 2 * i)));
+    const __nv_bfloat16 hi = __float2bfloat16_rn(scale * __ldg(w.levels + code_of<BITS>(word, 2 * i + 1)));
+    packed[i] = static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+  }
+  reinterpret_cast<uint4*>(out + o * w.cols)[j] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 template <int BITS>
 void launch_gemv(const TqMatrix& w, const float* xr, int n, float* out, int64_t out_stride, const float* bias, bool accumulate, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
@@ -178,6 +198,20 @@ void rotate_rows(const TqRotation& rot, int64_t cols, const void* x, bool x_bf16
   const size_t smem = static_cast<size_t>(rot.block) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(cols / rot.block), static_cast<unsigned>(rows));
   rotate_kernel<<<grid, kRotateThreads, smem, as_stream(stream)>>>(rot, x, x_bf16, x_stride, out, cols);
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void tq_dequantize(const TqMatrix& w, uint16_t* out, void* stream) {
+  TQ_CHECK(w.cols % 32 == 0, "tq_dequantize: ", w.cols, " columns (a multiple of 32)");
+  const int64_t threads = w.rows * (w.cols / 8);
+  if (threads == 0) return;
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  switch (w.bits) {
+    case 2: tq_dequantize_kernel<2><<<blocks, 256, 0, as_stream(stream)>>>(w, out); break;
+    case 3: tq_dequantize_kernel<3><<<blocks, 256, 0, as_stream(stream)>>>(w, out); break;
+    case 4: tq_dequantize_kernel<4><<<blocks, 256, 0, as_stream(stream)>>>(w, out); break;
+    default: TQ_CHECK(false, "tq_dequantize: ", w.bits, "-bit codes (TQ2, TQ3 and TQ4 only)");
+  }
   TQ_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -50,4 +50,12 @@ constexpr int kMaxGemvRows = 8;
 void tq_product(const TqMatrix& w, const float* xr, int n, float* out, int64_t out_stride, const float* bias, bool accumulate,
                 void* stream);
 
+// Prompts (kGemmRows activation rows or more) run a GEMM on tensor cores instead: the matrix's rotated rows
+// are written as BF16 (scale * level rounded once) and cuBLAS multiplies them by the rotated activation in
+// BF16 with FP32 accumulation, so the codes are read once, not once per kMaxGemvRows rows.
+constexpr int kGemmRows = 64;
+
+// out[r][c] = bf16(scale[r][c / group] * levels[code[r][c]]): out [rows][cols] BF16 bits.
+void tq_dequantize(const TqMatrix& w, uint16_t* out, void* stream);
+
 }  // namespace tq::cuda::weight_kernels
