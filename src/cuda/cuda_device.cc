@@ -15,6 +15,8 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "codec/rotation.h"
+#include "ops/tq_weights.h"
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/deltanet_kernels.h"
@@ -23,6 +25,7 @@
 #include "cuda/ops_kernels.h"
 #include "cuda/plan.h"
 #include "cuda/state_cache.h"
+#include "cuda/weight_kernels.h"
 
 namespace tq::cuda {
 namespace {
@@ -88,10 +91,30 @@ class CudaLayerCache final : public LayerCache {
   std::shared_ptr<int> standard_caches_;  // the device's count of live caches on the standard path
 };
 
-// A weight matrix [rows][cols] on the device as BF16.
+// One TurboQuant part of a stacked matrix (one WeightView as stored), rows [row0, row0 + matrix.rows) of it.
+struct TqPartOnDevice {
+  int64_t row0 = 0;
+  int rotation = 0;     // index into DeviceMatrix::tq_rotations
+  DeviceBuffer codes;   // [rows][cols * bits / 8]
+  DeviceBuffer scales;  // binary16 [rows][cols / group_size]
+  DeviceBuffer levels;  // F32 [2^bits]
+  weight_kernels::TqMatrix matrix;  // device pointers into the buffers above
+};
+// A rotation of the columns on the device; parts rotated alike (q/k/v, gate/up of our converter) share one.
+struct TqRotationOnDevice {
+  DeviceBuffer signs;     // F32 [cols] +-1
+  DeviceBuffer hadamard;  // int8 [m][m] (one byte when m == 1)
+  weight_kernels::TqRotation rotation;
+};
+
+// A weight matrix [rows][cols] on the device: BF16, or TurboQuant parts as stored (tq set).
 struct DeviceMatrix {
-  DeviceBuffer data;
+  DeviceBuffer data;  // BF16 [rows][cols] (empty for TurboQuant)
   int64_t rows = 0, cols = 0;
+  bool tq = false;
+  std::vector<TqPartOnDevice> tq_parts;
+  std::vector<TqRotationOnDevice> tq_rotations;
+  size_t tq_bytes = 0;  // codes and scales: what a product reads
 };
 
 // Bump allocation of scratch memory in chunks that stay put for the step (a recorded graph reads them):
@@ -308,6 +331,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return "cuda (" + device_properties().name + ")"; }
   bool is_cuda() const override { return true; }
   Linear linear(std::span<const ops::WeightView> parts, std::string_view what) override;
+  Linear tq_linear(std::span<const ops::WeightView> parts, std::string_view what);
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
@@ -378,6 +402,7 @@ class CudaDevice final : public Device {
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer cublas_workspace_;  // given to cuBLAS so that a recorded GEMM allocates nothing
   std::vector<DeviceMatrix> matrices_;
+  DeviceBuffer tq_dequant_;  // BF16 [rows][cols] of the largest TurboQuant part: prompts' products dequantize into it
   std::vector<DeviceBuffer> vectors_;
   std::vector<RopeOnDevice> ropes_;
   std::vector<MoeOnDevice> moes_;
@@ -465,12 +490,78 @@ CudaDevice::~CudaDevice() {
 
 // ------------------------------------------------------------------ what the model keeps
 
+// TurboQuant parts stay packed (weight_kernels.h), each with its own code width, group size and level
+// table; parts rotated alike share one rotation, so their input is rotated once per product.
+Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string_view what) {
+  const int64_t cols = parts[0].cols;
+  // (The views' validation guarantees a group size of 32, 64 or 128 dividing cols: all the kernel needs.)
+  weight_kernels::init();
+  DeviceMatrix m;
+  m.tq = true;
+  m.rows = stacked_rows(parts, what);
+  m.cols = cols;
+  std::vector<std::unique_ptr<ops::TqInput>> inputs;  // the distinct rotations so far, as the CPU device tells them apart
+  const auto put = [](DeviceBuffer& b, const void* host, size_t bytes) {
+    b.reserve(bytes);
+    b.upload(host, bytes);
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host copy goes out of scope
+  };
+  int64_t row0 = 0;
+  for (const ops::WeightView& w : parts) {
+    TQ_CHECK(ops::is_tq(w.dtype), what, ": a matrix mixing TurboQuant parts with ", ops::dtype_name(w.dtype), " parts");
+    const int bits = ops::tq_bits(w.dtype);
+    TqPartOnDevice part;
+    part.row0 = row0;
+    part.rotation = -1;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i]->serves(w)) part.rotation = static_cast<int>(i);
+    if (part.rotation < 0) {
+      const std::unique_ptr<Rotation> rotation = ops::tq_rotation(cols, w.tq);
+      const RotationPlan& plan = rotation->plan();
+      TQ_CHECK(plan.block <= weight_kernels::kMaxRotationBlock, what, ": a rotation block of ", plan.block,
+               " columns; the CUDA rotation takes at most ", weight_kernels::kMaxRotationBlock);
+      TqRotationOnDevice r;
+      const std::vector<int8_t> hadamard = plan.m > 1 ? std::vector<int8_t>(plan.hadamard_m, plan.hadamard_m + plan.m * plan.m) : std::vector<int8_t>(1, 1);
+      put(r.signs, plan.signs, static_cast<size_t>(cols) * sizeof(float));
+      put(r.hadamard, hadamard.data(), hadamard.size());
+      r.rotation = {r.signs.as<float>(), r.hadamard.as<int8_t>(), plan.block, plan.m, plan.p, plan.inv_sqrt_block};
+      weight_bytes_ += static_cast<int64_t>(r.signs.bytes() + r.hadamard.bytes());
+      m.tq_rotations.push_back(std::move(r));
+      inputs.push_back(std::make_unique<ops::TqInput>(cols, w.tq));
+      part.rotation = static_cast<int>(inputs.size()) - 1;
+    }
+    const size_t code_row = ops::tq_code_bytes(w.dtype, cols), scale_row = static_cast<size_t>(cols / w.tq.group_size) * 2;  // bytes
+    std::vector<uint8_t> codes(static_cast<size_t>(w.rows) * code_row);    // [rows][code_row]
+    std::vector<uint8_t> scales(static_cast<size_t>(w.rows) * scale_row);  // [rows][scale_row]: binary16
+    for (int64_t r = 0; r < w.rows; ++r) {
+      std::memcpy(codes.data() + static_cast<size_t>(r) * code_row, w.row_bytes(r), code_row);
+      std::memcpy(scales.data() + static_cast<size_t>(r) * scale_row, w.scale_row(r), scale_row);
+    }
+    put(part.codes, codes.data(), codes.size());
+    put(part.scales, scales.data(), scales.size());
+    put(part.levels, ops::tq_view_levels(w), sizeof(float) << bits);
+    part.matrix = {part.codes.as<uint8_t>(), part.scales.as<uint16_t>(), part.levels.as<float>(), bits, w.tq.group_size, w.rows, cols};
+    // The prompts' GEMM dequantizes one part at a time into one buffer of fixed address (a recorded decode
+    // step of kGemmRows sequences or more reads it too), sized here at load.
+    if (tq_dequant_.bytes() < static_cast<size_t>(w.rows * cols) * 2) tq_dequant_.reserve(static_cast<size_t>(w.rows * cols) * 2);
+    m.tq_bytes += codes.size() + scales.size();
+    weight_bytes_ += static_cast<int64_t>(part.codes.bytes() + part.scales.bytes() + part.levels.bytes());
+    m.tq_parts.push_back(std::move(part));
+    row0 += w.rows;
+  }
+  Linear l;
+  l.id = static_cast<int>(matrices_.size());
+  l.rows = m.rows;
+  l.cols = m.cols;
+  matrices_.push_back(std::move(m));
+  return l;
+}
+
 Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
-  // TurboQuant weights need their rotated-activation kernels, which this backend does not have yet: refused,
-  // never dequantized to BF16 behind the user's back.
+  TQ_CHECK(!parts.empty(), what, ": a matrix of no parts");
+  if (ops::is_tq(parts[0].dtype)) return tq_linear(parts, what);
   for (const ops::WeightView& w : parts)
-    TQ_CHECK(!ops::is_tq(w.dtype), what, ": ", ops::dtype_name(w.dtype),
-             " (TurboQuant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
+    TQ_CHECK(!ops::is_tq(w.dtype), what, ": a matrix mixing ", ops::dtype_name(parts[0].dtype), " parts with TurboQuant parts");
   // ggml's block types (a *-Q4_K_M.gguf) have no GPU kernels yet: refused by name, never widened to BF16.
   for (const ops::WeightView& w : parts)
     TQ_CHECK(!ops::is_kquant(w.dtype), what, ": ", ops::dtype_name(w.dtype),
@@ -787,6 +878,7 @@ Tensor CudaDevice::scratch(int64_t rows, int64_t cols, ActType type) {
 
 void CudaDevice::embed(const Linear& table, const Tensor& out) {
   const DeviceMatrix& m = matrices_.at(static_cast<size_t>(table.id));
+  TQ_CHECK(!m.tq, "a TurboQuant embedding table; the CUDA backend looks up BF16 tables only (convert without --quantize-extras)");
   TQ_CHECK(out.type == ActType::f32 && out.cols == m.cols && out.rows == step().rows(), "embedding of ", step().rows(), " tokens into ",
            out.rows, " x ", out.cols);
   note_tensor(out);
@@ -814,6 +906,48 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   if (x.rows == 0) return;
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).as<float>();
   const std::string shape = profiling_step_ ? std::to_string(m.rows) + "x" + std::to_string(m.cols) + " n=" + std::to_string(x.rows) : std::string();
+  if (m.tq) {
+    // TurboQuant weights: the input rotated once per distinct rotation into float32 scratch [x.rows][cols]
+    // (the parts rotated alike read the same one), then each part's codes streamed by the GEMV into its
+    // columns of out, kMaxGemvRows activation rows a pass.
+    std::vector<Tensor> rotated;  // [rotations], each [x.rows][cols]
+    for (size_t i = 0; i < m.tq_rotations.size(); ++i) rotated.push_back(scratch(x.rows, x.cols, ActType::f32));
+    note_tensor(x);
+    for (const Tensor& t : rotated) note_tensor(t);
+    note_tensor(out);
+    const bool gemm = x.rows >= weight_kernels::kGemmRows;
+    std::vector<Tensor> rotated_bf16;  // [rotations], each [x.rows][cols] BF16: the GEMM's input
+    if (gemm)
+      for (size_t i = 0; i < m.tq_rotations.size(); ++i) rotated_bf16.push_back(scratch(x.rows, x.cols, ActType::bf16));
+    for (const Tensor& t : rotated_bf16) note_tensor(t);
+    Timed timed(*this, !gemm ? (x.rows <= weight_kernels::kMaxGemvRows ? "matmul (TQ GEMV)" : "matmul (TQ GEMV passes)") : "matmul (TQ dequantized, cuBLAS)",
+                shape, static_cast<double>(m.tq_bytes));
+    if (!launching()) return;
+    for (size_t i = 0; i < m.tq_rotations.size(); ++i)
+      weight_kernels::rotate_rows(m.tq_rotations[i].rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows),
+                                  rotated[i].f32(), stream_);
+    if (gemm) {
+      for (size_t i = 0; i < m.tq_rotations.size(); ++i)
+        ops_kernels::to_bf16(rotated[i].f32(), rotated[i].stride, x.rows, static_cast<int>(x.cols), static_cast<uint16_t*>(rotated_bf16[i].data),
+                             rotated_bf16[i].stride, stream_);
+      const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+      for (const TqPartOnDevice& part : m.tq_parts) {
+        const Tensor& in = rotated_bf16[static_cast<size_t>(part.rotation)];
+        weight_kernels::tq_dequantize(part.matrix, tq_dequant_.as<uint16_t>(), stream_);
+        // out[n][row0 .. row0 + rows) = in[n][cols] . W_part^T, as the BF16 path's GEMM (column-major terms).
+        TQ_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(part.matrix.rows), static_cast<int>(x.rows),
+                                     static_cast<int>(m.cols), &alpha, tq_dequant_.get(), CUDA_R_16BF, static_cast<int>(m.cols), in.data, CUDA_R_16BF,
+                                     static_cast<int>(in.stride), &beta, out.f32() + part.row0, CUDA_R_32F, static_cast<int>(out.stride),
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (b) ops_kernels::add_bias(out.f32() + part.row0, out.stride, b + part.row0, out.rows, static_cast<int>(part.matrix.rows), stream_);
+      }
+      return;
+    }
+    for (const TqPartOnDevice& part : m.tq_parts)
+      weight_kernels::tq_product(part.matrix, rotated[static_cast<size_t>(part.rotation)].f32(), static_cast<int>(x.rows), out.f32() + part.row0,
+                                 out.stride, b ? b + part.row0 : nullptr, accumulate, stream_);
+    return;
+  }
   const double weight_bytes = static_cast<double>(m.rows * m.cols * 2);
   // A decode step's few rows: the weights streamed once by our own kernel, which reads the float32 or BF16
   // input as it is (with cuBLAS's GEMMs the 8B shape's decode step reached 58% of the H200's bandwidth bound).

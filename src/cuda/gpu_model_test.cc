@@ -25,6 +25,7 @@
 #include "device/cpu_device.h"
 #include "model/gguf_export.h"
 #include "model/loader.h"
+#include "model/tq_convert.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
 #include "ops/ops.h"
@@ -498,6 +499,23 @@ TEST(GpuModel, KquantGgufIsRefusedAtLoad) {
   auto device = cuda::make_cuda_device();
   testing_util::expect_error([&] { Model::open(dir.file("q4k.gguf"), *device); },
                              {"k-quant", "not supported by the CUDA backend", "--device cpu"});
+}
+
+// The demo model converted to TurboQuant weights (tq4 and tq3, groups of 64) runs on the GPU as stored
+// (packed codes, the activation rotated on the device) and gives the CPU's logits within the BF16 tolerance:
+// a prompt (the GEMV in passes of 8 rows) and replayed decode steps.
+TEST(GpuModel, TurboQuantWeightsMatchTheCpu) {
+  TQ_REQUIRE_GPU();
+  testing_util::ScratchDir dir("gpu_tq_weights");
+  for (const int bits : {4, 3}) {
+    TqConvertOptions o;
+    o.bits = bits;
+    o.group_size = 64;
+    ThreadPool pool(2);
+    const std::string out = dir.file("tq" + std::to_string(bits));
+    convert_to_turboquant(demo_model_dir(), out, o, pool);
+    compare_with_cpu(out, "f16", 30, 12);
+  }
 }
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {

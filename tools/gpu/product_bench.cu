@@ -18,6 +18,14 @@
 //
 //   tq-product-bench --moe [--rows 1,8,16] [--reps 30]
 //   tq-product-bench --moe --rows 512,4096,16384 --reps 5     (prompts: grouped against grouped_mma)
+//
+// With --tq, TurboQuant weights (weight_kernels.h) at the 8B shape's matrices (default --shapes
+// 4096x4096,1024x4096,14336x4096,4096x14336, --rows 1,2,4,8): for TQ2, TQ3 and TQ4 (random codes, groups of
+// 64, the largest rotation block of the columns) the GEMV alone and the rotation plus the GEMV (what
+// CudaDevice::matmul launches), beside our BF16 small-batch product (its chosen tiling) on the same shape:
+// us per product, the weights' GB/s (codes and scales; BF16: 2 bytes a weight), and the speed-up over BF16.
+//
+//   tq-product-bench --tq [--shapes ...] [--rows 1,8] [--reps 30]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,6 +42,8 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/moe_kernels.h"
 #include "cuda/ops_kernels.h"
+#include "cuda/weight_kernels.h"
+#include "codec/rotation.h"
 
 namespace {
 
@@ -218,27 +228,127 @@ void bench_moe(const MoeShape& m, const std::vector<int64_t>& batch_rows, int re
   for (void* p : {static_cast<void*>(d_router), static_cast<void*>(d_zero), static_cast<void*>(d_x), static_cast<void*>(d_out)}) CHECK_CUDA(cudaFree(p));
 }
 
+// TurboQuant products (see the top comment), one shape at a time, in enough copies to be read from memory.
+void bench_tq(int64_t rows, int64_t cols, const std::vector<int64_t>& batch_rows, int reps, double read_tbps, cudaStream_t stream) {
+  namespace wk = tq::cuda::weight_kernels;
+  wk::init();
+  const int group = 64;
+  const tq::Rotation rotation(static_cast<int>(cols), 0, 1234);
+  const tq::RotationPlan& plan = rotation.plan();
+  float* signs = nullptr;      // [cols]
+  int8_t* hadamard = nullptr;  // [m][m]
+  float* levels = nullptr;     // [16]
+  CHECK_CUDA(cudaMalloc(&signs, static_cast<size_t>(cols) * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(signs, plan.signs, static_cast<size_t>(cols) * sizeof(float), cudaMemcpyHostToDevice));
+  const std::vector<int8_t> h = plan.m > 1 ? std::vector<int8_t>(plan.hadamard_m, plan.hadamard_m + plan.m * plan.m) : std::vector<int8_t>(1, 1);
+  CHECK_CUDA(cudaMalloc(&hadamard, h.size()));
+  CHECK_CUDA(cudaMemcpy(hadamard, h.data(), h.size(), cudaMemcpyHostToDevice));
+  std::vector<float> lv(16);
+  for (int i = 0; i < 16; ++i) lv[static_cast<size_t>(i)] = (i - 7.5f) / 4;
+  CHECK_CUDA(cudaMalloc(&levels, 16 * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(levels, lv.data(), 16 * sizeof(float), cudaMemcpyHostToDevice));
+  const wk::TqRotation rot{signs, hadamard, plan.block, plan.m, plan.p, plan.inv_sqrt_block};
+  const int64_t max_n = *std::max_element(batch_rows.begin(), batch_rows.end());
+  float *x = nullptr, *xr = nullptr, *y = nullptr;
+  __nv_bfloat16* xb = nullptr;
+  CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(max_n * cols) * sizeof(float)));   // [n][cols]
+  CHECK_CUDA(cudaMalloc(&xr, static_cast<size_t>(max_n * cols) * sizeof(float)));  // [n][cols] rotated
+  CHECK_CUDA(cudaMalloc(&xb, static_cast<size_t>(max_n * cols) * 2));              // [n][cols] BF16
+  CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(max_n * rows) * sizeof(float)));   // [n][rows]
+  fill_random<<<256, 256, 0, stream>>>(x, static_cast<size_t>(max_n * cols), 11);
+  to_bf16_bits<<<256, 256, 0, stream>>>(x, static_cast<size_t>(max_n * cols), xb);
+
+  // BF16 baseline: copies of a random BF16 matrix.
+  const size_t bf16_bytes = static_cast<size_t>(rows * cols) * 2;
+  const int bf16_copies = std::clamp(static_cast<int>((size_t{3} * 60 * 1024 * 1024) / bf16_bytes) + 1, 1, 16);
+  std::vector<__nv_bfloat16*> wb(static_cast<size_t>(bf16_copies));
+  for (auto& p : wb) {
+    CHECK_CUDA(cudaMalloc(&p, bf16_bytes));
+    fill_bytes<<<1024, 256, 0, stream>>>(reinterpret_cast<uint8_t*>(p), bf16_bytes, 3, 0x3c, 4);  // small positive-ish BF16s
+  }
+  std::vector<double> bf16_us(static_cast<size_t>(max_n + 1), 0);
+  for (const int64_t n : batch_rows) {
+    if (n > tq::cuda::ops_kernels::kMaxProductRows) continue;
+    const int calls = std::max(bf16_copies, 8);
+    const Timing t = time_graph(stream, calls, reps, [&] {
+      for (int c = 0; c < calls; ++c)
+        tq::cuda::ops_kernels::small_batch_product(reinterpret_cast<const uint16_t*>(wb[static_cast<size_t>(c % bf16_copies)]), rows, cols, xb, true,
+                                                   cols, static_cast<int>(n), y, rows, nullptr, false, stream);
+    });
+    bf16_us[static_cast<size_t>(n)] = t.median_us;
+    const double gbps = static_cast<double>(bf16_bytes) / (t.median_us * 1e-6) / 1e9;
+    std::printf("| %lldx%lld | %lld | BF16 | small batch (chosen) | %.2f | %.0f | %.0f%% | 1.00 |\n", static_cast<long long>(rows),
+                static_cast<long long>(cols), static_cast<long long>(n), t.median_us, gbps, 100.0 * gbps / (read_tbps * 1e3));
+  }
+  for (auto* p : wb) CHECK_CUDA(cudaFree(p));
+
+  for (const int bits : {4, 3, 2}) {
+    const size_t code_bytes = static_cast<size_t>(rows * cols) * bits / 8, scale_bytes = static_cast<size_t>(rows * (cols / group)) * 2;
+    const size_t bytes = code_bytes + scale_bytes;
+    const int copies = std::clamp(static_cast<int>((size_t{3} * 60 * 1024 * 1024) / bytes) + 1, 1, 32);
+    std::vector<wk::TqMatrix> w(static_cast<size_t>(copies));
+    for (auto& m : w) {
+      uint8_t* codes = nullptr;
+      uint16_t* scales = nullptr;
+      CHECK_CUDA(cudaMalloc(&codes, code_bytes));
+      CHECK_CUDA(cudaMalloc(&scales, scale_bytes));
+      fill_bytes<<<1024, 256, 0, stream>>>(codes, code_bytes, 5, 0, 0);
+      CHECK_CUDA(cudaMemsetAsync(scales, 0x20, scale_bytes, stream));  // binary16 0x2020, ~0.008
+      m = wk::TqMatrix{codes, scales, levels, bits, group, rows, cols};
+    }
+    const int calls = std::max(copies, 8);
+    for (const int64_t n : batch_rows) {
+      for (const bool with_rotation : {false, true}) {
+        const Timing t = time_graph(stream, calls, reps, [&] {
+          for (int c = 0; c < calls; ++c) {
+            if (with_rotation) wk::rotate_rows(rot, cols, xb, true, cols, static_cast<int>(n), xr, stream);
+            wk::tq_product(w[static_cast<size_t>(c % copies)], xr, static_cast<int>(n), y, rows, nullptr, false, stream);
+          }
+        });
+        const double gbps = static_cast<double>(bytes) / (t.median_us * 1e-6) / 1e9;
+        const double base = bf16_us[static_cast<size_t>(std::min<int64_t>(n, max_n))];
+        std::printf("| %lldx%lld | %lld | TQ%d | %s | %.2f | %.0f | %.0f%% | %s |\n", static_cast<long long>(rows), static_cast<long long>(cols),
+                    static_cast<long long>(n), bits, with_rotation ? "rotation + GEMV" : "GEMV", t.median_us, gbps, 100.0 * gbps / (read_tbps * 1e3),
+                    base > 0 ? std::to_string(base / t.median_us).substr(0, 4).c_str() : "-");
+        std::fflush(stdout);
+      }
+    }
+    for (auto& m : w) {
+      CHECK_CUDA(cudaFree(const_cast<uint8_t*>(m.codes)));
+      CHECK_CUDA(cudaFree(const_cast<uint16_t*>(m.scales)));
+    }
+  }
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(xr), static_cast<void*>(xb), static_cast<void*>(y), static_cast<void*>(signs),
+                  static_cast<void*>(hadamard), static_cast<void*>(levels)})
+    CHECK_CUDA(cudaFree(p));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {8192, 4096}};
   std::vector<int64_t> batch_rows = {1, 2, 4, 8, 16, 64};
   int reps = 30;
-  bool moe = false;
-  bool rows_given = false;
+  bool moe = false, tq_weights = false;
+  bool rows_given = false, shapes_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--moe") {
       moe = true;
       continue;
     }
+    if (k == "--tq") {
+      tq_weights = true;
+      continue;
+    }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: tq-product-bench [--moe] [--shapes RxC,...] [--rows 1,4,...] [--reps N]\n");
+      std::fprintf(stderr, "usage: tq-product-bench [--moe | --tq] [--shapes RxC,...] [--rows 1,4,...] [--reps N]\n");
       return 1;
     }
     const std::string v = argv[++i];
     if (k == "--shapes") {
       shapes.clear();
+      shapes_given = true;
       std::stringstream ss(v);
       std::string item;
       while (std::getline(ss, item, ',')) {
@@ -294,6 +404,15 @@ int main(int argc, char** argv) {
                 "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for (const MoeShape& m : {MoeShape{"GPT-OSS-20B", 32, 4, 2880, 2880, true}, MoeShape{"Qwen3.6-35B-A3B", 256, 8, 2048, 512, false}})
       bench_moe(m, batch_rows, reps, read_tbps, stream);
+    cublasDestroy(cublas);
+    CHECK_CUDA(cudaFree(workspace));
+    return 0;
+  }
+  if (tq_weights) {
+    if (!rows_given) batch_rows = {1, 2, 4, 8};
+    if (!shapes_given) shapes = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}};
+    std::printf("| matrix | rows in | weights | method | us | GB/s | of read bw | x BF16 |\n|---:|---:|---|---|---:|---:|---:|---:|\n");
+    for (const auto& [rows, cols] : shapes) bench_tq(rows, cols, batch_rows, reps, read_tbps, stream);
     cublasDestroy(cublas);
     CHECK_CUDA(cudaFree(workspace));
     return 0;

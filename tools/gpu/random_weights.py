@@ -34,11 +34,20 @@ machine, so the GPU model benchmark runs on a stand-in made in two steps:
       the DeltaNet output norm (a plain weight) at 1, A_log = log U(0.5, 8) and dt_bias U(-1, 1) (decays
       in the range trained models have), conv1d taps U(-1/sqrt(K), 1/sqrt(K)) as nn.Conv1d draws them, so
       that activations stay finite and far from zero through every layer.
+  tools/gpu/random_weights.py tq --bits 4 [--group-size 64] .gpu/llama-3.1-8b-tq4
+      (after `plan`, before `make`; Llama-family folders) turns the plan into a TurboQuant weight folder
+      (docs/FORMATS.md "TurboQuant weights") with no conversion pass: every q/k/v/o/gate/up/down_proj.weight
+      becomes its P.tq_codes (U8 [out, in*b/8], random codes: every byte drawn uniformly) and P.tq_scales
+      (F16 [out, in/g], U(0.01, 0.03)), and config.json gets the quantization block (lloyd_max levels of
+      this build, the largest Hadamard block of each `in`, q/k/v sharing one seed and gate/up another).
+      `make` then draws an 8B shape's 4.5 GB (TQ4) in seconds on a GPU; the values are noise, the speed is
+      the format's;
   tools/gpu/random_weights.py check .gpu/qwen3.6-depth
       (with torch and transformers) loads a made folder with the class its config names: no tensor may be
       missing, unexpected or of another shape; prints the hidden state's RMS after every layer for 256 random
       tokens and fails unless it and the logits are finite.
 """
+import hashlib
 import json
 import math
 import os
@@ -234,6 +243,8 @@ def stored_bytes(shapes):
 def initial(name, dtype, shape, zero_centred):
     """How a tensor is drawn: ("const", v), ("normal", std), ("uniform", lo, hi), ("log_uniform", lo, hi) (the log
     of a uniform draw) or ("int", lo, hi) (U8 codes in [lo, hi))."""
+    if name.endswith(".tq_scales"):
+        return ("uniform", 0.01, 0.03)  # TurboQuant group scales (`tq`): positive, weights of a few hundredths
     if dtype == "U8":
         return ("int", 120, 125) if name.endswith("_scales") else ("int", 0, 256)
     if zero_centred:  # Qwen3.5 / 3.6
@@ -346,6 +357,62 @@ def make(folder):
           f"{' (zero-centred norms at 0, DeltaNet output norm at 1)' if zero_centred else ''}")
 
 
+def largest_hadamard_block(n):
+    """The largest m * 2^k (m in 1, 12, 20, 28) dividing n (codec/rotation.h Rotation::largest_supported_block)."""
+    best = 1
+    for m in (1, 12, 20, 28):
+        if n % m == 0:
+            p = 1
+            while (n // m) % (2 * p) == 0:
+                p *= 2
+            best = max(best, m * p)
+    return best
+
+
+TQ_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                  "mlp.down_proj")
+
+
+def plan_tq(folder, bits, group):
+    """A planned Llama-family folder's projections as TurboQuant planes, and config.json's quantization block."""
+    if bits not in (2, 3, 4) or group not in (32, 64, 128):
+        sys.exit(f"--bits {bits} --group-size {group}: TurboQuant weights have 2, 3 or 4 bits in groups of 32, 64 or 128")
+    with open(os.path.join(folder, "shapes.json")) as f:
+        shapes = json.load(f)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    tensors, out = {}, {}
+    for name, (dtype, shape) in shapes.items():
+        base = name[:-len(".weight")] if name.endswith(".weight") else None
+        if base is None or not base.split("model.layers.", 1)[-1].split(".", 1)[-1] in TQ_PROJECTIONS or len(shape) != 2:
+            out[name] = [dtype, shape]
+            continue
+        rows, cols = shape
+        if cols % group != 0 or (cols * bits) % 8 != 0:
+            sys.exit(f"{name}: in = {cols} is not a multiple of the group size {group}")
+        # q/k/v read one input (one rotation, one seed), gate/up another; the seeds are plain distinct numbers
+        # (the loader reads the stored seed; a converted folder derives them from rotation_seed instead).
+        layer, proj = base.rsplit(".", 1)
+        key = layer + "." + {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+                             "up_proj": "gate_up_proj"}.get(proj, proj)
+        seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:6], "little")
+        out[base + ".tq_codes"] = ["U8", [rows, cols * bits // 8]]
+        out[base + ".tq_scales"] = ["F16", [rows, cols // group]]
+        tensors[base] = {"shape": [rows, cols], "bits": bits, "group_size": group, "rotation_block": largest_hadamard_block(cols),
+                         "seed": seed}
+    if not tensors:
+        sys.exit(f"{folder}: no q/k/v/o/gate/up/down_proj.weight in the plan (tq is for Llama-family plans)")
+    config["quantization"] = {"mode": "turboquant-cpp", "format_version": 1, "bits": bits, "group_size": group, "attn_bits": bits,
+                              "mlp_bits": bits, "codebook": "lloyd_max", "scale": "rms", "norm_correction": False,
+                              "rotation": "blockwise_hadamard", "rotation_seed": 0, "quantize_extras": False, "tensors": tensors,
+                              "skipped": {}}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    with open(os.path.join(folder, "shapes.json"), "w") as f:
+        json.dump(out, f)
+    print(f"{folder}: {len(tensors)} matrices planned as TQ{bits} (groups of {group}); {stored_bytes(out) / 1e9:.2f} GB as planned")
+
+
 def check(folder):
     """Loads a made folder with transformers (the class config.json names), fails on missing, unexpected or
     mismatched tensors, and runs 256 random tokens through it: the RMS of the hidden state after every layer
@@ -379,6 +446,15 @@ def main():
         plan(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
+    elif len(sys.argv) >= 5 and sys.argv[1] == "tq" and sys.argv[2] == "--bits":
+        args = sys.argv[4:]
+        group = 64
+        if len(args) == 3 and args[0] == "--group-size":
+            group = int(args[1])
+            args = args[2:]
+        if len(args) != 1:
+            sys.exit(__doc__)
+        plan_tq(args[0], int(sys.argv[3]), group)
     elif len(sys.argv) == 3 and sys.argv[1] == "check":
         check(sys.argv[2])
     else:
