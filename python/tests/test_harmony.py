@@ -10,7 +10,6 @@ whatever the model writes, and turboquant-serve (the reference: it splits gpt-os
 must give the same reasoning and content for the same seed."""
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -18,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from conftest import SOURCE_DIR, tool
+from conftest import SOURCE_DIR, model_with_byte_tokenizer, tool
 
 GPT_OSS = SOURCE_DIR / "tests" / "fixtures" / "golden-gptoss" / "gpt_oss_bf16"
 MARKERS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
@@ -30,44 +29,11 @@ TEMPLATE = (
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
-def byte_level_alphabet():
-    # GPT-2's printable stand-ins for the 256 bytes (the ByteLevel pre-tokenizer's alphabet).
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
-    chars, n = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + n))
-            n += 1
-    return chars
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     if not (GPT_OSS / "model.safetensors").exists():
         pytest.skip(f"{GPT_OSS} is absent (tools/fixtures/make_golden_models.py --gpt-oss)")
-    d = tmp_path_factory.mktemp("gpt-oss-harmony")
-    for f in ("config.json", "generation_config.json", "model.safetensors"):
-        shutil.copy(GPT_OSS / f, d / f)
-    vocab_size = json.loads((GPT_OSS / "config.json").read_text())["vocab_size"]
-    vocab = {c: i for i, c in enumerate(byte_level_alphabet())}
-    specials = MARKERS + [f"<|reserved_{i}|>" for i in range(256 + len(MARKERS), vocab_size)]
-    added = [{"id": 256 + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-             for i, t in enumerate(specials)]
-    tokenizer = {
-        "version": "1.0",
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": []},
-    }
-    (d / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "chat_template": TEMPLATE}))
-    return d
+    return model_with_byte_tokenizer(GPT_OSS, tmp_path_factory.mktemp("gpt-oss-harmony"), MARKERS, TEMPLATE, eos="<|return|>")
 
 
 @pytest.fixture(scope="module")
