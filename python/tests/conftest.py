@@ -1,9 +1,14 @@
 """Shared fixtures: the package from the build tree (PYTHONPATH=build/python, set by CTest), the demo model
 (models/demo), the tools in build/bin and the shared data (tests skip when it is absent)."""
 
+import contextlib
 import json
 import os
 import shutil
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -85,3 +90,34 @@ def model_with_byte_tokenizer(weights_dir, dest, specials=(), chat_template=None
         tc["chat_template"] = chat_template
     (dest / "tokenizer_config.json").write_text(json.dumps(tc))
     return dest
+
+
+@contextlib.contextmanager
+def serve(folder, *flags):
+    """turboquant-serve on `folder` at a free port, one sequence at a time (the reference the OpenAI-shaped
+    calls are compared with); yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([tool("turboquant-serve"), "--model", str(folder), "--port", str(port), "--parallel", "1", "--ctx-size", "1024",
+                             "-t", "2", *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(400):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail("turboquant-serve exited: " + proc.stdout.read().decode(errors="replace"))
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def served(url, body, endpoint="chat/completions"):
+    """The server's JSON answer to a request body."""
+    req = urllib.request.Request(f"{url}/v1/{endpoint}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())

@@ -152,3 +152,43 @@ def test_generate_reports_logprobs(demo_f16):
 def test_bad_logprobs_name_the_argument(demo_f16, call):
     with pytest.raises(ValueError, match="logprobs"):
         call(demo_f16)
+
+
+# ---- the same answers as turboquant-serve (the demo model, its FP16 cache, the transcript template)
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    import shutil
+
+    from conftest import CHAT_TEMPLATE, DEMO, serve
+
+    d = tmp_path_factory.mktemp("demo-chat")
+    for f in DEMO.iterdir():
+        shutil.copy(f, d / f.name)
+    (d / "chat_template.jinja").write_text(CHAT_TEMPLATE.read_text())
+    with serve(d) as url:
+        yield url
+
+
+@pytest.mark.parametrize("temperature,seed", [(0, 1), (0.9, 7)])
+def test_logprobs_are_the_servers(demo_f16, demo_server, temperature, seed):
+    from conftest import served
+
+    messages = [{"role": "user", "content": "Tell me about Bath."}]
+    mine = demo_f16.create_chat_completion(messages, max_tokens=10, temperature=temperature, seed=seed, logprobs=True, top_logprobs=3)
+    theirs = served(demo_server, {"messages": messages, "max_tokens": 10, "temperature": temperature, "seed": seed, "top_p": 0.95,
+                                  "top_k": 40, "min_p": 0.05, "logprobs": True, "top_logprobs": 3})
+    a, b = mine["choices"][0], theirs["choices"][0]
+    assert a["message"] == b["message"] and a["finish_reason"] == b["finish_reason"]
+    la, lb = a["logprobs"]["content"], b["logprobs"]["content"]
+    assert [t["token"] for t in la] == [t["token"] for t in lb]
+    assert [[x["token"] for x in t["top_logprobs"]] for t in la] == [[x["token"] for x in t["top_logprobs"]] for t in lb]
+    assert all(abs(x["logprob"] - y["logprob"]) < 1e-4 for x, y in zip(la, lb))
+    mc = demo_f16.create_completion(PROMPT, max_tokens=8, temperature=temperature, seed=seed, logprobs=2)
+    tc = served(demo_server, {"prompt": PROMPT, "max_tokens": 8, "temperature": temperature, "seed": seed, "top_p": 0.95, "top_k": 40,
+                              "min_p": 0.05, "logprobs": 2}, "completions")
+    x, y = mc["choices"][0], tc["choices"][0]
+    assert x["text"] == y["text"]
+    assert x["logprobs"]["tokens"] == y["logprobs"]["tokens"] and x["logprobs"]["text_offset"] == y["logprobs"]["text_offset"]
+    assert all(abs(p - q) < 1e-4 for p, q in zip(x["logprobs"]["token_logprobs"], y["logprobs"]["token_logprobs"]))

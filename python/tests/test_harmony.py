@@ -9,15 +9,9 @@ temperature 1, its random output is full of markers, headers and channels: the s
 whatever the model writes, and turboquant-serve (the reference: it splits gpt-oss answers this way already)
 must give the same reasoning and content for the same seed."""
 
-import json
-import socket
-import subprocess
-import time
-import urllib.request
-
 import pytest
 
-from conftest import SOURCE_DIR, model_with_byte_tokenizer, tool
+from conftest import SOURCE_DIR, model_with_byte_tokenizer, serve, served
 
 GPT_OSS = SOURCE_DIR / "tests" / "fixtures" / "golden-gptoss" / "gpt_oss_bf16"
 MARKERS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
@@ -43,30 +37,8 @@ def gpt_oss(tq, folder):
 
 @pytest.fixture(scope="module")
 def server(folder):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([tool("turboquant-serve"), "--model", str(folder), "--port", str(port), "--parallel", "1", "--ctx-size", "1024",
-                             "-t", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail("turboquant-serve exited: " + proc.stdout.read().decode(errors="replace"))
-                time.sleep(0.05)
+    with serve(folder) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def served(url, body):
-    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=60).read())
 
 
 SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0)
