@@ -106,17 +106,20 @@ struct TokenLog {
   Logprobs lp;
 };
 
-// Where the generated text goes, as the server's scheduler routes it (serve/chat_output.h):
-//   plain    the loop's text (stop strings applied by generate_steps) is the content;
-//   harmony  chat on a gpt-oss model: the loop streams the special tokens as text, serve::OutputFilter
-//            splits the harmony channels into reasoning and content and applies the stop strings to the
-//            content only.
+// Where the generated text goes, as the server's scheduler routes it: through serve::OutputFilter
+// (serve/chat_output.h), which applies the stop strings (the loop itself is given none), and
+//   plain    the loop's text is the content;
+//   harmony  chat on a gpt-oss model: the loop streams the special tokens as text, and the filter splits
+//            the harmony channels into reasoning and content, the stop strings applying to the content only.
+// text_start (chat): the answer starts a text, so a SentencePiece tokenizer's dummy-prefix space before
+// its first byte is dropped, before the stop strings see it (the server's decoder does this for chat).
 // emit(content, reasoning, tokens) hands what became final, with the tokens picked since the last emit
 // (their logprobs; none when not asked), to Python.
 class Output {
  public:
-  Output(bool harmony, std::vector<std::string> stops, int logprobs, py::object on_emit)
-      : harmony_(harmony), logprobs_(logprobs), filter_(std::move(stops), harmony), on_emit_(std::move(on_emit)) {}
+  Output(bool harmony, std::vector<std::string> stops, int logprobs, bool strip_first_space, py::object on_emit)
+      : harmony_(harmony), logprobs_(logprobs), strip_space_(strip_first_space), filter_(std::move(stops), harmony),
+        on_emit_(std::move(on_emit)) {}
   bool harmony() const { return harmony_; }
   int logprobs() const { return logprobs_; }
   bool stopped() const { return stopped_; }
@@ -128,16 +131,16 @@ class Output {
   }
   // Text from the loop (final in plain mode; raw harmony text otherwise).
   void text(std::string_view t) {
-    if (!harmony_) {
-      emit({std::string(), std::string(t)});
-      return;
+    if (strip_space_ && !t.empty()) {
+      if (t[0] == ' ') t.remove_prefix(1);
+      strip_space_ = false;
     }
     if (filter_.add(t)) stopped_ = true;
     emit(filter_.take());
   }
   // The loop ended: held-back harmony text is final; tokens not yet handed out go with it.
   void finish() {
-    if (harmony_ && !stopped_) emit(filter_.flush());
+    if (!stopped_) emit(filter_.flush());
     if (!pending_.empty()) emit({});
   }
   const std::string& content() const { return content_; }
@@ -177,6 +180,7 @@ class Output {
   bool harmony_;
   int logprobs_;
   bool stopped_ = false;
+  bool strip_space_;  // the next text's leading space is a dummy prefix
   serve::OutputFilter filter_;
   py::object on_emit_;
   std::string content_, reasoning_;
@@ -303,13 +307,12 @@ struct LoopResult {
 
 void run_loop(Engine& engine, int seq, const LoadedModel& m, std::span<const int32_t> prompt, const GenerateOptions& options,
               const std::function<void()>& check, Output& output, LoopResult& out) {
-  // Harmony: the loop streams the markers as text and applies no stop strings (the filter applies them
-  // to the content, after the channels are split).
+  // The loop applies no stop strings: the output filter does (to the content only, after the harmony
+  // channels are split, and after a chat answer's dummy-prefix space is dropped). Harmony: the loop
+  // streams the markers as text.
   GenerateOptions go = options;
-  if (output.harmony()) {
-    go.special_tokens_as_text = true;
-    go.stop.clear();
-  }
+  go.stop.clear();
+  go.special_tokens_as_text = output.harmony();
   const int base = engine.length(seq);
   const int ctx = static_cast<int>(engine.ctx_size()) - base;
   Sampler sampler(go.sampling);
@@ -327,7 +330,12 @@ void run_loop(Engine& engine, int seq, const LoadedModel& m, std::span<const int
     out.fed.insert(out.fed.end(), tokens, tokens + n);
     if (host_sampling) logits = engine.logits();
   };
+  // For a loop cut short, which returns no timings of its own: the prefill ends at the first pick.
+  using clock = std::chrono::steady_clock;
+  const clock::time_point started = clock::now();
+  std::optional<clock::time_point> first_pick;
   steps.next = [&](const std::vector<int32_t>& history) {
+    if (!first_pick) first_pick = clock::now();
     check();
     // The logprobs are those of the adjusted logits (penalties applied), as the server reports them.
     const int32_t id = host_sampling ? sampler.sample(logits, history) : engine.argmax()[0];
@@ -345,6 +353,9 @@ void run_loop(Engine& engine, int seq, const LoadedModel& m, std::span<const int
     out.result.stop_reason = reason;
     out.result.prompt_tokens = static_cast<int>(prompt.size());
     out.result.tokens.assign(out.seen.begin() + static_cast<std::ptrdiff_t>(prompt.size()), out.seen.end());
+    const clock::time_point now = clock::now(), decoding = first_pick.value_or(now);
+    out.result.prompt_seconds = std::chrono::duration<double>(decoding - started).count();
+    out.result.decode_seconds = std::chrono::duration<double>(now - decoding).count();
   };
   try {
     out.result = generate_steps(steps, *m.tokenizer, prompt, eos, ctx, go, on_text);
@@ -406,7 +417,8 @@ py::dict generate(const ModelPtr& m, std::vector<int32_t> prompt, const py::dict
   TQ_CHECK(!harmony || m->harmony, "harmony output: ", m->path, " is not a gpt-oss model with a chat template (its tokenizer has no harmony markers)");
   const int logprobs = options.contains("logprobs") && !options["logprobs"].is_none() ? options["logprobs"].cast<int>() : -1;
   TQ_CHECK(logprobs >= -1 && logprobs <= 20, "logprobs must be 0..20 alternatives (or None), got ", logprobs);
-  Output output(harmony, go.stop, logprobs, std::move(on_text));
+  const bool text_start = options.contains("text_start") && options["text_start"].cast<bool>();
+  Output output(harmony, go.stop, logprobs, text_start && m->tokenizer->strips_leading_space(), std::move(on_text));
 
   const auto check = [&] {
     if (output.stopped()) throw StoppedInContent{};

@@ -192,3 +192,27 @@ def test_logprobs_are_the_servers(demo_f16, demo_server, temperature, seed):
     assert x["text"] == y["text"]
     assert x["logprobs"]["tokens"] == y["logprobs"]["tokens"] and x["logprobs"]["text_offset"] == y["logprobs"]["text_offset"]
     assert all(abs(p - q) < 1e-4 for p, q in zip(x["logprobs"]["token_logprobs"], y["logprobs"]["token_logprobs"]))
+
+
+def test_sentencepiece_chat_answers_are_the_servers(tq):
+    # A SentencePiece tokenizer writes a dummy-prefix space before the answer's first word: a chat answer
+    # starts a text, and the server drops it (before the stop strings see it); so does create_chat_completion.
+    from conftest import CHAT_TEMPLATE, SHARED_DIR, serve, served
+
+    gguf = SHARED_DIR / "models" / "stories260K" / "stories260K.gguf"
+    if not gguf.exists():
+        pytest.skip(f"{gguf} is absent")
+    m = tq.load(gguf, kv="f16", threads=2, chat_template=CHAT_TEMPLATE.read_text())
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    mine = m.create_chat_completion(messages, max_tokens=16, temperature=0)["choices"][0]["message"]["content"]
+    assert mine and not mine.startswith(" ")
+    first_word = mine.split()[0]
+    with serve(gguf, "--chat-template", str(CHAT_TEMPLATE)) as url:
+        for extra in ({}, {"stop": [first_word + " "]}, {"stop": [" " + first_word]}):
+            theirs = served(url, {"messages": messages, "max_tokens": 16, "temperature": 0, **extra})["choices"][0]
+            got = m.create_chat_completion(messages, max_tokens=16, temperature=0, **extra)["choices"][0]
+            assert got["message"] == theirs["message"] and got["finish_reason"] == theirs["finish_reason"], extra
+        # A completion continues the prompt's text: its first space stays, as the server leaves it.
+        for prompt in ("Once upon a time", "Once upon a time,"):
+            theirs = served(url, {"prompt": prompt, "max_tokens": 6, "temperature": 0}, "completions")["choices"][0]["text"]
+            assert m.create_completion(prompt, max_tokens=6, temperature=0)["choices"][0]["text"] == theirs

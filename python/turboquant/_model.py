@@ -244,6 +244,8 @@ class Model:
             "logprobs": logprobs,
             # Chat on gpt-oss: the harmony channels split into reasoning and content (serve/chat_output.h).
             "harmony": chat and self.harmony,
+            # A chat answer starts a text: a SentencePiece dummy-prefix space before it is dropped, as the server does.
+            "text_start": chat,
         }
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
