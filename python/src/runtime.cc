@@ -97,7 +97,7 @@ struct CancelToken {
   std::atomic<bool> cancelled{false};
 };
 struct Cancelled {};
-// A stop string completed in the content of a harmony answer (the loop stops before the next forward pass).
+// A stop string completed in the content (the output filter saw it): the loop stops before the next forward pass.
 struct StoppedInContent {};
 
 // One generated token's log-probabilities (when asked), with its id.
@@ -129,7 +129,7 @@ class Output {
     pending_.push_back({id, lp});
     all_.push_back({id, lp});
   }
-  // Text from the loop (final in plain mode; raw harmony text otherwise).
+  // Decoded text from the loop (with harmony's markers written out in harmony mode).
   void text(std::string_view t) {
     if (strip_space_ && !t.empty()) {
       if (t[0] == ' ') t.remove_prefix(1);
@@ -138,7 +138,7 @@ class Output {
     if (filter_.add(t)) stopped_ = true;
     emit(filter_.take());
   }
-  // The loop ended: held-back harmony text is final; tokens not yet handed out go with it.
+  // The loop ended: held-back text is final (unless a stop string ended it); tokens not yet handed out go with it.
   void finish() {
     if (!stopped_) emit(filter_.flush());
     if (!pending_.empty()) emit({});
