@@ -19,7 +19,9 @@ def load(path, device="cpu", kv="k8v3", threads=None, chat_template=None):
     """Opens a model: a Hugging Face folder (safetensors, config.json, tokenizer.json), a .gguf file, or a
     TurboQuant weight folder.
 
-    device: "cpu" or "cuda" (the whole forward pass on the GPU, when the module was built with CUDA).
+    device: "cpu" or "cuda" (the whole forward pass on the GPU, when the module was built with CUDA;
+        turboquant.cuda_status() is "" when it can run here, else why not, and load raises Error with that
+        reason rather than run anywhere else).
     kv: the KV cache generate() uses unless told otherwise, as turboquant-perplexity's --compare names
         them: "k8v3" (TurboQuant K8/V3), "k8v3+fused" (read directly by the fused kernel), "k8v3+mt128"
         (128 FP16 sink positions), "k4v4+g=128", "q8_0/q4_0", "f16", ...
