@@ -33,6 +33,30 @@ def seconds_per_call(body, min_seconds=0.1, rounds=3):
     return best
 
 
+def measure(binary="build/bin/turboquant-bench", dims="128", bits="3,4,8", floats=1 << 21, repeats=5):
+    """GB/s of the C++ codec (turboquant-bench codec) and of the NumPy calls, alternately: ({key: [(quant,
+    dequant)]} for C++, the same for NumPy), key = (dim, bits, grid)."""
+    cxx, numpy = {}, {}
+    for _ in range(repeats):
+        out = subprocess.run([binary, "codec", "--dims", dims, "--bits", bits, "--data", "gaussian", "--floats", str(floats),
+                              "--json"], check=True, capture_output=True, text=True)
+        rows = [r for r in json.loads(out.stdout) if isinstance(r["bits"], int) and (r["bits"] == 8) == (r["grid"] == "uniform")]
+        for r in rows:
+            key = (r["dim"], r["bits"], r["grid"])
+            cxx.setdefault(key, []).append((r["quant_gbps"], r["dequant_gbps"]))
+            dim, nbits = r["dim"], r["bits"]
+            x = np.random.default_rng(dim).standard_normal((floats // dim, dim)).astype(np.float32)
+            q = codec.Quantizer(dim, nbits, group_size=min(64, dim), grid=r["grid"], fit="plain")
+            codes, scales = q.quantize(x)
+            back = np.empty_like(x)
+            gb = 4 * x.size / 1e9
+            # Into arrays made once, as the C++ benchmark writes into its buffers.
+            qs = gb / seconds_per_call(lambda: q.quantize(x, out=(codes, scales)))
+            ds = gb / seconds_per_call(lambda: q.dequantize(codes, scales, out=back))
+            numpy.setdefault(key, []).append((qs, ds))
+    return cxx, numpy
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", default="build/bin/turboquant-bench")
@@ -41,24 +65,7 @@ def main():
     p.add_argument("--floats", type=int, default=1 << 21)
     p.add_argument("--repeats", type=int, default=5, help="alternate the C++ and the NumPy runs this many times; medians")
     a = p.parse_args()
-    cxx, numpy = {}, {}
-    for _ in range(a.repeats):
-        out = subprocess.run([a.bin, "codec", "--dims", a.dims, "--bits", a.bits, "--data", "gaussian", "--floats", str(a.floats),
-                              "--json"], check=True, capture_output=True, text=True)
-        rows = [r for r in json.loads(out.stdout) if isinstance(r["bits"], int) and (r["bits"] == 8) == (r["grid"] == "uniform")]
-        for r in rows:
-            key = (r["dim"], r["bits"], r["grid"])
-            cxx.setdefault(key, []).append((r["quant_gbps"], r["dequant_gbps"]))
-            dim, bits = r["dim"], r["bits"]
-            x = np.random.default_rng(dim).standard_normal((a.floats // dim, dim)).astype(np.float32)
-            q = codec.Quantizer(dim, bits, group_size=min(64, dim), grid=r["grid"], fit="plain")
-            codes, scales = q.quantize(x)
-            back = np.empty_like(x)
-            gb = 4 * x.size / 1e9
-            # Into arrays made once, as the C++ benchmark writes into its buffers.
-            qs = gb / seconds_per_call(lambda: q.quantize(x, out=(codes, scales)))
-            ds = gb / seconds_per_call(lambda: q.dequantize(codes, scales, out=back))
-            numpy.setdefault(key, []).append((qs, ds))
+    cxx, numpy = measure(a.bin, a.dims, a.bits, a.floats, a.repeats)
     med = statistics.median
     print(f"{a.repeats} alternating runs each, medians; GB/s of float32 input; SIMD target {codec.simd_target()}")
     print("| D | bits | grid | quant GB/s C++ | quant GB/s NumPy | ratio | dequant GB/s C++ | dequant GB/s NumPy | ratio |")

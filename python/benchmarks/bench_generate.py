@@ -20,6 +20,24 @@ import turboquant as tq
 PROMPT = "It is a truth universally acknowledged"
 
 
+def measure(model_path="models/demo", binary="build/bin/turboquant-generate", max_tokens=200, threads=2, kv="k8v3+fused", repeats=7):
+    """Decode tokens/s of Python's generate and of turboquant-generate, run alternately: (python, cli, tokens)."""
+    cli_kv = ["--kv-k-bits", "8", "--kv-v-bits", "3"] + (["--kv-fused"] if "fused" in kv else [])
+    model = tq.load(model_path, kv=kv, threads=threads)
+    model.generate(PROMPT, max_tokens=8, temperature=0)  # warm: pages mapped, pool started
+    py, cli = [], []
+    for _ in range(repeats):
+        model.generate(PROMPT, max_tokens=max_tokens, temperature=0)
+        r = model.last_result
+        py.append(len(r["tokens"]) / r["decode_seconds"])
+        out = subprocess.run([binary, "--model", model_path, "--prompt", PROMPT, "--max-tokens", str(max_tokens), "--temp", "0",
+                              "--threads", str(threads), *cli_kv], check=True, capture_output=True, text=True)
+        m = re.search(r"decode: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tokens/s\)", out.stderr)
+        assert m and int(m.group(1)) == len(r["tokens"]), out.stderr
+        cli.append(float(m.group(2)))
+    return py, cli, len(r["tokens"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="models/demo")
@@ -29,21 +47,9 @@ def main():
     p.add_argument("--kv", default="k8v3+fused", help="spec for Python; the CLI gets the same as --kv-k-bits 8 --kv-v-bits 3 --kv-fused")
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args()
-    cli_kv = ["--kv-k-bits", "8", "--kv-v-bits", "3"] + (["--kv-fused"] if "fused" in a.kv else [])
-    model = tq.load(a.model, kv=a.kv, threads=a.threads)
-    model.generate(PROMPT, max_tokens=8, temperature=0)  # warm: pages mapped, pool started
-    py, cli = [], []
-    for _ in range(a.repeats):
-        model.generate(PROMPT, max_tokens=a.max_tokens, temperature=0)
-        r = model.last_result
-        py.append(len(r["tokens"]) / r["decode_seconds"])
-        out = subprocess.run([a.bin, "--model", a.model, "--prompt", PROMPT, "--max-tokens", str(a.max_tokens), "--temp", "0",
-                              "--threads", str(a.threads), *cli_kv], check=True, capture_output=True, text=True)
-        m = re.search(r"decode: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tokens/s\)", out.stderr)
-        assert m and int(m.group(1)) == len(r["tokens"]), out.stderr
-        cli.append(float(m.group(2)))
+    py, cli, n = measure(a.model, a.bin, a.max_tokens, a.threads, a.kv, a.repeats)
     mp, mc = statistics.median(py), statistics.median(cli)
-    print(f"model {a.model}, kv {a.kv}, {a.threads} threads, {len(r['tokens'])} tokens, {a.repeats} repeats each, alternating")
+    print(f"model {a.model}, kv {a.kv}, {a.threads} threads, {n} tokens, {a.repeats} repeats each, alternating")
     print(f"turboquant-generate decode: median {mc:.1f} tokens/s  (all: {', '.join(f'{v:.1f}' for v in cli)})")
     print(f"Python generate decode:     median {mp:.1f} tokens/s  (all: {', '.join(f'{v:.1f}' for v in py)})")
     print(f"Python / CLI: {mp / mc:.3f} (medians); median of the paired ratios (each Python run over the CLI run after it): "

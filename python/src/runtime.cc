@@ -30,6 +30,7 @@
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "serve/api.h"
+#include "serve/chat_output.h"
 #ifdef TQ_HAVE_CUDA_MODEL
 #include "cuda/cuda_device.h"
 #endif
@@ -51,6 +52,9 @@ struct LoadedModel {
   std::vector<int32_t> eos;
   KVSettings kv;                             // the default KV cache of generate()
   std::atomic<bool> busy{false};             // an engine runs on the device (one call at a time)
+  // Chat answers are harmony channels (gpt-oss): a chat template and a tokenizer with harmony's markers,
+  // the server's test (serve/server.cc).
+  bool harmony = false;
 };
 using ModelPtr = std::shared_ptr<LoadedModel>;
 
@@ -93,6 +97,95 @@ struct CancelToken {
   std::atomic<bool> cancelled{false};
 };
 struct Cancelled {};
+// A stop string completed in the content (the output filter saw it): the loop stops before the next forward pass.
+struct StoppedInContent {};
+
+// One generated token's log-probabilities (when asked), with its id.
+struct TokenLog {
+  int32_t id = 0;
+  Logprobs lp;
+};
+
+// Where the generated text goes, as the server's scheduler routes it: through serve::OutputFilter
+// (serve/chat_output.h), which applies the stop strings (the loop itself is given none), and
+//   plain    the loop's text is the content;
+//   harmony  chat on a gpt-oss model: the loop streams the special tokens as text, and the filter splits
+//            the harmony channels into reasoning and content, the stop strings applying to the content only.
+// text_start (chat): the answer starts a text, so a SentencePiece tokenizer's dummy-prefix space before
+// its first byte is dropped, before the stop strings see it (the server's decoder does this for chat).
+// emit(content, reasoning, tokens) hands what became final, with the tokens picked since the last emit
+// (their logprobs; none when not asked), to Python.
+class Output {
+ public:
+  Output(bool harmony, std::vector<std::string> stops, int logprobs, bool strip_first_space, py::object on_emit)
+      : harmony_(harmony), logprobs_(logprobs), strip_space_(strip_first_space), filter_(std::move(stops), harmony),
+        on_emit_(std::move(on_emit)) {}
+  bool harmony() const { return harmony_; }
+  int logprobs() const { return logprobs_; }
+  bool stopped() const { return stopped_; }
+  // A token was picked (not EOS).
+  void token(int32_t id, const Logprobs& lp) {
+    if (logprobs_ < 0) return;
+    pending_.push_back({id, lp});
+    all_.push_back({id, lp});
+  }
+  // Decoded text from the loop (with harmony's markers written out in harmony mode).
+  void text(std::string_view t) {
+    if (strip_space_ && !t.empty()) {
+      if (t[0] == ' ') t.remove_prefix(1);
+      strip_space_ = false;
+    }
+    if (filter_.add(t)) stopped_ = true;
+    emit(filter_.take());
+  }
+  // The loop ended: held-back text is final (unless a stop string ended it); tokens not yet handed out go with it.
+  void finish() {
+    if (!stopped_) emit(filter_.flush());
+    if (!pending_.empty()) emit({});
+  }
+  const std::string& content() const { return content_; }
+  const std::string& reasoning() const { return reasoning_; }
+  const std::vector<TokenLog>& all_tokens() const { return all_; }
+
+ private:
+  void emit(serve::OutputText o) {
+    // Tokens whose text is held back (part of a character, a harmony marker or header) go out with the
+    // next text; with nothing to say, no call.
+    if (o.empty() && pending_.empty()) return;
+    content_ += o.content;
+    reasoning_ += o.reasoning;
+    if (on_emit_.is_none()) {
+      pending_.clear();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    py::object toks = py::none();
+    if (logprobs_ >= 0) toks = token_list(pending_);
+    pending_.clear();
+    on_emit_(py::bytes(o.content).attr("decode")("utf-8", "replace"), py::bytes(o.reasoning).attr("decode")("utf-8", "replace"), toks);
+  }
+
+ public:
+  static py::list token_list(const std::vector<TokenLog>& tokens) {
+    py::list out;
+    for (const TokenLog& t : tokens) {
+      py::list top;
+      for (const TokenLogprob& a : t.lp.top) top.append(py::make_tuple(a.id, a.logprob));
+      out.append(py::make_tuple(t.id, t.lp.chosen, top));
+    }
+    return out;
+  }
+
+ private:
+  bool harmony_;
+  int logprobs_;
+  bool stopped_ = false;
+  bool strip_space_;  // the next text's leading space is a dummy prefix
+  serve::OutputFilter filter_;
+  py::object on_emit_;
+  std::string content_, reasoning_;
+  std::vector<TokenLog> pending_, all_;
+};
 
 const char* kind_name(LayerKind k) {
   switch (k) {
@@ -183,6 +276,7 @@ ModelPtr load_model(const std::string& path, const std::string& device, const st
   m->tokenizer = load_model_tokenizer(m->model->files());
   m->chat_template = chat_template ? *chat_template : find_chat_template(m->model->files());
   m->eos = eos_ids(m->model->files(), *m->tokenizer);
+  m->harmony = !m->chat_template.empty() && is_harmony_tokenizer(*m->tokenizer);
   return m;
 }
 
@@ -211,13 +305,20 @@ struct LoopResult {
   bool cancelled = false;
 };
 
-void run_loop(Engine& engine, int seq, const LoadedModel& m, std::span<const int32_t> prompt, const GenerateOptions& go,
-              const std::function<void()>& check, const std::function<void(std::string_view)>& on_text, LoopResult& out) {
+void run_loop(Engine& engine, int seq, const LoadedModel& m, std::span<const int32_t> prompt, const GenerateOptions& options,
+              const std::function<void()>& check, Output& output, LoopResult& out) {
+  // The loop applies no stop strings: the output filter does (to the content only, after the harmony
+  // channels are split, and after a chat answer's dummy-prefix space is dropped). Harmony: the loop
+  // streams the markers as text.
+  GenerateOptions go = options;
+  go.stop.clear();
+  go.special_tokens_as_text = output.harmony();
   const int base = engine.length(seq);
   const int ctx = static_cast<int>(engine.ctx_size()) - base;
   Sampler sampler(go.sampling);
-  // As generate() does: greedy decoding without penalties takes the argmax where the logits are.
-  const bool host_sampling = sampler.needs_logits();
+  // As generate() does: greedy decoding without penalties takes the argmax where the logits are; the
+  // logprobs need the logits on the host.
+  const bool host_sampling = sampler.needs_logits() || output.logprobs() >= 0;
   std::vector<float> logits;  // [vocab]: the last fed token's (host sampling only)
   const std::vector<int32_t> eos = go.stop_at_eos ? m.eos : std::vector<int32_t>{};
   out.seen.assign(prompt.begin(), prompt.end());
@@ -229,28 +330,54 @@ void run_loop(Engine& engine, int seq, const LoadedModel& m, std::span<const int
     out.fed.insert(out.fed.end(), tokens, tokens + n);
     if (host_sampling) logits = engine.logits();
   };
+  // For a loop cut short, which returns no timings of its own: the prefill ends at the first pick.
+  using clock = std::chrono::steady_clock;
+  const clock::time_point started = clock::now();
+  std::optional<clock::time_point> first_pick;
   steps.next = [&](const std::vector<int32_t>& history) {
+    if (!first_pick) first_pick = clock::now();
     check();
+    // The logprobs are those of the adjusted logits (penalties applied), as the server reports them.
     const int32_t id = host_sampling ? sampler.sample(logits, history) : engine.argmax()[0];
-    if (std::find(eos.begin(), eos.end(), id) == eos.end()) out.seen.push_back(id);
+    if (std::find(eos.begin(), eos.end(), id) == eos.end()) {
+      out.seen.push_back(id);
+      if (output.logprobs() >= 0) output.token(id, compute_logprobs(logits, id, output.logprobs()));
+    }
     return id;
+  };
+  const auto on_text = [&](std::string_view text) {
+    output.text(text);
+  };
+  // The loop ended early (cancelled, or a stop string in the content): the tokens it picked, in order.
+  const auto cut_short = [&](const char* reason) {
+    out.result.stop_reason = reason;
+    out.result.prompt_tokens = static_cast<int>(prompt.size());
+    out.result.tokens.assign(out.seen.begin() + static_cast<std::ptrdiff_t>(prompt.size()), out.seen.end());
+    const clock::time_point now = clock::now(), decoding = first_pick.value_or(now);
+    out.result.prompt_seconds = std::chrono::duration<double>(decoding - started).count();
+    out.result.decode_seconds = std::chrono::duration<double>(now - decoding).count();
   };
   try {
     out.result = generate_steps(steps, *m.tokenizer, prompt, eos, ctx, go, on_text);
+    if (output.stopped()) out.result.stop_reason = "stop string";  // on the last token: no feed came after it
   } catch (const Cancelled&) {
     out.cancelled = true;
-    out.result.stop_reason = "cancelled";
-    out.result.prompt_tokens = static_cast<int>(prompt.size());
-    out.result.tokens.assign(out.seen.begin() + static_cast<std::ptrdiff_t>(prompt.size()), out.seen.end());
-    out.result.text = m.tokenizer->decode(out.result.tokens);
+    cut_short("cancelled");
+  } catch (const StoppedInContent&) {
+    cut_short("stop string");
   }
+  output.finish();
+  out.result.text = output.content();
   out.result.layers = engine.attention_report();
   out.result.seq = seq;
 }
 
-py::dict result_dict(const LoopResult& r, const Engine& engine, int cached_tokens) {
+py::dict result_dict(const LoopResult& r, const Engine& engine, int cached_tokens, const Output& output) {
   py::dict d;
   d["text"] = py::bytes(r.result.text).attr("decode")("utf-8", "replace");
+  // harmony: the analysis and commentary channels ("" otherwise); text is the final channel.
+  d["reasoning"] = py::bytes(output.reasoning()).attr("decode")("utf-8", "replace");
+  d["logprobs"] = output.logprobs() >= 0 ? py::object(Output::token_list(output.all_tokens())) : py::object(py::none());
   d["tokens"] = r.result.tokens;
   d["stop_reason"] = r.result.stop_reason;
   d["prompt_tokens"] = r.result.prompt_tokens;
@@ -268,8 +395,11 @@ py::dict result_dict(const LoopResult& r, const Engine& engine, int cached_token
   return d;
 }
 
-// generate: prompt ids -> a dict (text, tokens, stop_reason, timings, attention per layer). on_text (or
-// None) receives the text as it becomes final; cancel (or None) stops the loop between tokens.
+// generate: prompt ids -> a dict (text, reasoning, tokens, logprobs, stop_reason, timings, attention per
+// layer). on_text (or None) is called as on_text(content, reasoning, tokens) with what became final
+// (tokens: [(id, logprob, [(id, logprob), ...])] picked since the last call, when options["logprobs"] asks
+// for them, else None); options["harmony"] splits a gpt-oss answer's channels. cancel (or None) stops the
+// loop between tokens.
 py::dict generate(const ModelPtr& m, std::vector<int32_t> prompt, const py::dict& options, const CachePtr& cache, py::object on_text,
                   std::shared_ptr<CancelToken> cancel) {
   GenerateOptions go;
@@ -283,16 +413,18 @@ py::dict generate(const ModelPtr& m, std::vector<int32_t> prompt, const py::dict
   for (int32_t id : prompt) TQ_CHECK(id >= 0 && id < m->model->vocab_size(), "prompt token id ", id, " is outside the vocabulary of ", m->model->vocab_size());
   KVSettings kv = m->kv;
   if (options.contains("kv") && !options["kv"].is_none()) kv = parse_kv_spec(options["kv"].cast<std::string>());
+  const bool harmony = options.contains("harmony") && options["harmony"].cast<bool>();
+  TQ_CHECK(!harmony || m->harmony, "harmony output: ", m->path, " is not a gpt-oss model with a chat template (its tokenizer has no harmony markers)");
+  const int logprobs = options.contains("logprobs") && !options["logprobs"].is_none() ? options["logprobs"].cast<int>() : -1;
+  TQ_CHECK(logprobs >= -1 && logprobs <= 20, "logprobs must be 0..20 alternatives (or None), got ", logprobs);
+  const bool text_start = options.contains("text_start") && options["text_start"].cast<bool>();
+  Output output(harmony, go.stop, logprobs, text_start && m->tokenizer->strips_leading_space(), std::move(on_text));
 
   const auto check = [&] {
+    if (output.stopped()) throw StoppedInContent{};
     if (cancel && cancel->cancelled) throw Cancelled{};
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  };
-  const std::function<void(std::string_view)> text_cb = [&](std::string_view text) {
-    if (on_text.is_none()) return;
-    py::gil_scoped_acquire gil;
-    on_text(py::bytes(text.data(), text.size()).attr("decode")("utf-8", "replace"));
   };
 
   BusyGuard busy(m->busy, "generate");
@@ -305,9 +437,9 @@ py::dict generate(const ModelPtr& m, std::vector<int32_t> prompt, const py::dict
     eo.kv_pool_tokens = static_cast<int64_t>(prompt.size()) + go.max_tokens + 1;
     py::gil_scoped_release nogil;
     Engine engine(*m->model, eo);
-    run_loop(engine, engine.add_sequence(), *m, prompt, go, check, text_cb, r);
+    run_loop(engine, engine.add_sequence(), *m, prompt, go, check, output, r);
     py::gil_scoped_acquire gil;
-    return result_dict(r, engine, 0);
+    return result_dict(r, engine, 0, output);
   }
 
   // Continue the sequence the cache holds (or start it), then hand the caches back to the cache object.
@@ -350,9 +482,9 @@ py::dict generate(const ModelPtr& m, std::vector<int32_t> prompt, const py::dict
     } give_back{*engine, *cache, r, full};
     const std::vector<int> seqs = engine->sequences();
     const int seq = seqs.empty() ? engine->add_sequence() : seqs[0];
-    run_loop(*engine, seq, *m, full, go, check, text_cb, r);
+    run_loop(*engine, seq, *m, full, go, check, output, r);
     py::gil_scoped_acquire gil;
-    out = result_dict(r, *engine, cached);
+    out = result_dict(r, *engine, cached, output);
   }
   return out;
 }
@@ -449,9 +581,35 @@ void bind_runtime(py::module_& m) {
            "tokens with the KV cache `kv` (a spec like \"k8v3\", \"f16\"; default: the model's).")
       .def("generate_ids", &generate, py::arg("prompt"), py::arg("options"), py::arg("cache") = nullptr, py::arg("on_text") = py::none(),
            py::arg("cancel") = nullptr,
-           "The generation loop over token ids (turboquant.Model.generate wraps it): returns a dict of text, tokens, "
-           "stop_reason, timings and the attention path per layer.");
+           "The generation loop over token ids (turboquant.Model.generate wraps it): returns a dict of text, reasoning "
+           "(harmony), tokens, logprobs, stop_reason, timings and the attention path per layer. on_text(content, reasoning, "
+           "tokens) receives what became final.")
+      .def_property_readonly("harmony", [](const LoadedModel& x) { return x.harmony; },
+                             "Whether chat answers are harmony channels (gpt-oss): reasoning_content apart from content.");
 
+  m.def("cuda_status",
+        []() {
+#ifdef TQ_HAVE_CUDA_MODEL
+          static std::string status = [] {
+            try {
+              const auto dev = cuda::make_cuda_device({});
+              return std::string();
+            } catch (const std::exception& e) {
+              return std::string(e.what());
+            }
+          }();
+          return status;
+#else
+          return std::string("this turboquant module was built without the CUDA backend (configure with -DTQ_CUDA=ON where nvcc is found)");
+#endif
+        },
+        "\"\" when device=\"cuda\" can run here, else why not (the first call opens the GPU once).");
+  m.attr("cuda_built") =
+#ifdef TQ_HAVE_CUDA_MODEL
+      true;
+#else
+      false;
+#endif
   m.def("load_model", &load_model, py::arg("path"), py::arg("device") = "cpu", py::arg("kv") = "k8v3", py::arg("threads") = 2,
         py::arg("chat_template") = py::none(), "Opens a model (use turboquant.load).");
 
@@ -595,30 +753,78 @@ generate(..., prompt_cache=cache) continues from what it holds and leaves the ne
   py::module_ api = m.def_submodule("openai", "The server's OpenAI response shapes (serve/api.h), as JSON text");
   api.def("completion_response",
           [](const std::string& id, int64_t created, const std::string& model, const std::string& text, const std::string& finish,
-             int prompt_tokens, int completion_tokens, int cached, double prompt_ms, double predicted_ms) {
-            return serve::dump(serve::completion_response(head(id, created, model), text, nullptr, finish,
+             int prompt_tokens, int completion_tokens, int cached, double prompt_ms, double predicted_ms, const std::string& logprobs_json) {
+            return serve::dump(serve::completion_response(head(id, created, model), text, serve::json::parse(logprobs_json), finish,
                                                           usage(prompt_tokens, completion_tokens, cached),
                                                           timings(prompt_tokens - cached, prompt_ms, completion_tokens, predicted_ms, cached)));
           },
+          py::arg("id"), py::arg("created"), py::arg("model"), py::arg("text"), py::arg("finish"), py::arg("prompt_tokens"),
+          py::arg("completion_tokens"), py::arg("cached"), py::arg("prompt_ms"), py::arg("predicted_ms"), py::arg("logprobs_json") = "null",
           "A whole /v1/completions response.");
   api.def("chat_response",
           [](const std::string& id, int64_t created, const std::string& model, const std::string& text, const std::string& finish,
-             int prompt_tokens, int completion_tokens, int cached, double prompt_ms, double predicted_ms) {
-            return serve::dump(serve::chat_response(head(id, created, model), text, "", nullptr, finish,
+             int prompt_tokens, int completion_tokens, int cached, double prompt_ms, double predicted_ms, const std::string& reasoning,
+             const std::string& logprobs_json) {
+            return serve::dump(serve::chat_response(head(id, created, model), text, reasoning, serve::json::parse(logprobs_json), finish,
                                                     usage(prompt_tokens, completion_tokens, cached),
                                                     timings(prompt_tokens - cached, prompt_ms, completion_tokens, predicted_ms, cached)));
           },
-          "A whole /v1/chat/completions response.");
+          py::arg("id"), py::arg("created"), py::arg("model"), py::arg("text"), py::arg("finish"), py::arg("prompt_tokens"),
+          py::arg("completion_tokens"), py::arg("cached"), py::arg("prompt_ms"), py::arg("predicted_ms"), py::arg("reasoning") = "",
+          py::arg("logprobs_json") = "null", "A whole /v1/chat/completions response (message.reasoning_content when reasoning is not empty).");
   api.def("completion_chunk",
-          [](const std::string& id, int64_t created, const std::string& model, const std::string& text, const std::string& finish) {
-            return serve::dump(serve::completion_chunk(head(id, created, model), text, nullptr, finish));
+          [](const std::string& id, int64_t created, const std::string& model, const std::string& text, const std::string& finish,
+             const std::string& logprobs_json) {
+            return serve::dump(serve::completion_chunk(head(id, created, model), text, serve::json::parse(logprobs_json), finish));
           },
+          py::arg("id"), py::arg("created"), py::arg("model"), py::arg("text"), py::arg("finish"), py::arg("logprobs_json") = "null",
           "One streamed /v1/completions chunk (finish \"\": null).");
   api.def("chat_chunk",
           [](const std::string& id, int64_t created, const std::string& model, const std::string& delta_json, const std::string& finish) {
             return serve::dump(serve::chat_chunk(head(id, created, model), serve::json::parse(delta_json), nullptr, finish));
           },
           "One streamed /v1/chat/completions chunk (finish \"\": null).");
+  api.def("chat_delta_chunks",
+          [](const std::string& id, int64_t created, const std::string& model, const std::string& reasoning, const std::string& content,
+             const std::string& logprobs_json) {
+            std::vector<std::string> out;
+            for (const serve::json& c : serve::chat_delta_chunks(head(id, created, model), reasoning, content, serve::json::parse(logprobs_json)))
+              out.push_back(serve::dump(c));
+            return out;
+          },
+          py::arg("id"), py::arg("created"), py::arg("model"), py::arg("reasoning"), py::arg("content"), py::arg("logprobs_json") = "null",
+          "The streamed chunks of one piece of a chat answer, as the server sends them: delta.reasoning_content, then "
+          "delta.content, each only when not empty; the logprobs go with the first (or alone in an empty content).");
+  // The logprobs objects, from the (id, logprob, [(id, logprob), ...]) tuples generate_ids reports, with the
+  // model's tokenizer's pieces (serve::token_report, what the server reports).
+  using TokenTuple = std::tuple<int32_t, float, std::vector<std::pair<int32_t, float>>>;
+  const auto reports = [](const LoadedModel& x, const std::vector<TokenTuple>& tokens) {
+    std::vector<serve::TokenReport> out;
+    for (const auto& [id, chosen, top] : tokens) {
+      Logprobs lp;
+      lp.chosen = chosen;
+      for (const auto& [alt, alt_lp] : top) lp.top.push_back({alt, alt_lp});
+      TQ_CHECK(id >= 0 && id < x.tokenizer->vocab_size(), "token id ", id, " is outside the vocabulary of ", x.tokenizer->vocab_size());
+      out.push_back(serve::token_report(*x.tokenizer, id, lp));
+    }
+    return out;
+  };
+  api.def("chat_logprobs",
+          [reports](const ModelPtr& x, const std::vector<TokenTuple>& tokens) { return serve::dump(serve::chat_logprobs_json(reports(*x, tokens))); },
+          py::arg("model"), py::arg("tokens"), "Chat logprobs JSON: {\"content\": [{token, logprob, bytes, top_logprobs}]}.");
+  api.def("completion_logprobs",
+          [reports](const ModelPtr& x, const std::vector<TokenTuple>& tokens, size_t offset0) {
+            return serve::dump(serve::completion_logprobs_json(reports(*x, tokens), offset0));
+          },
+          py::arg("model"), py::arg("tokens"), py::arg("offset0") = 0,
+          "Completion logprobs JSON: {tokens, token_logprobs, top_logprobs, text_offset} (text_offset in bytes of the output from offset0); "
+          "with offset0, the number of bytes of the tokens before these.");
+  api.def("token_bytes",
+          [](const ModelPtr& x, int32_t id) {
+            TQ_CHECK(id >= 0 && id < x->tokenizer->vocab_size(), "token id ", id, " is outside the vocabulary of ", x->tokenizer->vocab_size());
+            return x->tokenizer->token_to_piece(id).size();
+          },
+          py::arg("model"), py::arg("id"), "Bytes of a token's piece in the output (text_offset counts them).");
   api.def("usage_chunk",
           [](const std::string& id, int64_t created, const std::string& model, bool chat, int prompt_tokens, int completion_tokens, int cached) {
             return serve::dump(serve::usage_chunk(head(id, created, model), chat, usage(prompt_tokens, completion_tokens, cached)));

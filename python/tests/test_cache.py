@@ -122,3 +122,59 @@ def test_a_cancelled_stream_leaves_the_cache_consistent(tq, demo):
     assert all(l["main_tokens"] + l["sink_tokens"] == held for l in cache.layers)
     assert cache.tokens + cache.pending == demo.tokenizer.encode(PROMPT) + r["tokens"]
     assert demo.generate(MORE, max_tokens=4, temperature=0, prompt_cache=cache)
+
+
+# ---- rotating and state caches, left as the reference system leaves them (RotatingKVCache, ArraysCache)
+
+FIXTURES = SOURCE_DIR / "tests" / "fixtures"
+
+
+def fixture_model(tq, tmp_path, rel):
+    from conftest import model_with_byte_tokenizer
+
+    src = FIXTURES / rel
+    if not (src / "model.safetensors").exists():
+        pytest.skip(f"{src} is absent (tools/fixtures/make_golden_models.py)")
+    return tq.load(model_with_byte_tokenizer(src, tmp_path / rel.replace("/", "_")), kv="f16", threads=2)
+
+
+def test_convert_leaves_rotating_caches_dense_unless_asked(tq, tmp_path):
+    # GPT-OSS: layer 0 slides (a window of 4 in the golden model), layer 1 attends to everything.
+    m = fixture_model(tq, tmp_path, "golden-gptoss/gpt_oss_bf16")
+    ids = list(range(40, 60))
+    cache = tq.make_prompt_cache(m)
+    assert [l["kind"] for l in cache.layers] == ["rotating", "kv"]
+    m.generate(ids, max_tokens=0, prompt_cache=cache)
+    before = cache.layers
+    tq.convert_cache_to_turboquant(cache, min_tokens_before_quant=4)
+    after = cache.layers
+    # The rotating cache is untouched (its format, its bytes); the full layer is TurboQuant now.
+    assert after[0]["kind"] == "rotating" and after[0]["cache"] == before[0]["cache"] and after[0]["nbytes"] == before[0]["nbytes"]
+    assert after[1]["cache"] != before[1]["cache"] and after[1]["nbytes"] < before[1]["nbytes"]
+    assert after[1]["sink_tokens"] == 4 and after[1]["main_tokens"] == len(ids) - 4
+    # Generation continues over both: the full layer's TurboQuant cache grows by what was fed.
+    m.generate([61, 62], max_tokens=6, temperature=0, prompt_cache=cache)
+    fed = len(cache.tokens) - len(ids)
+    assert fed == 2 + 5 and cache.layers[1]["main_tokens"] == len(ids) - 4 + fed
+    assert cache.layers[0]["kind"] == "rotating" and cache.layers[0]["cache"] == before[0]["cache"]
+    # compress_rotating converts the sliding layer too.
+    both = tq.make_prompt_cache(m)
+    m.generate(ids, max_tokens=0, prompt_cache=both)
+    tq.convert_cache_to_turboquant(both, min_tokens_before_quant=0, compress_rotating=True)
+    assert both.layers[0]["cache"] != before[0]["cache"] and both.layers[0]["nbytes"] < before[0]["nbytes"]
+
+
+def test_convert_leaves_recurrent_states(tq, tmp_path):
+    # Qwen3.5: three Gated DeltaNet layers (states) and one full-attention layer.
+    m = fixture_model(tq, tmp_path, "golden-qwen3_5/qwen3_5_dense")
+    cache = tq.make_prompt_cache(m)
+    assert [l["kind"] for l in cache.layers] == ["state", "state", "state", "kv"]
+    m.generate(list(range(40, 70)), max_tokens=0, prompt_cache=cache)
+    before = cache.layers
+    tq.convert_cache_to_turboquant(cache, min_tokens_before_quant=2, compress_rotating=True)
+    after = cache.layers
+    for b, a in zip(before[:3], after[:3]):
+        assert a["kind"] == "state" and a["cache"] == b["cache"] and a["nbytes"] == b["nbytes"] > 0
+    assert after[3]["cache"] != before[3]["cache"] and after[3]["nbytes"] < before[3]["nbytes"]
+    assert cache.nbytes == sum(cache.layer_nbytes) == sum(l["nbytes"] for l in after)
+    m.generate([71], max_tokens=3, temperature=0, prompt_cache=cache)

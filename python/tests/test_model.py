@@ -134,6 +134,18 @@ def test_docstrings_everywhere(tq, demo):
         assert getattr(demo, name).__doc__, name
     for name in ("encode", "decode"):
         assert getattr(demo.tokenizer, name).__doc__, name
+    # Every public name of every class and module the package hands out, the compiled ones too.
+    native = tq._turboquant
+    for owner in (tq.Model, type(demo.tokenizer), tq.PromptCache, tq.CancelToken, tq.codec, tq.codec.Quantizer, tq.codec.Rotation,
+                  native, native.openai, native.Model):
+        for name in dir(owner):
+            if name.startswith("_"):
+                continue
+            obj = getattr(owner, name)
+            if isinstance(obj, (int, float, str, bool)) or name in ("pybind11_module_local_v4",):
+                continue
+            doc = obj.__doc__ if not isinstance(obj, property) else (obj.fget.__doc__ if obj.fget else None)
+            assert doc, f"{getattr(owner, '__name__', owner)}.{name} has no docstring"
 
 
 TEXT = (SOURCE_DIR / "README.md").read_text()

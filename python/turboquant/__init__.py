@@ -12,7 +12,7 @@ See python/README.md.
 """
 
 from . import _turboquant
-from ._turboquant import CancelToken, Error
+from ._turboquant import CancelToken, Error, cuda_status
 from . import codec
 from ._model import Model, load
 from ._cache import (
@@ -33,6 +33,7 @@ __all__ = [
     "PromptCache",
     "codec",
     "convert_cache_to_turboquant",
+    "cuda_status",
     "enable_fused_attend",
     "load",
     "load_prompt_cache",

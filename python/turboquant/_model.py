@@ -19,7 +19,9 @@ def load(path, device="cpu", kv="k8v3", threads=None, chat_template=None):
     """Opens a model: a Hugging Face folder (safetensors, config.json, tokenizer.json), a .gguf file, or a
     TurboQuant weight folder.
 
-    device: "cpu" or "cuda" (the whole forward pass on the GPU, when the module was built with CUDA).
+    device: "cpu" or "cuda" (the whole forward pass on the GPU, when the module was built with CUDA;
+        turboquant.cuda_status() is "" when it can run here, else why not, and load raises Error with that
+        reason rather than run anywhere else).
     kv: the KV cache generate() uses unless told otherwise, as turboquant-perplexity's --compare names
         them: "k8v3" (TurboQuant K8/V3), "k8v3+fused" (read directly by the fused kernel), "k8v3+mt128"
         (128 FP16 sink positions), "k4v4+g=128", "q8_0/q4_0", "f16", ...
@@ -63,6 +65,13 @@ class Model:
         return self._native.kv
 
     @property
+    def harmony(self):
+        """Whether chat answers are harmony channels (gpt-oss: a tokenizer with harmony's markers and a chat
+        template): create_chat_completion then puts the analysis and commentary channels in
+        reasoning_content and the final channel in content, as turboquant-serve does."""
+        return self._native.harmony
+
+    @property
     def vocab_size(self):
         """Rows of the logits."""
         return self._native.vocab_size
@@ -100,14 +109,16 @@ class Model:
 
     def generate(self, prompt, max_tokens=200, temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
                  seed=0, stop=None, stream=False, prompt_cache=None, kv=None, ignore_eos=False, presence_penalty=None,
-                 frequency_penalty=None):
+                 frequency_penalty=None, logprobs=None):
         """Generates text after `prompt` (text, or token ids).
 
         Sampling defaults come from the model's generation_config.json, else temperature 0.8 (0: greedy).
         stop: stop strings (not included in the output). ignore_eos: EOS is an ordinary token.
         prompt_cache: a PromptCache to continue from; the prompt goes after what it holds and the new tokens
         stay in it. kv: this call's KV cache (a spec like "k8v3+fused"; not with prompt_cache, whose caches
-        are what they are).
+        are what they are). logprobs: None, or how many alternatives (0..20) to report with each generated
+        token's log-probability; they are in self.last_result["logprobs"] as (id, logprob, [(id, logprob),
+        ...]) tuples, the log-softmax of the logits after the penalties (what the server reports).
 
         Returns the generated text, or with stream=True an iterator of text pieces as they become final.
         Ctrl-C interrupts a running generate (KeyboardInterrupt); closing the iterator stops it. The dict
@@ -129,6 +140,7 @@ class Model:
             "stop": [stop] if isinstance(stop, str) else list(stop or []),
             "ignore_eos": bool(ignore_eos),
             "kv": kv,
+            "logprobs": _check_logprobs(logprobs, "logprobs"),
         }
         if stream:
             return self._stream(ids, options, prompt_cache)
@@ -136,16 +148,26 @@ class Model:
         return self.last_result["text"]
 
     def _stream(self, ids, options, prompt_cache):
+        events = self._events(ids, options, prompt_cache)
+        try:
+            for content, _, _ in events:
+                if content:
+                    yield content
+        finally:
+            events.close()  # leaving early cancels the generation and waits for it
+
+    def _events(self, ids, options, prompt_cache):
         # The loop runs on a thread of its own (the GIL released while it computes) and hands text pieces
         # over a queue; leaving the iteration (break, an exception, Ctrl-C while waiting) cancels it
         # before its next token and waits for it.
+        # Each item: (content, reasoning, tokens with their logprobs or None), what became final.
         pieces = queue.SimpleQueue()
         cancel = _tq.CancelToken()
         box = {}
 
         def work():
             try:
-                box["result"] = self._native.generate_ids(ids, options, prompt_cache, pieces.put, cancel)
+                box["result"] = self._native.generate_ids(ids, options, prompt_cache, lambda *piece: pieces.put(piece), cancel)
             except BaseException as e:  # handed to the consumer
                 box["error"] = e
             finally:
@@ -170,29 +192,40 @@ class Model:
 
     def create_completion(self, prompt, max_tokens=16, temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, stop=None, seed=None,
                           stream=False, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, prompt_cache=None,
-                          model=None):
+                          model=None, logprobs=None):
         """llama-cpp-python's Llama.create_completion: an OpenAI text_completion dict (the shape
         turboquant-serve's /v1/completions writes), or with stream=True an iterator of its chunks.
-        max_tokens None or <= 0: up to the context."""
+        max_tokens None or <= 0: up to the context. logprobs: None, or the number of alternatives (0..20)
+        per token: choices[0]["logprobs"] is then {tokens, token_logprobs, top_logprobs, text_offset}
+        (the legacy completions shape, as llama-cpp-python and the server write it)."""
         ids = self._prompt_ids(prompt, prompt_cache)
         return self._openai(False, ids, max_tokens, temperature, top_p, top_k, min_p, stop, seed, stream, repeat_penalty,
-                            presence_penalty, frequency_penalty, prompt_cache, model)
+                            presence_penalty, frequency_penalty, prompt_cache, model, _check_logprobs(logprobs, "logprobs"))
 
     def create_chat_completion(self, messages, max_tokens=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05, stop=None,
                                seed=None, stream=False, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                               prompt_cache=None, model=None, **template_kwargs):
+                               prompt_cache=None, model=None, logprobs=False, top_logprobs=None, **template_kwargs):
         """llama-cpp-python's Llama.create_chat_completion: the chat template over `messages`, then an
         OpenAI chat.completion dict (turboquant-serve's /v1/chat/completions shape), or with stream=True an
         iterator of chat.completion.chunk dicts (the first carries the role). Extra keyword arguments are
-        chat template variables."""
+        chat template variables (reasoning_effort, ...).
+
+        On a gpt-oss model (self.harmony) the answer's harmony channels are split as the server splits
+        them: message.reasoning_content (delta.reasoning_content when streamed) holds the analysis and
+        commentary channels, content the final one; stop strings apply to the content only.
+        logprobs=True reports each token's log-probability, top_logprobs (0..20) the most likely
+        alternatives: choices[0]["logprobs"] = {"content": [{token, logprob, bytes, top_logprobs}]}."""
+        if top_logprobs is not None and not logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
+        n_logprobs = _check_logprobs(top_logprobs or 0, "top_logprobs") if logprobs else None
         text = self.apply_chat_template(messages, True, **template_kwargs)
         # The template writes BOS itself, as transformers does.
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return self._openai(True, ids, max_tokens, temperature, top_p, top_k, min_p, stop, seed, stream, repeat_penalty,
-                            presence_penalty, frequency_penalty, prompt_cache, model)
+                            presence_penalty, frequency_penalty, prompt_cache, model, n_logprobs)
 
     def _openai(self, chat, ids, max_tokens, temperature, top_p, top_k, min_p, stop, seed, stream, repeat_penalty,
-                presence_penalty, frequency_penalty, prompt_cache, model_name):
+                presence_penalty, frequency_penalty, prompt_cache, model_name, logprobs):
         api = _tq.openai
         if max_tokens is None or max_tokens <= 0:
             held = len(prompt_cache.tokens) + len(prompt_cache.pending) if prompt_cache is not None else 0
@@ -210,16 +243,28 @@ class Model:
             "frequency_penalty": frequency_penalty,
             "seed": seed,
             "stop": [stop] if isinstance(stop, str) else list(stop or []),
+            "logprobs": logprobs,
+            # Chat on gpt-oss: the harmony channels split into reasoning and content (serve/chat_output.h).
+            "harmony": chat and self.harmony,
+            # A chat answer starts a text: a SentencePiece dummy-prefix space before it is dropped, as the server does.
+            "text_start": chat,
         }
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         name = model_name or os.path.basename(os.path.normpath(self.path))
+        native = self._native
+
+        def lp_json(tokens, offset0=0):
+            if tokens is None:
+                return "null"
+            return api.chat_logprobs(native, tokens) if chat else api.completion_logprobs(native, tokens, offset0)
 
         def whole(r):
             finish = _FINISH[r["stop_reason"]]
-            make = api.chat_response if chat else api.completion_response
-            return json.loads(make(rid, created, name, r["text"], finish, r["prompt_tokens"], len(r["tokens"]), r["cached_tokens"],
-                                   1000 * r["prompt_seconds"], 1000 * r["decode_seconds"]))
+            timing = (r["prompt_tokens"], len(r["tokens"]), r["cached_tokens"], 1000 * r["prompt_seconds"], 1000 * r["decode_seconds"])
+            if chat:
+                return json.loads(api.chat_response(rid, created, name, r["text"], finish, *timing, r["reasoning"], lp_json(r["logprobs"])))
+            return json.loads(api.completion_response(rid, created, name, r["text"], finish, *timing, lp_json(r["logprobs"])))
 
         if not stream:
             self.last_result = self._native.generate_ids(ids, options, prompt_cache)
@@ -228,15 +273,36 @@ class Model:
         def chunks():
             if chat:
                 yield json.loads(api.chat_chunk(rid, created, name, json.dumps({"role": "assistant", "content": ""}), ""))
-            for piece in self._stream(ids, options, prompt_cache):
-                if chat:
-                    yield json.loads(api.chat_chunk(rid, created, name, json.dumps({"content": piece}), ""))
-                else:
-                    yield json.loads(api.completion_chunk(rid, created, name, piece, ""))
+            events = self._events(ids, options, prompt_cache)
+            try:
+                yield from pieces(events)
+            finally:
+                events.close()  # leaving early cancels the generation and waits for it
             finish = _FINISH[self.last_result["stop_reason"]]
             if chat:
                 yield json.loads(api.chat_chunk(rid, created, name, "{}", finish))
             else:
                 yield json.loads(api.completion_chunk(rid, created, name, "", finish))
 
+        def pieces(events):
+            offset = 0  # bytes of the output before this chunk's tokens (completion logprobs' text_offset)
+            for content, reasoning, tokens in events:
+                lp = lp_json(tokens, offset)
+                if tokens:
+                    offset += sum(api.token_bytes(native, t[0]) for t in tokens)
+                if chat:
+                    for c in api.chat_delta_chunks(rid, created, name, reasoning, content, lp):
+                        yield json.loads(c)
+                elif content or tokens:
+                    yield json.loads(api.completion_chunk(rid, created, name, content, "", lp))
+
         return chunks()
+
+
+def _check_logprobs(n, name):
+    """None, or a number of alternatives 0..20 (the server's limit): anything else is a ValueError naming it."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 20:
+        raise ValueError(f"{name} must be an int 0..20 (alternatives per token) or None, got {n!r}")
+    return n

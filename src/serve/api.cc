@@ -329,6 +329,12 @@ json bytes_of(const std::string& s) {
 
 }  // namespace
 
+TokenReport token_report(const Tokenizer& tokenizer, int32_t id, const Logprobs& logprobs) {
+  TokenReport rep{tokenizer.token_to_piece(id), logprobs.chosen, {}};
+  for (const TokenLogprob& a : logprobs.top) rep.top.emplace_back(tokenizer.token_to_piece(a.id), a.logprob);
+  return rep;
+}
+
 json chat_logprobs_json(const std::vector<TokenReport>& tokens) {
   json content = json::array();
   for (const TokenReport& t : tokens) {

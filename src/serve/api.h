@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/sampler.h"
+#include "text/tokenizer.h"
 
 namespace tq::serve {
 
@@ -109,6 +110,10 @@ struct ResponseHead {
   int64_t created = 0; // Unix seconds
   std::string model;
 };
+
+// One generated token's log-probabilities as the API reports them: its bytes in the output and the
+// alternatives' (the tokenizer's pieces). The server and the Python package both build their logprobs here.
+TokenReport token_report(const Tokenizer& tokenizer, int32_t id, const Logprobs& logprobs);
 
 json usage_json(const Usage& u);
 json timings_json(const Timings& t);

@@ -452,11 +452,7 @@ JobSpec Server::job_spec(const GenerationRequest& r) {
 
 std::vector<TokenReport> Server::reports(const std::vector<TokenOut>& tokens) const {
   std::vector<TokenReport> out;
-  for (const TokenOut& t : tokens) {
-    TokenReport rep{tokenizer_->token_to_piece(t.id), t.logprobs.chosen, {}};
-    for (const TokenLogprob& a : t.logprobs.top) rep.top.emplace_back(tokenizer_->token_to_piece(a.id), a.logprob);
-    out.push_back(std::move(rep));
-  }
+  for (const TokenOut& t : tokens) out.push_back(token_report(*tokenizer_, t.id, t.logprobs));
   return out;
 }
 
