@@ -9,6 +9,9 @@
 //   --kv-fit / --kv-rotation    TurboQuant recipe knobs (scale fit; rotation over the head or per group)
 //   --kv-swa-compress           sliding-window layers' rotating caches compressed like the full layers'
 //                               (default: dense, their few positions are cheap)
+//   --kv-center none|k|v|kv     block-mean centring of the quantized K and/or V (default: kDefaultCenter
+//                               for TurboQuant caches, none otherwise; none reproduces the old numbers)
+//   --kv-center-block N         positions per mean: 16..block size, a power of two (0: the block size)
 #pragma once
 
 #include <string>
@@ -16,6 +19,9 @@
 #include "kv/cache.h"
 
 namespace tq {
+
+// Centring of TurboQuant caches when --kv-center is not given (docs/BENCHMARKS.md, "Block-mean centring").
+inline constexpr const char* kDefaultCenter = "none";
 
 struct KVSettings {
   int bits = 0;                 // --kv-bits (0: not given)
@@ -30,6 +36,8 @@ struct KVSettings {
   std::string codebook = "gaussian";    // gaussian, sphere
   std::string grid;                     // lloyd_max (RMS scale), lloyd_absmax, uniform; "" = per-width default
   int block_tokens = 0;  // positions per cache block; 0: the backend's (CPU kDefaultBlockTokens, CUDA 64)
+  std::string center;    // none, k, v, kv; "": the default (kDefaultCenter for TurboQuant types, else none)
+  int center_tokens = 0; // positions per centring mean; 0: the block size
 
   // Resolves the flags into K and V cache types; throws tq::Error for contradictory or bad flags.
   void resolve();
@@ -38,6 +46,9 @@ struct KVSettings {
   bool compressed() const;  // anything but a dense cache
   int effective_k_bits() const;  // for reports: 16 for f16, 8 for q8_0, ...
   int effective_v_bits() const;
+  // Bits per cached K and V value of a full-attention layer's main tier, scales and centring means counted.
+  double bits_per_value(int head_dim, int default_block_tokens = kDefaultBlockTokens) const;
+  std::string resolved_center() const;  // none, k, v or kv
   std::string describe() const;
   // Cache options for one full-attention layer.
   // block_tokens 0 takes default_block_tokens, the backend's (CPU: kDefaultBlockTokens).
