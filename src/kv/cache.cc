@@ -330,7 +330,14 @@ void KVCache::append(int seq, const float* k, const float* v, int n, size_t k_st
           tail_format_->encode_column(kh, s.tail_k.data() + head_off, C, pos - s.tail_pos);
           tail_format_->encode(vh, s.tail_v.data() + head_off + static_cast<size_t>(pos - s.tail_pos) * tail_format_->record_bytes());
         } else {
-          put_centred(block, h, rel % options_.block_tokens, kh, vh);  // a run encoded before a truncation
+          // A run completed before a truncation: encoded around its means, from binary16 like every
+          // centred position (so that appending again what was truncated gives the codes it had).
+          std::vector<float> k16(kh, kh + head_dim_), v16(vh, vh + head_dim_);  // [head_dim] each
+          for (int j = 0; j < head_dim_; ++j) {
+            k16[j] = round_to_f16(k16[j]);
+            v16[j] = round_to_f16(v16[j]);
+          }
+          put_centred(block, h, rel % options_.block_tokens, k16.data(), v16.data());
         }
       } else {
         const int T = options_.block_tokens;
