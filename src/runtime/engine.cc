@@ -52,7 +52,7 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   TQ_CHECK(ctx_ <= model.position_limit(), "a context of ", ctx_, " positions is longer than the model's ", model.position_limit());
 
   const std::vector<LayerSpec> specs = model.layer_specs();
-  const KVCacheOptions full = options.kv.cache_options(dev.default_block_tokens());
+  const KVCacheOptions full = options.kv.cache_options(dev.default_block_tokens(), dev.kv_centring());
   std::vector<KVCacheOptions> layer_options;
   int64_t bytes_per_position = 0;  // main tiers of all layers
   for (const LayerSpec& l : specs) {
@@ -62,7 +62,7 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
       continue;
     }
     const KVCacheOptions o =
-        l.kind == LayerKind::sliding_attention ? options.kv.sliding_cache_options(l.window, dev.default_block_tokens()) : full;
+        l.kind == LayerKind::sliding_attention ? options.kv.sliding_cache_options(l.window, dev.default_block_tokens(), dev.kv_centring()) : full;
     const VectorFormat k(l.head_dim, o.k), v(l.head_dim, o.v);
     bytes_per_position += static_cast<int64_t>(l.n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
     layer_options.push_back(o);

@@ -85,8 +85,9 @@ static int type_bits(const std::string& t, int tq_bits) {
   if (t == "f32") return 32;
   return 16;
 }
-std::string KVSettings::resolved_center() const {
+std::string KVSettings::resolved_center(bool default_centring) const {
   if (!center.empty()) return center;
+  if (!default_centring) return "none";
   // The default centres only TurboQuant tensors (the q8_0/q4_0 baselines stay as llama.cpp stores them).
   const std::string d = kDefaultCenter;
   std::string c;
@@ -125,21 +126,21 @@ std::string KVSettings::describe() const {
   return os.str();
 }
 
-KVCacheOptions KVSettings::cache_options(int default_block_tokens) const {
+KVCacheOptions KVSettings::cache_options(int default_block_tokens, bool default_centring) const {
   KVCacheOptions o;
   o.k = spec_for(resolved_k_type(), k_bits, *this, 0x4b4b4b4b);
   o.v = spec_for(resolved_v_type(), v_bits, *this, 0x56565656);
   o.min_tokens = compressed() ? min_tokens : 0;
   o.block_tokens = block_tokens > 0 ? block_tokens : default_block_tokens;
-  const std::string c = resolved_center();
+  const std::string c = resolved_center(default_centring);
   o.center_k = c.find('k') != std::string::npos;
   o.center_v = c.find('v') != std::string::npos;
   o.center_tokens = center_tokens;
   return o;
 }
 
-KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_tokens) const {
-  const KVCacheOptions full = cache_options(default_block_tokens);
+KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_tokens, bool default_centring) const {
+  const KVCacheOptions full = cache_options(default_block_tokens, default_centring);
   KVCacheOptions o;
   if (!compressed() || swa_compress) {
     o.k = full.k;

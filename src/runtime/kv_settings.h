@@ -48,15 +48,17 @@ struct KVSettings {
   int effective_v_bits() const;
   // Bits per cached K and V value of a full-attention layer's main tier, scales and centring means counted.
   double bits_per_value(int head_dim, int default_block_tokens = kDefaultBlockTokens) const;
-  std::string resolved_center() const;  // none, k, v or kv
+  std::string resolved_center(bool default_centring = true) const;  // none, k, v or kv
   std::string describe() const;
   // Cache options for one full-attention layer.
   // block_tokens 0 takes default_block_tokens, the backend's (CPU: kDefaultBlockTokens).
-  KVCacheOptions cache_options(int default_block_tokens = kDefaultBlockTokens) const;
+  // default_centring: whether the device's caches implement centring (Device::kv_centring); without it
+  // the default --kv-center is none (an explicit one still asks for it, and the cache refuses it).
+  KVCacheOptions cache_options(int default_block_tokens = kDefaultBlockTokens, bool default_centring = true) const;
   // Cache options for a sliding-window layer of `window` positions: a rotating dense cache (its few
   // positions are not worth compressing), of the settings' type when that is dense, else FP16; with
   // swa_compress, the full layers' compressed types (no sink tier: those positions leave the window).
-  KVCacheOptions sliding_cache_options(int window, int default_block_tokens = kDefaultBlockTokens) const;
+  KVCacheOptions sliding_cache_options(int window, int default_block_tokens = kDefaultBlockTokens, bool default_centring = true) const;
 };
 
 // CPU caches, one per layer of a model (Architecture::layer_specs), as the settings ask. Sliding-window
