@@ -63,9 +63,9 @@ void KVSettings::resolve() {
   TQ_CHECK(center_tokens == 0 || (center_tokens >= 16 && (center_tokens & (center_tokens - 1)) == 0),
            "--kv-center-block must be a power of two of at least 16 (or 0: the block size), got ", center_tokens);
   const std::string c = resolved_center();
-  TQ_CHECK(c.find('k') == std::string::npos || k_type != "f16" && k_type != "bf16" && k_type != "f32",
+  TQ_CHECK(c.find('k') == std::string::npos || (k_type != "f16" && k_type != "bf16" && k_type != "f32"),
            "--kv-center ", c, " centres K, which needs a quantized K type (got ", k_type, ")");
-  TQ_CHECK(c.find('v') == std::string::npos || v_type != "f16" && v_type != "bf16" && v_type != "f32",
+  TQ_CHECK(c.find('v') == std::string::npos || (v_type != "f16" && v_type != "bf16" && v_type != "f32"),
            "--kv-center ", c, " centres V, which needs a quantized V type (got ", v_type, ")");
   TQ_CHECK(!swa_compress || compressed(), "--kv-swa-compress needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
 }
@@ -88,12 +88,11 @@ static int type_bits(const std::string& t, int tq_bits) {
 std::string KVSettings::resolved_center(bool default_centring) const {
   if (!center.empty()) return center;
   if (!default_centring) return "none";
-  // The default centres only TurboQuant tensors (the q8_0/q4_0 baselines stay as llama.cpp stores them).
-  const std::string d = kDefaultCenter;
-  std::string c;
-  if (d.find('k') != std::string::npos && resolved_k_type() == "turboquant") c += "k";
-  if (d.find('v') != std::string::npos && resolved_v_type() == "turboquant") c += "v";
-  return c.empty() ? "none" : c;
+  // Measured (docs/BENCHMARKS.md, "Block-mean centring"): centring K per block of 256 lowers the KLD of
+  // K4/V4 by about 27%, K3/V4 35%, K4/V3 16% for 1-3% of attention time; 8-bit K gains nothing, and
+  // centring V gains 3-7% for 3-6% of time, so neither is a default. The q8_0/q4_0 baselines stay as
+  // llama.cpp stores them.
+  return resolved_k_type() == "turboquant" && k_bits < 8 ? "k" : "none";
 }
 
 double KVSettings::bits_per_value(int head_dim, int default_block_tokens) const {

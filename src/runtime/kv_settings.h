@@ -9,8 +9,9 @@
 //   --kv-fit / --kv-rotation    TurboQuant recipe knobs (scale fit; rotation over the head or per group)
 //   --kv-swa-compress           sliding-window layers' rotating caches compressed like the full layers'
 //                               (default: dense, their few positions are cheap)
-//   --kv-center none|k|v|kv     block-mean centring of the quantized K and/or V (default: kDefaultCenter
-//                               for TurboQuant caches, none otherwise; none reproduces the old numbers)
+//   --kv-center none|k|v|kv     block-mean centring of the quantized K and/or V (default: k, per block, for
+//                               TurboQuant K below 8 bits on devices whose caches centre; else none, which
+//                               also reproduces the numbers from before centring)
 //   --kv-center-block N         positions per mean: 16..block size, a power of two (0: the block size)
 #pragma once
 
@@ -20,8 +21,6 @@
 
 namespace tq {
 
-// Centring of TurboQuant caches when --kv-center is not given (docs/BENCHMARKS.md, "Block-mean centring").
-inline constexpr const char* kDefaultCenter = "none";
 
 struct KVSettings {
   int bits = 0;                 // --kv-bits (0: not given)
@@ -36,7 +35,7 @@ struct KVSettings {
   std::string codebook = "gaussian";    // gaussian, sphere
   std::string grid;                     // lloyd_max (RMS scale), lloyd_absmax, uniform; "" = per-width default
   int block_tokens = 0;  // positions per cache block; 0: the backend's (CPU kDefaultBlockTokens, CUDA 64)
-  std::string center;    // none, k, v, kv; "": the default (kDefaultCenter for TurboQuant types, else none)
+  std::string center;    // none, k, v, kv; "": the default (resolved_center)
   int center_tokens = 0; // positions per centring mean; 0: the block size
 
   // Resolves the flags into K and V cache types; throws tq::Error for contradictory or bad flags.
