@@ -65,6 +65,10 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
         l.kind == LayerKind::sliding_attention ? options.kv.sliding_cache_options(l.window, dev.default_block_tokens(), dev.kv_centring()) : full;
     const VectorFormat k(l.head_dim, o.k), v(l.head_dim, o.v);
     bytes_per_position += static_cast<int64_t>(l.n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
+    // Centring: each run's binary16 means, per position (rounded up).
+    if (o.centred())
+      bytes_per_position += (static_cast<int64_t>(l.n_kv_heads) * (o.center_k + o.center_v) * 2 * l.head_dim + o.center_run() - 1) /
+                            o.center_run();
     layer_options.push_back(o);
   }
   // The pool: the same number of positions in every layer.
