@@ -64,6 +64,39 @@ void check_hadamard(const std::vector<int8_t>& h, int n) {
     }
 }
 
+// Sloane's tables (neilsloane.com/hadamard: had.12, and the orders 20 and 28 as MLX's
+// mlx/backend/common/hadamard.h holds them), one line per row, '+' = +1, '-' = -1.
+constexpr const char* kSloane12 =
+    "+-++++++++++" "--+-+-+-+-+-" "+++-++----++" "+---+--+-++-" "+++++-++----" "+-+---+--+-+"
+    "++--+++-++--" "+--++---+--+" "++----+++-++" "+--+-++---+-" "++++----+++-" "+-+--+-++---";
+constexpr const char* kSloane20 =
+    "+----+----++--++-++-" "-+----+---+++---+-++" "--+----+---+++-+-+-+" "---+----+---+++++-+-"
+    "----+----++--++-++-+" "-+++++-----+--+++--+" "+-+++-+---+-+--+++--" "++-++--+---+-+--+++-"
+    "+++-+---+---+-+--+++" "++++-----++--+-+--++" "--++-+-++-+-----++++" "---++-+-++-+---+-+++"
+    "+---++-+-+--+--++-++" "++---++-+----+-+++-+" "-++---++-+----+++++-" "-+--+--++-+----+----"
+    "+-+-----++-+----+---" "-+-+-+---+--+----+--" "--+-+++------+----+-" "+--+--++------+----+";
+constexpr const char* kSloane28 =
+    "+------++----++-+--+-+--++--" "-+-----+++-----+-+--+-+--++-" "--+-----+++---+-+-+----+--++"
+    "---+-----+++---+-+-+-+--+--+" "----+-----+++---+-+-+++--+--" "-----+-----++++--+-+--++--+-"
+    "------++----++-+--+-+--++--+" "--++++-+-------++--+++-+--+-" "---++++-+-----+-++--+-+-+--+"
+    "+---+++--+----++-++--+-+-+--" "++---++---+----++-++--+-+-+-" "+++---+----+----++-++--+-+-+"
+    "++++--------+-+--++-++--+-+-" "-++++--------+++--++--+--+-+" "-+-++-++--++--+--------++++-"
+    "+-+-++--+--++--+--------++++" "-+-+-++--+--++--+----+---+++" "+-+-+-++--+--+---+---++---++"
+    "++-+-+-++--+------+--+++---+" "-++-+-+-++--+------+-++++---" "+-++-+---++--+------+-++++--"
+    "-++--++-+-++-+++----++------" "+-++--++-+-++-+++-----+-----" "++-++---+-+-++-+++-----+----"
+    "-++-++-+-+-+-+--+++-----+---" "--++-++++-+-+----+++-----+--" "+--++-+-++-+-+----+++-----+-"
+    "++--++-+-++-+-+----++------+";
+
+std::vector<int8_t> from_signs_text(const char* text, int m) {
+  std::vector<int8_t> h(static_cast<size_t>(m) * m);
+  for (size_t i = 0; i < h.size(); ++i) {
+    if (text[i] != '+' && text[i] != '-') fail("internal error: Sloane Hadamard table of order ", m, " is short");
+    h[i] = text[i] == '+' ? 1 : -1;
+  }
+  if (text[h.size()] != '\0') fail("internal error: Sloane Hadamard table of order ", m, " is long");
+  return h;
+}
+
 int odd_part(int n, int* power_of_two) {
   int p = 1;
   while (n % 2 == 0) {
@@ -76,22 +109,23 @@ int odd_part(int n, int* power_of_two) {
 
 }  // namespace
 
-const std::vector<int8_t>& Rotation::small_hadamard(int m) {
+const std::vector<int8_t>& Rotation::small_hadamard(int m, HadamardFamily family) {
   static std::mutex mutex;
-  static std::map<int, std::vector<int8_t>> built;
+  static std::map<std::pair<int, HadamardFamily>, std::vector<int8_t>> built;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = built.find(m);
+  auto it = built.find({m, family});
   if (it != built.end()) return it->second;
   std::vector<int8_t> h;
+  const bool sloane = family == HadamardFamily::sloane;
   switch (m) {
     case 1: h = {1}; break;
-    case 12: h = paley_one(11); break;
-    case 20: h = paley_one(19); break;
-    case 28: h = paley_two(13); break;
+    case 12: h = sloane ? from_signs_text(kSloane12, 12) : paley_one(11); break;
+    case 20: h = sloane ? from_signs_text(kSloane20, 20) : paley_one(19); break;
+    case 28: h = sloane ? from_signs_text(kSloane28, 28) : paley_two(13); break;
     default: fail("no Hadamard matrix of order ", m, " (supported: 1, 12, 20, 28 times a power of two)");
   }
   check_hadamard(h, m);
-  return built.emplace(m, std::move(h)).first->second;
+  return built.emplace(std::make_pair(m, family), std::move(h)).first->second;
 }
 
 bool Rotation::is_supported_block(int n) {
@@ -125,6 +159,21 @@ std::vector<float> rotation_signs(int dim, uint64_t seed) {
 
 Rotation::Rotation(int dim, int block, uint64_t seed) : seed_(seed) {
   TQ_CHECK(dim >= 1, "rotation dimension must be positive, got ", dim);
+  const auto signs = rotation_signs(dim, seed);
+  signs_.assign(signs.begin(), signs.end());
+  init_plan(dim, block, HadamardFamily::paley);
+}
+
+Rotation::Rotation(int dim, int block, const float* signs, HadamardFamily family) : seed_(0) {
+  TQ_CHECK(dim >= 1, "rotation dimension must be positive, got ", dim);
+  TQ_CHECK(signs != nullptr, "a rotation with stored signs needs its ", dim, " signs");
+  for (int i = 0; i < dim; ++i)
+    TQ_CHECK(signs[i] == 1.0f || signs[i] == -1.0f, "rotation sign ", i, " is ", signs[i], ", not +1 or -1");
+  signs_.assign(signs, signs + dim);
+  init_plan(dim, block, family);
+}
+
+void Rotation::init_plan(int dim, int block, HadamardFamily family) {
   if (block == 0) block = largest_supported_block(dim);
   TQ_CHECK(block >= 1 && dim % block == 0, "rotation block ", block, " does not divide the dimension ", dim);
   TQ_CHECK(is_supported_block(block), "rotation block ", block,
@@ -133,15 +182,13 @@ Rotation::Rotation(int dim, int block, uint64_t seed) : seed_(seed) {
   const int odd = odd_part(block, &p);
   const int m = odd == 1 ? 1 : odd * 4;  // 3 -> 12, 5 -> 20, 7 -> 28
   if (odd != 1) p /= 4;
-  const auto signs = rotation_signs(dim, seed);
-  signs_.assign(signs.begin(), signs.end());
   plan_.dim = dim;
   plan_.block = block;
   plan_.m = m;
   plan_.p = p;
   plan_.inv_sqrt_block = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
   plan_.signs = signs_.data();
-  plan_.hadamard_m = small_hadamard(m).data();
+  plan_.hadamard_m = small_hadamard(m, family).data();
 }
 
 void Rotation::forward(float* x, size_t count) const { kernels::rotate_forward(plan_, x, count); }

@@ -15,6 +15,14 @@
 
 namespace tq {
 
+// Which order-m Hadamard matrices (m in {12, 20, 28}) mix the m runs of 2^k values. Both give an orthogonal
+// R; a vector rotated with one family cannot be read with the other.
+enum class HadamardFamily : uint8_t {
+  paley,   // ours (docs/FORMATS.md): Paley I for 12 and 20, Paley II for 28
+  sloane,  // N. J. A. Sloane's library tables, as MLX's hadamard_transform uses them (the reference system's
+           // weight folders, docs/FORMATS.md "MLX TurboQuant folders"): row j, column k = character k of line j
+};
+
 // Plain description of a rotation, shared by the scalar reference and the SIMD kernels.
 struct RotationPlan {
   int dim = 0;             // length of the vectors rotated
@@ -30,6 +38,8 @@ class Rotation {
  public:
   // block == 0 picks the largest supported block that divides dim.
   Rotation(int dim, int block, uint64_t seed);
+  // Signs given, not drawn from a seed (stored with the weights): signs [dim], each +1 or -1; seed() is 0.
+  Rotation(int dim, int block, const float* signs, HadamardFamily family);
 
   int dim() const { return plan_.dim; }
   int block() const { return plan_.block; }
@@ -46,9 +56,11 @@ class Rotation {
   // The largest supported n that divides dim (dim >= 1); e.g. 2880 -> 320, 128 -> 128.
   static int largest_supported_block(int dim);
   // The m x m Hadamard matrix (+-1, row-major) used for m in {1, 12, 20, 28}.
-  static const std::vector<int8_t>& small_hadamard(int m);
+  static const std::vector<int8_t>& small_hadamard(int m, HadamardFamily family = HadamardFamily::paley);
 
  private:
+  void init_plan(int dim, int block, HadamardFamily family);
+
   uint64_t seed_;
   AlignedVector<float> signs_;
   RotationPlan plan_;

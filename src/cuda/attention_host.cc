@@ -116,6 +116,11 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   for (const auto& r : requests) {
     const auto& s = c.seq(r.seq);
     TQ_CHECK(r.q && r.out, "device attention request needs device pointers for queries and output");
+    // Every position a query may see must still be held (a rotating cache gave back what left its
+    // window): attn/attention.cc's check and words.
+    const int oldest_needed = params.window > 0 ? std::max(0, r.pos0 - params.window + 1) : 0;
+    TQ_CHECK(c.first_kept(s) <= std::max(oldest_needed, c.options.min_tokens), "sequence ", r.seq, " no longer holds position ",
+             oldest_needed, " that the queries need");
     RequestParams p;
     p.q = r.q;
     p.out = r.out;
@@ -151,8 +156,9 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     for (int id : seqs) {
       const auto& s = c.seq(id);
       const int main_len = std::max(0, s.length - c.options.min_tokens);
-      for (int t = 0; t < (main_len + kTileTokens - 1) / kTileTokens; ++t) {
-        const int page = c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + t / c.tiles_per_page];
+      // The held tiles: a rotating cache's start at its oldest held page.
+      for (int t = s.first_page * c.tiles_per_page; t < (main_len + kTileTokens - 1) / kTileTokens; ++t) {
+        const int page = c.host_page_table[c.row_entry(s, t / c.tiles_per_page)];
         tiles.push_back(page * c.tiles_per_page + t % c.tiles_per_page);
       }
     }
@@ -231,8 +237,8 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     if (w.tier == 0) {
       // The standard path's BF16 tiles sit at the same page and tile indices as the codes they expand.
       const int first_page = w.tile_begin / c.tiles_per_page;
-      const int32_t* row = c.host_page_table.data() + static_cast<size_t>(r.request.slot) * c.n_pages;
-      for (int k = 0; k < 2 && first_page + k < c.n_pages; ++k) r.pages[k] = row[first_page + k];
+      const int32_t* row = c.host_page_table.data() + static_cast<size_t>(r.request.slot) * c.row_pages;  // by logical page
+      for (int k = 0; k < 2 && first_page + k < c.row_pages; ++k) r.pages[k] = row[first_page + k];
     }
   }
   std::memcpy(host + at_groups, a.plan.groups.data(), a.plan.groups.size() * sizeof(OutputGroup));

@@ -16,6 +16,11 @@
 // kernel reproduces the CPU's arithmetic order); only their placement differs. 2-, 3-, 4- and 8-bit codes
 // take exactly b bits; 5- to 7-bit codes take a byte each on the GPU.
 //
+//   - a rotating cache (options.window > 0, sliding-window layers): each sequence holds only the pages its
+//     window can still see, as the CPU's rotating cache does (the same drop rule, truncate and fork
+//     rules and errors); its page-table row is indexed by logical page, so the pages a sequence gives
+//     back are reused by the window's new positions without the kernels knowing, and the pool is
+//     bounded by the window (DeviceCacheCapacity::rotating_append_tokens).
 // Supported: TurboQuant K and V (bits 2..8 each, any grid/scale fit the CPU offers, rotation over the whole
 // head) or plain FP16/BF16 K and V; head_dim 64, 128 or 256; group size 32, 64 or 128 (the same for K
 // and V); an FP16/BF16 sink tier; GQA; learned sinks; sliding windows; causal query blocks; sequences of
@@ -30,6 +35,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "cuda/cache_size.h"
 #include "cuda/kernel_params.h"
 #include "kv/cache.h"
 
@@ -37,6 +43,8 @@ namespace tq::cuda {
 
 // Whether a CUDA device can be used; when not, `reason` says why (no driver, no device, ...).
 bool device_available(std::string* reason = nullptr);
+// The device's free and total memory (cudaMemGetInfo); false, with `reason`, when there is no usable device.
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes, std::string* reason = nullptr);
 
 struct DeviceProperties {
   std::string name;
@@ -54,7 +62,14 @@ class PlanMemo;     // plan.h: recent attention plans
 struct DeviceCacheCapacity {
   int max_sequences = 16;   // sequences alive at once
   int64_t max_tokens = 0;   // main-tier positions of all sequences together (rounded up to whole pages)
+  // Rotating caches (options.window > 0): the pool holds, for each sequence, the window and one append of
+  // up to this many positions (a prompt chunk), not max_tokens: an append keeps every position its
+  // queries can see, as the CPU's rotating cache does (kv/cache.h). max_tokens still bounds the
+  // positions a sequence may reach. A larger append fits while other sequences leave room.
+  int rotating_append_tokens = kDefaultRotatingAppendTokens;
 };
+
+// rotating_pages_per_sequence(window, page_tokens, append): cuda/cache_size.h (the pool's bound per sequence).
 
 // One attention layer's KV cache on the device.
 class DeviceKVCache {
@@ -75,6 +90,8 @@ class DeviceKVCache {
   bool has_sequence(int seq) const;
   std::vector<int> sequences() const;
   int length(int seq) const;
+  int first_kept(int seq) const;  // oldest position still held (> 0 only for rotating caches), as KVCache
+  int window() const;             // options().window: > 0 for a rotating cache
   // As KVCache (kv/cache.h): the child shares the parent's pages, copied on the first write while shared
   // (or copied at once with `copy`); the sink tier's tiles are copied. Enqueued on `stream`.
   void fork_sequence(int parent, int child, bool copy, void* stream = nullptr);

@@ -26,6 +26,8 @@
 
 namespace tq::cuda {
 namespace {
+// Steps with a sequence of at least this many rows (a prompt's chunk) run the delta rule's chunked form.
+constexpr int kChunkedRuleMinRows = 64;
 
 const char* cublas_status_name(cublasStatus_t s) {
   switch (s) {
@@ -318,7 +320,7 @@ class CudaDevice final : public Device {
   // The attention kernels were tuned with 64-position pages (the CPU's default, kDefaultBlockTokens, is its
   // block kernel's).
   int default_block_tokens() const override { return 64; }
-  bool kv_centring() const override { return false; }  // DeviceKVCache: not implemented yet
+  bool kv_centring() const override { return kDeviceKVCentring; }  // cuda/cache_size.h
   bool preallocates_caches() const override { return true; }
 
   void run_step(const StepLayout& step, const std::function<void()>& forward) override;
@@ -381,6 +383,7 @@ class CudaDevice final : public Device {
   std::vector<RopeOnDevice> ropes_;
   std::vector<MoeOnDevice> moes_;
   int64_t weight_bytes_ = 0;
+  bool reported_wide_delta_keys_ = false;  // the one note that DeltaNet prompts of keys over 128 run token by token
   std::shared_ptr<int> standard_caches_ = std::make_shared<int>(0);
   PlanMemo plan_memo_;  // every layer's attention plans a step the same way: planned once
 
@@ -469,6 +472,10 @@ Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_vi
   for (const ops::WeightView& w : parts)
     TQ_CHECK(!ops::is_tq(w.dtype), what, ": ", ops::dtype_name(w.dtype),
              " (TurboQuant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
+  // ggml's block types (a *-Q4_K_M.gguf) have no GPU kernels yet: refused by name, never widened to BF16.
+  for (const ops::WeightView& w : parts)
+    TQ_CHECK(!ops::is_kquant(w.dtype), what, ": ", ops::dtype_name(w.dtype),
+             " (GGUF k-quant) weights are not supported by the CUDA backend yet; run this model with --device cpu");
   DeviceMatrix m;
   m.rows = stacked_rows(parts, what);
   m.cols = parts[0].cols;
@@ -620,10 +627,11 @@ Moe CudaDevice::moe_experts(const MoeWeights& w, std::string_view what) {
 std::unique_ptr<LayerCache> CudaDevice::kv_cache(int n_kv_heads, int head_dim, const KVCacheOptions& options, bool fused,
                                                  const CacheCapacity& capacity) {
   TQ_CHECK(capacity.max_tokens > 0, "the CUDA backend allocates its KV caches up front: give the pool a size (positions)");
-  // The device cache keeps every position (a sliding window is applied by the attention) and is bounded
-  // by its capacity, not by max_blocks.
+  // The device cache is bounded by its capacity, not by max_blocks. A sliding-window layer's cache
+  // (options.window > 0) is a rotating one: each sequence holds only the pages its window can still see,
+  // and its pool is bounded by the window (DeviceCacheCapacity::rotating_append_tokens), not by
+  // capacity.max_tokens, which still bounds the positions a sequence may reach.
   KVCacheOptions o = options;
-  o.window = 0;
   o.max_blocks = 0;
   DeviceCacheCapacity cap;
   cap.max_sequences = capacity.max_sequences;
@@ -1026,6 +1034,19 @@ void CudaDevice::launch_delta(CudaStateCache& c, const CudaStateCache::DeltaLaun
   deltanet_kernels::delta_rule_inputs(l.qkv, l.qkv_stride, l.a, l.a_stride, l.b, l.b_stride, l.A_log, l.dt_bias, l.rows, l.Hk, l.Hv, l.dk, l.qk,
                                       l.g, l.beta, stream_);
   const float* v = l.qkv + 2 * static_cast<int64_t>(l.Hk) * l.dk;  // [rows][Hv dv] after q | k
+  // A step with a prompt of 64 rows or more runs the chunked form (a function of the step's shape, so a
+  // recorded step replays the same kernel); decode steps and short prompts the recurrence.
+  const bool prompt = l.longest >= kChunkedRuleMinRows && options_.delta_rule_chunked;
+  if (prompt && l.dk <= deltanet_kernels::kMaxChunkedKeyDim) {
+    deltanet_kernels::delta_rule_chunked(l.qk, l.g, l.beta, v, l.qkv_stride, c.recurrent_states(), l.seqs, l.n_seqs, l.Hk, l.Hv, l.dk, l.dv,
+                                         l.out, l.out_stride, l.out_bf16, stream_);
+    return;
+  }
+  if (prompt && !reported_wide_delta_keys_) {
+    reported_wide_delta_keys_ = true;
+    std::fprintf(stderr, "turboquant: the CUDA Gated DeltaNet prompts of key dimension %d run token by token (the chunked form takes up to %d)\n",
+                 l.dk, deltanet_kernels::kMaxChunkedKeyDim);
+  }
   deltanet_kernels::delta_rule_recurrent(l.qk, l.g, l.beta, v, l.qkv_stride, c.recurrent_states(), l.seqs, l.n_seqs, l.Hk, l.Hv, l.dk, l.dv,
                                          l.out, l.out_stride, l.out_bf16, stream_);
 }
@@ -1081,6 +1102,7 @@ void CudaDevice::gated_delta_net(LayerCache& cache, const Tensor& qkv, const Ten
   l.out_bf16 = out.type == ActType::bf16;
   l.seqs = sequence_table(c, c.delta_table);
   l.n_seqs = static_cast<int>(step().sequences.size());
+  for (const auto& sq : step().sequences) l.longest = std::max(l.longest, static_cast<int>(sq.n));
   // Everything the launches take by value (the table's contents are data, refreshed by each step's copy).
   note_tensor(qkv);
   note_tensor(a);
@@ -1094,6 +1116,7 @@ void CudaDevice::gated_delta_net(LayerCache& cache, const Tensor& qkv, const Ten
   note(l.g);
   note(l.beta);
   note(l.seqs);
+  note(l.longest);
   note(l.n_seqs);
   note(c.recurrent_states());
   // The state has taken the rows in once the launches are enqueued (planned: once the replay runs them).

@@ -43,6 +43,10 @@ struct CudaDeviceOptions {
   // of each (by operation and shape, with the weights' bandwidth for products) is printed to stderr when
   // the device goes away. Slower steps; the operations' times are those of a replay.
   bool op_profile = false;
+  // Prompt steps (64 rows or more) run the Gated DeltaNet rule in its chunked form (key dimension up to
+  // deltanet_kernels::kMaxChunkedKeyDim; wider keys run the recurrence and the device says so once);
+  // false: the token-by-token recurrence for every step, the comparison of the tests and the benchmark.
+  bool delta_rule_chunked = true;
 };
 
 // Throws tq::Error when no CUDA device can be used (naming why).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -559,6 +560,459 @@ TEST_F(Cuda, BadOptionsSayWhatIsWrong) {
   EXPECT_NE(message([&] { attend(c, {&r, 1}, p, AttentionPath::fused); }).find("append"), std::string::npos);
   r.pos0 = 9;
   EXPECT_NE(message([&] { attend(c, {&r, 1}, p, AttentionPath::reference); }).find("reference"), std::string::npos);
+}
+
+
+// ------------------------------------------------------------------ rotating caches (sliding-window layers)
+
+struct RotatingCase {
+  KVType dense = KVType::f16;  // f16 (the sliding layers' default) or turboquant (--kv-swa-compress)
+  int k_bits = 8, v_bits = 3;
+  int n_heads = 64, n_kv = 8, dim = 64;
+  int window = 128;
+  int min_tokens = 0;   // a sink tier under the rotating main tier
+  int block = 64;
+  bool sinks = false;   // learned sink logits
+  std::vector<int> lengths = {700, 450, 1000};
+  int prompt = 200;     // the first append of every sequence: a prompt longer than the window
+};
+
+std::string name(const RotatingCase& c) {
+  std::ostringstream s;
+  if (c.dense == KVType::turboquant) {
+    s << "K" << c.k_bits << "V" << c.v_bits;
+  } else {
+    s << to_string(c.dense);
+  }
+  s << " heads " << c.n_heads << "/" << c.n_kv << " dim " << c.dim << " window " << c.window << " block " << c.block << " sink "
+    << c.min_tokens << (c.sinks ? " learned-sinks" : "") << " len";
+  for (int l : c.lengths) s << " " << l;
+  return s.str();
+}
+
+KVCacheOptions rotating_options(const RotatingCase& c) {
+  KVCacheOptions o;
+  if (c.dense == KVType::turboquant) {
+    TurboQuantCacheOptions t;
+    t.k_bits = c.k_bits;
+    t.v_bits = c.v_bits;
+    t.min_tokens_before_quant = c.min_tokens;
+    t.block_tokens = c.block;
+    o = turboquant_cache_options(t, c.window);
+  } else {
+    o.k.type = o.v.type = c.dense;
+    o.min_tokens = c.min_tokens;
+    o.block_tokens = c.block;
+    o.window = c.window;
+  }
+  return o;
+}
+
+// The rotating device cache against (1) the CPU's rotating cache (same drop rule: the oldest position held
+// and the positions counted agree after every append; attention within the FP16 / BF16 tolerances) and
+// (2) a growing device cache of the same positions attended with the same window: the same codes at the
+// same logical tiles, so the same plan and bit for bit the same output, fused and standard. Several
+// sequences of different lengths in every launch, a first prompt longer than the window (each of its
+// queries with its own window), then appends of 1 to 48 positions, well past several windows.
+void check_rotating(const RotatingCase& c, ThreadPool& pool) {
+  SCOPED_TRACE(name(c));
+  SplitMix64 rng(static_cast<uint64_t>(c.window * 7 + c.dim + c.n_heads + c.min_tokens * 3 + c.k_bits));
+  const KVCacheOptions opt = rotating_options(c);
+  KVCacheOptions grow_opt = opt;
+  grow_opt.window = 0;
+  const int S = static_cast<int>(c.lengths.size());
+  DeviceCacheCapacity cap;
+  cap.max_sequences = S;
+  for (int len : c.lengths) cap.max_tokens += len + c.block;
+  cap.rotating_append_tokens = c.prompt;
+  KVCache cpu(c.n_kv, c.dim, opt);
+  DeviceKVCache rot(c.n_kv, c.dim, opt, cap), grow(c.n_kv, c.dim, grow_opt, cap);
+  const auto sinks = gaussian(c.n_heads, rng, 2.0f);
+  AttentionParams p;
+  p.n_heads = c.n_heads;
+  p.window = c.window;
+  p.sinks = c.sinks ? sinks.data() : nullptr;
+  std::vector<int> seqs;
+  for (int i = 0; i < S; ++i) {
+    seqs.push_back(cpu.add_sequence());
+    ASSERT_EQ(rot.add_sequence(), seqs.back());
+    ASSERT_EQ(grow.add_sequence(), seqs.back());
+  }
+  const size_t row = static_cast<size_t>(c.n_kv) * c.dim, q_row = static_cast<size_t>(c.n_heads) * c.dim;
+  double worst_fused = 0, worst_standard = 0;
+  int64_t steps = 0, dropped = 0;
+  for (bool active = true; active;) {
+    active = false;
+    std::vector<int> n(S, 0), pos0(S, 0);
+    std::vector<std::vector<float>> q(S);
+    for (int i = 0; i < S; ++i) {
+      const int len = cpu.length(seqs[i]);
+      if (len >= c.lengths[i]) continue;
+      active = true;
+      const int want = len == 0 ? c.prompt : (rng.next() % 2 ? 1 : 1 + static_cast<int>(rng.next() % 48));
+      n[i] = std::min(want, c.lengths[i] - len);
+      pos0[i] = len;
+      const auto k = gaussian(static_cast<size_t>(n[i]) * row, rng, 1.5f), v = gaussian(k.size(), rng);
+      cpu.append(seqs[i], k.data(), v.data(), n[i]);
+      rot.append(seqs[i], k.data(), v.data(), n[i]);
+      grow.append(seqs[i], k.data(), v.data(), n[i]);
+      ASSERT_EQ(rot.first_kept(seqs[i]), cpu.first_kept(seqs[i])) << "sequence " << i << " at length " << cpu.length(seqs[i]);
+      ASSERT_EQ(rot.length(seqs[i]), cpu.length(seqs[i]));
+      dropped = std::max<int64_t>(dropped, rot.first_kept(seqs[i]));
+      q[i] = gaussian(static_cast<size_t>(n[i]) * q_row, rng);
+    }
+    if (!active) break;
+    ++steps;
+    ASSERT_EQ(rot.memory().main_tokens, cpu.memory().main_tokens);
+    ASSERT_EQ(rot.memory().sink_tokens, cpu.memory().sink_tokens);
+    std::vector<std::vector<float>> ref(S), fused(S), standard(S), grow_fused(S), grow_standard(S);
+    std::vector<AttentionRequest> cpu_reqs;
+    for (int i = 0; i < S; ++i) {
+      if (n[i] == 0) continue;
+      for (auto* o : {&ref[i], &fused[i], &standard[i], &grow_fused[i], &grow_standard[i]}) o->assign(q[i].size(), NAN);
+      cpu_reqs.push_back({seqs[i], q[i].data(), n[i], pos0[i], ref[i].data()});
+    }
+    attend(cpu, cpu_reqs, p, AttentionPath::reference, pool);
+    auto run = [&](const DeviceKVCache& cache, AttentionPath path, std::vector<std::vector<float>>& out) {
+      std::vector<AttentionRequest> reqs;
+      for (int i = 0; i < S; ++i)
+        if (n[i] > 0) reqs.push_back({seqs[i], q[i].data(), n[i], pos0[i], out[i].data()});
+      attend(cache, reqs, p, path);
+    };
+    run(rot, AttentionPath::fused, fused);
+    run(rot, AttentionPath::standard, standard);
+    run(grow, AttentionPath::fused, grow_fused);
+    run(grow, AttentionPath::standard, grow_standard);
+    for (int i = 0; i < S; ++i) {
+      if (n[i] == 0) continue;
+      worst_fused = std::max(worst_fused, max_row_error(fused[i], ref[i], c.dim));
+      worst_standard = std::max(worst_standard, max_row_error(standard[i], ref[i], c.dim));
+      ASSERT_EQ(0, std::memcmp(fused[i].data(), grow_fused[i].data(), fused[i].size() * sizeof(float)))
+          << "fused: the rotating cache differs from the growing one, sequence " << i << " positions " << pos0[i] << ".." << pos0[i] + n[i] - 1;
+      ASSERT_EQ(0, std::memcmp(standard[i].data(), grow_standard[i].data(), standard[i].size() * sizeof(float)))
+          << "standard: the rotating cache differs from the growing one, sequence " << i << " positions " << pos0[i] << ".." << pos0[i] + n[i] - 1;
+    }
+  }
+  std::printf("  %-80s %lld steps, fused %.2e standard %.2e, pages %lld of %lld in the pool\n", name(c).c_str(),
+              static_cast<long long>(steps), worst_fused, worst_standard, static_cast<long long>(rot.memory().blocks_in_use),
+              static_cast<long long>(rot.memory().allocated_bytes / std::max<int64_t>(1, rot.memory().block_bytes)));
+  EXPECT_GT(dropped, 2 * c.window) << "the case is meant to rotate pages several windows away";
+  EXPECT_LE(worst_fused, c.dense == KVType::bf16 ? kBf16Tolerance : kFp16Tolerance);
+  EXPECT_LE(worst_standard, kBf16Tolerance);
+}
+
+TEST_F(Cuda, RotatingCacheMatchesTheCpuAndTheGrowingCache) {
+  ThreadPool pool(2);
+  // GPT-OSS-20B's sliding layers (64/8 heads of 64, window 128, learned sinks): dense FP16 (the default)
+  // and compressed (--kv-swa-compress).
+  RotatingCase gpt_oss;
+  gpt_oss.sinks = true;
+  check_rotating(gpt_oss, pool);
+  RotatingCase compressed = gpt_oss;
+  compressed.dense = KVType::turboquant;
+  check_rotating(compressed, pool);
+  // head_dim 128, GQA 4, a window that is not a multiple of the page, K4/V4 with a sink tier below it.
+  RotatingCase hd128;
+  hd128.n_heads = 32;
+  hd128.dim = 128;
+  hd128.window = 100;
+  hd128.lengths = {600, 333};
+  hd128.prompt = 150;
+  check_rotating(hd128, pool);
+  RotatingCase sink_tier = hd128;
+  sink_tier.dense = KVType::turboquant;
+  sink_tier.k_bits = sink_tier.v_bits = 4;
+  sink_tier.min_tokens = 40;
+  sink_tier.sinks = true;
+  check_rotating(sink_tier, pool);
+  RotatingCase bf16 = hd128;
+  bf16.dense = KVType::bf16;
+  bf16.lengths = {400};
+  check_rotating(bf16, pool);
+  // The tiny golden GPT-OSS shape (4/2 heads, window 4) in pages of 16: a page rotates every 16 positions.
+  RotatingCase tiny;
+  tiny.n_heads = 4;
+  tiny.n_kv = 2;
+  tiny.window = 4;
+  tiny.block = 16;
+  tiny.sinks = true;
+  tiny.lengths = {300, 90, 41};
+  tiny.prompt = 37;
+  check_rotating(tiny, pool);
+  tiny.dense = KVType::turboquant;
+  tiny.k_bits = 8;
+  tiny.v_bits = 4;
+  check_rotating(tiny, pool);
+}
+
+// A 10K-position sequence in a window-128 layer holds at most the window and two pages (appends of up to a
+// page: the window's pages, the one its oldest position is in, the one being filled), and the pool is
+// sized by the window, not by the context: far below a growing cache of the same capacity. At the end
+// its attention still equals the growing cache's with the window.
+TEST_F(Cuda, RotatingCacheMemoryIsBoundedByTheWindow) {
+  SplitMix64 rng(10000);
+  KVCacheOptions opt;
+  opt.block_tokens = 64;
+  opt.window = 128;
+  KVCacheOptions grow_opt = opt;
+  grow_opt.window = 0;
+  DeviceCacheCapacity cap;
+  cap.max_sequences = 1;
+  cap.max_tokens = 131072;
+  DeviceKVCache rot(8, 64, opt, cap), grow(8, 64, grow_opt, cap);
+  const int s = rot.add_sequence();
+  ASSERT_EQ(grow.add_sequence(), s);
+  const int64_t bound = 128 + 2 * 64;
+  int64_t most = 0;
+  while (rot.length(s) < 10000) {
+    const int n = std::min(rng.next() % 2 ? 1 : 1 + static_cast<int>(rng.next() % 64), 10000 - rot.length(s));
+    const auto k = gaussian(static_cast<size_t>(n) * 8 * 64, rng), v = gaussian(k.size(), rng);
+    rot.append(s, k.data(), v.data(), n);
+    grow.append(s, k.data(), v.data(), n);
+    const MemoryUsage m = rot.memory();
+    most = std::max(most, m.main_tokens);
+    ASSERT_LE(m.main_tokens, bound) << "at length " << rot.length(s);
+    ASSERT_LE(m.blocks_in_use * 64, bound) << "at length " << rot.length(s);
+  }
+  const MemoryUsage m = rot.memory(), g = grow.memory();
+  std::printf("  10000 positions, window 128: held at most %lld positions; pool %.2f MiB (growing cache: %.2f MiB)\n",
+              static_cast<long long>(most), m.allocated_bytes / 1048576.0, g.allocated_bytes / 1048576.0);
+  EXPECT_EQ(g.main_tokens, 10000);
+  EXPECT_LT(m.allocated_bytes * 50, g.allocated_bytes) << "the rotating pool should be sized by the window";
+  EXPECT_NE(rot.describe().find("rotating(window 128)"), std::string::npos) << rot.describe();
+  const auto q = gaussian(4 * 32 * 64, rng);
+  std::vector<float> a(q.size()), b(q.size());
+  AttentionParams p;
+  p.n_heads = 32;
+  p.window = 128;
+  AttentionRequest ra{s, q.data(), 4, 9996, a.data()}, rb{s, q.data(), 4, 9996, b.data()};
+  attend(rot, {&ra, 1}, p, AttentionPath::fused);
+  attend(grow, {&rb, 1}, p, AttentionPath::fused);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// What the CPU's rotating cache allows and refuses, the device one does too, with the same words:
+// truncates (inside the last prompt, into the window, past what left it, into the sink tier), attention
+// that would need positions that left the window, forks that share the window and diverge (copy on write
+// of shared pages), removal of the parent; after each, attention agrees with the CPU.
+TEST_F(Cuda, RotatingCacheTruncatesAndForksAsTheCpu) {
+  ThreadPool pool(2);
+  for (int min_tokens : {0, 20}) {
+    SCOPED_TRACE(::testing::Message() << "sink tier " << min_tokens);
+    SplitMix64 rng(55 + static_cast<uint64_t>(min_tokens));
+    RotatingCase rc;
+    rc.dense = min_tokens > 0 ? KVType::turboquant : KVType::f16;
+    rc.n_heads = 8;
+    rc.n_kv = 2;
+    rc.min_tokens = min_tokens;
+    const KVCacheOptions opt = rotating_options(rc);
+    KVCache cpu(2, 64, opt);
+    DeviceCacheCapacity cap;
+    cap.max_sequences = 3;
+    cap.max_tokens = 4096;
+    cap.rotating_append_tokens = 300;
+    DeviceKVCache gpu(2, 64, opt, cap);
+    AttentionParams p;
+    p.n_heads = 8;
+    p.window = 128;
+    auto append = [&](int seq, int n) {
+      const auto k = gaussian(static_cast<size_t>(n) * 2 * 64, rng), v = gaussian(k.size(), rng);
+      cpu.append(seq, k.data(), v.data(), n);
+      gpu.append(seq, k.data(), v.data(), n);
+      ASSERT_EQ(gpu.first_kept(seq), cpu.first_kept(seq));
+    };
+    auto same_attention = [&](int seq, int n_q) {
+      const int pos0 = cpu.length(seq) - n_q;
+      const auto q = gaussian(static_cast<size_t>(n_q) * 8 * 64, rng);
+      std::vector<float> want(q.size()), got(q.size());
+      AttentionRequest rc_cpu{seq, q.data(), n_q, pos0, want.data()}, rc_gpu{seq, q.data(), n_q, pos0, got.data()};
+      attend(cpu, {&rc_cpu, 1}, p, AttentionPath::reference, pool);
+      attend(gpu, {&rc_gpu, 1}, p, AttentionPath::fused);
+      EXPECT_LE(max_row_error(got, want, 64), kFp16Tolerance) << "sequence " << seq << " at " << pos0;
+    };
+    auto same_truncate_rules = [&](int seq) {
+      for (int len = -1; len <= cpu.length(seq) + 1; ++len)
+        ASSERT_EQ(gpu.truncate_problem(seq, len), cpu.truncate_problem(seq, len)) << "truncate to " << len;
+    };
+    const int s = cpu.add_sequence();
+    ASSERT_EQ(gpu.add_sequence(), s);
+    append(s, 300);  // nothing has left yet: every length may be truncated to
+    same_truncate_rules(s);
+    EXPECT_EQ(gpu.first_kept(s), 0);
+    append(s, 1);  // the append gives back what the window left
+    EXPECT_GT(gpu.first_kept(s), min_tokens);
+    same_truncate_rules(s);
+    EXPECT_NE(gpu.truncate_problem(s, 200).find("left the sliding window"), std::string::npos) << gpu.truncate_problem(s, 200);
+    // Attention that needs a position gone (no window) is refused as on the CPU.
+    {
+      const auto q = gaussian(8 * 64, rng);
+      std::vector<float> out(q.size());
+      AttentionParams all = p;
+      all.window = 0;
+      AttentionRequest r{s, q.data(), 1, cpu.length(s) - 1, out.data()};
+      const std::string want = error_of([&] { attend(cpu, {&r, 1}, all, AttentionPath::reference, pool); });
+      EXPECT_NE(want, "(no error)");
+      EXPECT_EQ(error_of([&] { attend(gpu, {&r, 1}, all, AttentionPath::fused); }), want);
+    }
+    same_attention(s, 1);
+    // Fork: the child shares the window's pages; both diverge (the shared page being filled is copied).
+    const int child = 7;
+    cpu.fork_sequence(s, child);
+    gpu.fork_sequence(s, child, false);
+    EXPECT_EQ(gpu.first_kept(child), cpu.first_kept(child));
+    EXPECT_GT(gpu.memory().blocks_shared, 0);
+    for (int step = 0; step < 150; ++step) {
+      append(s, 1);
+      append(child, 1 + static_cast<int>(rng.next() % 3));
+      if (step % 25 == 0) {
+        same_attention(s, 1);
+        same_attention(child, 1);
+      }
+    }
+    same_truncate_rules(child);
+    // Truncate back within the window (allowed), append other positions, attend.
+    // (the furthest back of the last page's worth that the CPU allows: the window must stay held).
+    int back = cpu.length(child) - 64;
+    while (!cpu.truncate_problem(child, back).empty()) ++back;
+    ASSERT_LT(back, cpu.length(child) - 1) << "the case is meant to go back more than one position";
+    cpu.truncate(child, back);
+    gpu.truncate(child, back);
+    append(child, 9);
+    same_attention(child, 9);
+    same_truncate_rules(child);
+    // The parent goes; the child keeps its pages.
+    cpu.remove_sequence(s);
+    gpu.remove_sequence(s);
+    append(child, 200);
+    same_attention(child, 64);
+    EXPECT_EQ(gpu.memory().main_tokens, cpu.memory().main_tokens);
+    if (min_tokens > 0) {
+      // Into the sink tier: allowed (its positions are all held); the main tier starts again after it.
+      ASSERT_EQ(cpu.truncate_problem(child, min_tokens - 3), "");
+      cpu.truncate(child, min_tokens - 3);
+      gpu.truncate(child, min_tokens - 3);
+      EXPECT_EQ(gpu.first_kept(child), cpu.first_kept(child));
+      append(child, 250);
+      same_attention(child, 250);
+      same_truncate_rules(child);
+    }
+  }
+}
+
+// A decode step over a rotating cache replayed from a recorded graph: the plan (tile ranges) and the page
+// table are device data, so one recording serves steps whose window has moved to other pages; every
+// replay equals an eager run of the same step.
+TEST_F(Cuda, RotatingCacheGraphReplaysFollowTheWindow) {
+  SplitMix64 rng(321);
+  for (KVType type : {KVType::f16, KVType::turboquant}) {
+    SCOPED_TRACE(to_string(type));
+    RotatingCase rc;
+    rc.dense = type;
+    const KVCacheOptions opt = rotating_options(rc);
+    DeviceCacheCapacity cap;
+    cap.max_sequences = 2;
+    cap.max_tokens = 4096;
+    cap.rotating_append_tokens = 256;
+    DeviceKVCache gpu(8, 64, opt, cap);
+    const int s0 = gpu.add_sequence(), s1 = gpu.add_sequence();
+    for (int s : {s0, s1}) {
+      const int n = s == s0 ? 256 : 150;
+      const auto k = gaussian(static_cast<size_t>(n) * 8 * 64, rng), v = gaussian(k.size(), rng);
+      gpu.append(s, k.data(), v.data(), n);
+    }
+    const size_t per = 64 * 64;
+    float *dq = nullptr, *dout = nullptr;
+    ASSERT_EQ(cudaMalloc(&dq, 2 * per * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, 2 * per * sizeof(float)), cudaSuccess);
+    const auto sinks = gaussian(64, rng, 2.0f);
+    AttentionParams p;
+    p.n_heads = 64;
+    p.window = 128;
+    p.sinks = sinks.data();
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    DeviceAttention replayed, eager;
+    replayed.set_replayable(true);
+    cudaGraphExec_t exec = nullptr;
+    std::string signature;
+    int recordings = 0, replays_after_a_move = 0, recorded_first_kept = -1;
+    std::vector<float> want(2 * per), got(2 * per);
+    for (int step = 0; step < 300; ++step) {
+      for (int s : {s0, s1}) {
+        const auto k = gaussian(8 * 64, rng), v = gaussian(k.size(), rng);
+        gpu.append(s, k.data(), v.data(), 1);
+      }
+      const auto q = gaussian(2 * per, rng);
+      ASSERT_EQ(cudaMemcpy(dq, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      const DeviceAttentionRequest reqs[2] = {{s0, dq, 1, gpu.length(s0) - 1, dout}, {s1, dq + per, 1, gpu.length(s1) - 1, dout + per}};
+      eager.plan(gpu, reqs, p, AttentionPath::fused, stream);
+      eager.run(stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(want.data(), dout, want.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      replayed.plan(gpu, reqs, p, AttentionPath::fused, stream);
+      if (!exec || replayed.launch_signature() != signature) {
+        if (exec) cudaGraphExecDestroy(exec);
+        cudaGraph_t graph;
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        replayed.run(stream);
+        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        cudaGraphDestroy(graph);
+        signature = replayed.launch_signature();
+        recorded_first_kept = gpu.first_kept(s0);
+        ++recordings;
+      } else if (gpu.first_kept(s0) != recorded_first_kept) {
+        ++replays_after_a_move;
+      }
+      ASSERT_EQ(cudaMemset(dout, 0xff, 2 * per * sizeof(float)), cudaSuccess);  // NaN poison
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << "step " << step;
+    }
+    std::printf("  %s: 300 steps, %d recordings, %d replays after the window moved to other pages\n", to_string(type).c_str(),
+                recordings, replays_after_a_move);
+    EXPECT_GT(replays_after_a_move, 100);
+    if (exec) cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(stream);
+    cudaFree(dq);
+    cudaFree(dout);
+  }
+}
+
+// A rotating cache's pool holds each sequence's window and one append of rotating_append_tokens: a longer
+// append fits while other sequences leave room, else it is refused naming the bound.
+TEST_F(Cuda, RotatingCacheRefusesAppendsPastItsPool) {
+  KVCacheOptions opt;
+  opt.block_tokens = 64;
+  opt.window = 128;
+  DeviceCacheCapacity cap;
+  cap.max_sequences = 2;
+  cap.max_tokens = 100000;
+  cap.rotating_append_tokens = 256;
+  DeviceKVCache gpu(2, 64, opt, cap);
+  const int a = gpu.add_sequence();
+  gpu.add_sequence();
+  // 2 x 7 pages (rotating_pages_per_sequence(128, 64, 256)).
+  std::vector<float> kv(static_cast<size_t>(1000) * 2 * 64, 0.5f);
+  gpu.append(a, kv.data(), kv.data(), 400);  // more than 256 in one append: room the other sequence leaves
+  // 1000 more: pages 6..21 of which 6 is held, 15 new; 14 - 7 held + 4 given back by the window = 11 free.
+  const std::string e = error_of([&] { gpu.append(a, kv.data(), kv.data(), 1000); });
+  EXPECT_NE(e.find("sliding-window layer is full"), std::string::npos) << e;
+  EXPECT_NE(e.find("256"), std::string::npos) << e;
+  EXPECT_EQ(gpu.length(a), 400) << "a refused append changes nothing";
+  KVCacheOptions bad = opt;
+  bad.window = -1;
+  EXPECT_NE(error_of([&] { DeviceKVCache c(2, 64, bad, cap); }).find("window"), std::string::npos);
 }
 
 }  // namespace

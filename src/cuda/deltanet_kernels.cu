@@ -6,8 +6,11 @@
 //   delta_rule_recurrent  a block per (sequence, value head, 16 columns of S): a warp keeps 4 columns of
 //                         S in registers, lane l holding rows l, l + 32, ...; per token two warp sums
 //                         (S^T k, then S^T q) and no shared memory. The sequence's rows run in order
-//                         inside the kernel, so a prompt is one launch too (a token loop: prompts are not
-//                         yet in the chunked WY form of ops::delta_rule_chunked).
+//                         inside the kernel, so a decode step is one launch.
+//   delta_rule_chunked    prompts: a block per (sequence, value head, 32 columns of S), the sequence's rows in
+//                         chunks of 64 in the WY form of ops::delta_rule_chunked, every product of a chunk
+//                         from shared memory (the chunk's K and Q, its 64 x 64 masks, the block's S columns),
+//                         so a token's dependence on the last is one chunk's triangular solve, not a chain
 //   gated_rms_norm        a block per (row, run), as ops_kernels' rms_norm
 //   sigmoid_mul           a thread per element
 #include <cuda_bf16.h>
@@ -247,6 +250,211 @@ void launch_recurrent(const float* qk, const float* g, const float* beta, const 
 #undef TQ_RULE
 }
 
+// ---- the chunked rule (prompts)
+
+constexpr int kChunk = 64;           // tokens per chunk: ops::kDeltaRuleChunk
+constexpr int kChunkCols = 32;       // columns of S per block
+constexpr int kChunkThreads = 256;   // 8 warps
+constexpr int kSolveThreads = 64;    // warps 0-1 solve for T while warps 2-7 compute Q S
+
+// The block's shared memory, in floats. K and Q rows are padded by one float so that a warp reading one
+// value of 32 different rows hits 32 banks; the 64 x 64 matrices likewise.
+template <int DK>
+struct ChunkSmem {
+  static constexpr int kRow = DK + 1, kTri = kChunk + 1;
+  static constexpr int K = 0;                           // [kChunk][kRow] the chunk's keys (normalised)
+  static constexpr int Q = K + kChunk * kRow;           // [kChunk][kRow] its queries (normalised, scaled)
+  static constexpr int A = Q + kChunk * kRow;           // [kChunk][kTri] beta_i k_i.k_j D_ij, j < i
+  static constexpr int T = A + kChunk * kTri;           // [kChunk][kTri] (I + A)^-1, lower triangular
+  static constexpr int Aqk = T + kChunk * kTri;         // [kChunk][kTri] q_i.k_j D_ij, j <= i
+  static constexpr int X = Aqk + kChunk * kTri;         // [kChunk][kChunkCols] beta (v - exp(G) k^T S)
+  static constexpr int Vp = X + kChunk * kChunkCols;    // [kChunk][kChunkCols] V' = T X
+  static constexpr int QS = Vp + kChunk * kChunkCols;   // [kChunk][kChunkCols] Q S (S at the chunk's start)
+  static constexpr int V = QS + kChunk * kChunkCols;    // [kChunk][kChunkCols] the chunk's values, these columns
+  static constexpr int S = V + kChunk * kChunkCols;     // [DK][kChunkCols] the block's columns of the state
+  static constexpr int G = S + DK * kChunkCols;         // [kChunk] cumulative log-decay within the chunk
+  static constexpr int B = G + kChunk;                  // [kChunk] beta
+  static constexpr int E = B + kChunk;                  // [kChunk] exp(G_last - G_i)
+  static constexpr int kFloats = E + kChunk;
+  static constexpr size_t kBytes = static_cast<size_t>(kFloats) * sizeof(float);
+};
+
+// The chunked form of delta_rule_recurrent for one (sequence, value head, 32 columns). With S the state at
+// a chunk's start, G_i = sum_{m <= i} g_m (within the chunk), D_ij = exp(G_i - G_j) <= 1 (j <= i):
+//   X  = beta (V - exp(G) K S)               [L][cols]   (= U - W S of the CPU's form: T is linear)
+//   V' = (I + A)^-1 X,  A_ij = beta_i k_i.k_j D_ij (j < i)
+//   O  = exp(G) Q S + Aqk V',  Aqk_ij = q_i.k_j D_ij (j <= i)
+//   S  = exp(G_last) S + (exp(G_last - G) K)^T V'
+// The columns of S are independent in all of it, so each block keeps only its own; A, T and Aqk depend on
+// the keys alone and are computed by every column block of a head (4 of them at dv 128).
+template <int DK, typename Out>
+__global__ void __launch_bounds__(kChunkThreads) delta_rule_chunked_kernel(const float* __restrict__ qk, const float* __restrict__ g,
+                                                                           const float* __restrict__ beta, const float* __restrict__ v,
+                                                                           int64_t v_stride, float* states,
+                                                                           const SequenceEntry* __restrict__ seqs, int Hk, int Hv, int dk,
+                                                                           int dv, Out* out, int64_t out_stride) {
+  using L = ChunkSmem<DK>;
+  extern __shared__ float smem[];
+  float *Ks = smem + L::K, *Qs = smem + L::Q, *A = smem + L::A, *T = smem + L::T, *Aqk = smem + L::Aqk, *X = smem + L::X,
+        *Vp = smem + L::Vp, *QS = smem + L::QS, *Vs = smem + L::V, *S = smem + L::S, *G = smem + L::G, *B = smem + L::B,
+        *E = smem + L::E;
+  constexpr int kRow = L::kRow, kTri = L::kTri, C = kChunkCols;
+  const SequenceEntry seq = seqs[blockIdx.z];
+  const int h = blockIdx.y, j = h / (Hv / Hk);
+  const int col0 = blockIdx.x * C;
+  const int tid = threadIdx.x;
+  if (seq.n == 0) return;  // the whole block
+  float* Sg = states + (static_cast<int64_t>(seq.slot) * Hv + h) * dk * dv;
+  const int64_t qk_width = 2 * static_cast<int64_t>(Hk) * dk;
+  for (int e = tid; e < DK * C; e += kChunkThreads) {
+    const int d = e / C, c = e % C;
+    S[e] = d < dk && col0 + c < dv ? Sg[static_cast<int64_t>(d) * dv + col0 + c] : 0.0f;
+  }
+  for (int t0 = 0; t0 < seq.n; t0 += kChunk) {
+    const int n = min(kChunk, seq.n - t0);
+    const int64_t r0 = seq.row0 + t0;
+    // The chunk's inputs. Rows past n are never read below (every loop stops at n).
+    for (int e = tid; e < n * DK; e += kChunkThreads) {
+      const int i = e / DK, d = e % DK;
+      const float* qr = qk + (r0 + i) * qk_width + static_cast<int64_t>(j) * dk;
+      Qs[i * kRow + d] = d < dk ? qr[d] : 0.0f;
+      Ks[i * kRow + d] = d < dk ? qr[static_cast<int64_t>(Hk) * dk + d] : 0.0f;
+    }
+    for (int e = tid; e < n * C; e += kChunkThreads) {
+      const int i = e / C, c = e % C;
+      Vs[e] = col0 + c < dv ? v[(r0 + i) * v_stride + static_cast<int64_t>(h) * dv + col0 + c] : 0.0f;
+    }
+    if (tid < n) {
+      G[tid] = g[(r0 + tid) * Hv + h];
+      B[tid] = beta[(r0 + tid) * Hv + h];
+    }
+    __syncthreads();
+    if (tid == 0) {  // the cumulative sum in the CPU's order
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) G[i] = acc += G[i];
+    }
+    __syncthreads();
+
+    // The masks A and Aqk, X, and the decays to the chunk's end: all from the chunk's inputs and S.
+    for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
+      const int i = e / kChunk, m = e % kChunk;  // a warp: one row i, 32 columns m
+      float a = 0.0f, aq = 0.0f;
+      if (i < n && m <= i) {
+        const float* ki = Ks + i * kRow;
+        const float* qi = Qs + i * kRow;
+        const float* km = Ks + m * kRow;
+        float kk = 0.0f, qk_dot = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < DK; ++d) {
+          kk = fmaf(ki[d], km[d], kk);
+          qk_dot = fmaf(qi[d], km[d], qk_dot);
+        }
+        const float decay = expf(G[i] - G[m]);
+        a = m < i ? B[i] * kk * decay : 0.0f;
+        aq = qk_dot * decay;
+      }
+      A[i * kTri + m] = a;
+      Aqk[i * kTri + m] = aq;
+    }
+    for (int e = tid; e < n * C; e += kChunkThreads) {
+      const int i = e / C, c = e % C;  // a warp: one row, 32 columns
+      const float* ki = Ks + i * kRow;
+      float ks = 0.0f;
+#pragma unroll 8
+      for (int d = 0; d < DK; ++d) ks = fmaf(ki[d], S[d * C + c], ks);
+      X[e] = B[i] * (Vs[e] - expf(G[i]) * ks);
+    }
+    if (tid < n) E[tid] = expf(G[n - 1] - G[tid]);
+    __syncthreads();
+
+    // T = (I + A)^-1 by forward substitution, a row at a time (warps 0-1: thread c owns column c), while
+    // warps 2-7 compute Q S, which needs neither.
+    if (tid < kSolveThreads) {
+      const int c = tid;
+      for (int i = 0; i < n; ++i) {
+        float t = i == c ? 1.0f : 0.0f;
+        if (c < i) {
+          const float* ai = A + i * kTri;
+          for (int m = c; m < i; ++m) t = fmaf(-ai[m], T[m * kTri + c], t);  // T[m][c] = 0 for m < c
+        }
+        T[i * kTri + c] = t;
+        asm volatile("bar.sync 1, %0;" ::"n"(kSolveThreads) : "memory");  // row i before row i + 1 reads it
+      }
+    } else {
+      for (int e = tid - kSolveThreads; e < n * C; e += kChunkThreads - kSolveThreads) {
+        const int i = e / C, c = e % C;
+        const float* qi = Qs + i * kRow;
+        float qs = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < DK; ++d) qs = fmaf(qi[d], S[d * C + c], qs);
+        QS[e] = qs;
+      }
+    }
+    __syncthreads();
+
+    // V' = T X (T lower triangular).
+    for (int e = tid; e < n * C; e += kChunkThreads) {
+      const int i = e / C, c = e % C;
+      const float* ti = T + i * kTri;
+      float acc = 0.0f;
+      for (int m = 0; m <= i; ++m) acc = fmaf(ti[m], X[m * C + c], acc);
+      Vp[e] = acc;
+    }
+    __syncthreads();
+
+    // O = exp(G) Q S + Aqk V' to the output rows; S = exp(G_last) S + (E K)^T V' (O needs the old S only
+    // through QS, so both in one pass).
+    for (int e = tid; e < n * C; e += kChunkThreads) {
+      const int i = e / C, c = e % C;
+      const float* ai = Aqk + i * kTri;
+      float acc = 0.0f;
+      for (int m = 0; m <= i; ++m) acc = fmaf(ai[m], Vp[m * C + c], acc);
+      const float o = fmaf(expf(G[i]), QS[e], acc);
+      if (col0 + c < dv) store(out + (r0 + i) * out_stride + static_cast<int64_t>(h) * dv + col0 + c, o);
+    }
+    const float chunk_decay = expf(G[n - 1]);
+    for (int e = tid; e < DK * C; e += kChunkThreads) {
+      const int d = e / C, c = e % C;  // a warp: one row of S, 32 columns
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) acc = fmaf(E[i] * Ks[i * kRow + d], Vp[i * C + c], acc);
+      S[e] = fmaf(chunk_decay, S[e], acc);
+    }
+    __syncthreads();  // the next chunk overwrites the inputs
+  }
+  for (int e = tid; e < DK * C; e += kChunkThreads) {
+    const int d = e / C, c = e % C;
+    if (d < dk && col0 + c < dv) Sg[static_cast<int64_t>(d) * dv + col0 + c] = S[e];
+  }
+}
+
+template <int DK, typename Out>
+void launch_chunked_dk(const float* qk, const float* g, const float* beta, const float* v, int64_t v_stride, float* states,
+                       const SequenceEntry* seqs, int n_seqs, int Hk, int Hv, int dk, int dv, Out* out, int64_t out_stride, cudaStream_t stream) {
+  constexpr size_t bytes = ChunkSmem<DK>::kBytes;
+  static const bool attributes_set = [] {  // more than the default 48 KiB of shared memory, once per kernel
+    TQ_CUDA_CHECK(cudaFuncSetAttribute(delta_rule_chunked_kernel<DK, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)attributes_set;
+  const dim3 grid(static_cast<unsigned>((dv + kChunkCols - 1) / kChunkCols), static_cast<unsigned>(Hv), static_cast<unsigned>(n_seqs));
+  delta_rule_chunked_kernel<DK, Out><<<grid, kChunkThreads, bytes, stream>>>(qk, g, beta, v, v_stride, states, seqs, Hk, Hv, dk, dv, out,
+                                                                            out_stride);
+}
+
+template <typename Out>
+void launch_chunked(const float* qk, const float* g, const float* beta, const float* v, int64_t v_stride, float* states, const SequenceEntry* seqs,
+                    int n_seqs, int Hk, int Hv, int dk, int dv, Out* out, int64_t out_stride, cudaStream_t stream) {
+  if (dk <= 32) {
+    launch_chunked_dk<32>(qk, g, beta, v, v_stride, states, seqs, n_seqs, Hk, Hv, dk, dv, out, out_stride, stream);
+  } else if (dk <= 64) {
+    launch_chunked_dk<64>(qk, g, beta, v, v_stride, states, seqs, n_seqs, Hk, Hv, dk, dv, out, out_stride, stream);
+  } else if (dk <= kMaxChunkedKeyDim) {
+    launch_chunked_dk<kMaxChunkedKeyDim>(qk, g, beta, v, v_stride, states, seqs, n_seqs, Hk, Hv, dk, dv, out, out_stride, stream);
+  } else {
+    fail("internal error: the chunked delta rule takes dk up to ", kMaxChunkedKeyDim, ", got ", dk);
+  }
+}
+
 // ---- gated RMSNorm
 
 constexpr int kNormThreads = 256;
@@ -342,6 +550,22 @@ void delta_rule_recurrent(const float* qk, const float* g, const float* beta, co
   } else {
     launch_recurrent(qk, g, beta, v, v_stride, recurrent_states, seqs, n_seqs, Hk, Hv, dk, dv, static_cast<float*>(out), out_stride,
                      as_stream(stream));
+  }
+  TQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void delta_rule_chunked(const float* qk, const float* g, const float* beta, const float* v, int64_t v_stride, float* recurrent_states,
+                        const SequenceEntry* seqs, int n_seqs, int Hk, int Hv, int dk, int dv, void* out, int64_t out_stride, bool out_bf16,
+                        void* stream) {
+  if (n_seqs == 0) return;
+  TQ_CHECK(Hk > 0 && Hv % Hk == 0 && dk >= 1 && dk <= kMaxChunkedKeyDim && dv >= 1, "the CUDA chunked delta rule takes dk 1 to ",
+           kMaxChunkedKeyDim, " and value heads a multiple of key heads; got ", Hk, " key heads and ", Hv, " value heads of ", dk, " x ", dv);
+  if (out_bf16) {
+    launch_chunked(qk, g, beta, v, v_stride, recurrent_states, seqs, n_seqs, Hk, Hv, dk, dv, static_cast<__nv_bfloat16*>(out), out_stride,
+                   as_stream(stream));
+  } else {
+    launch_chunked(qk, g, beta, v, v_stride, recurrent_states, seqs, n_seqs, Hk, Hv, dk, dv, static_cast<float*>(out), out_stride,
+                   as_stream(stream));
   }
   TQ_CUDA_CHECK(cudaGetLastError());
 }

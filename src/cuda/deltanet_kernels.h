@@ -59,6 +59,14 @@ void delta_rule_recurrent(const float* qk, const float* g, const float* beta, co
                           const SequenceEntry* seqs, int n_seqs, int Hk, int Hv, int dk, int dv, void* out, int64_t out_stride,
                           bool out_bf16, void* stream);
 
+// The same rule and the same result (up to rounding) in the chunked form, for prompts: each sequence's rows in
+// chunks of 64 as products in shared memory (ops::delta_rule_chunked's WY form). dk <= kMaxChunkedKeyDim
+// (about 158 KiB of shared memory a block at dk 128); a block per (sequence, head, 32 columns of S).
+inline constexpr int kMaxChunkedKeyDim = 128;
+void delta_rule_chunked(const float* qk, const float* g, const float* beta, const float* v, int64_t v_stride, float* recurrent_states,
+                        const SequenceEntry* seqs, int n_seqs, int Hk, int Hv, int dk, int dv, void* out, int64_t out_stride, bool out_bf16,
+                        void* stream);
+
 // Gated RMSNorm of each run of `run` values of each row of runs * run values:
 //   y = (x / sqrt(mean x^2 + eps)) * w * silu(z)     (w plain; the CPU's order: the norm times w, then the gate)
 // x, z float32; y float32 or BF16, may equal x (not z).

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "cuda/check.h"
+#include "cuda/cache_size.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
@@ -28,6 +29,20 @@ bool device_available(std::string* reason) {
     if (reason) *reason = "no CUDA device";
     return false;
   }
+  return true;
+}
+
+bool device_memory(int64_t* free_bytes, int64_t* total_bytes, std::string* reason) {
+  if (!device_available(reason)) return false;
+  size_t free = 0, total = 0;
+  const cudaError_t e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) {
+    if (reason) *reason = std::string("cudaMemGetInfo failed: ") + cudaGetErrorString(e);
+    cudaGetLastError();
+    return false;
+  }
+  *free_bytes = static_cast<int64_t>(free);
+  *total_bytes = static_cast<int64_t>(total);
   return true;
 }
 
@@ -239,6 +254,9 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
   TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
   // Block-mean centring (kv/cache.h) is CPU-only so far: a centred cache would attend wrongly here.
   TQ_CHECK(!options.centred(), "the CUDA backend does not implement block-mean centring of the KV cache yet; use --kv-center none");
+  TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
+  TQ_CHECK(options.window == 0 || capacity.rotating_append_tokens >= 1,
+           "a rotating device cache needs room for appends of at least one position, got ", capacity.rotating_append_tokens);
   TQ_CHECK(capacity.max_sequences >= 1, "device KV cache needs room for at least one sequence");
   TQ_CHECK(capacity.max_tokens >= 0, "device KV cache capacity must not be negative");
   std::string why;
@@ -272,25 +290,37 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
   setup_dense_side(c.sink_k, options.sink_type, "the sink tier");
   setup_dense_side(c.sink_v, options.sink_type, "the sink tier");
 
-  c.main_tile = tile_format(head_dim, section_format(c.main_k.kind, head_dim, c.group_size),
-                            section_format(c.main_v.kind, head_dim, c.group_size));
-  c.sink_tile = tile_format(head_dim, section_format(c.sink_k.kind, head_dim, head_dim), section_format(c.sink_v.kind, head_dim, head_dim));
-  c.page_tokens = options.block_tokens;
-  c.tiles_per_page = c.page_tokens / kTileTokens;
-  c.sink_tiles = (options.min_tokens + kTileTokens - 1) / kTileTokens;
-  c.n_pages = static_cast<int>(std::max<int64_t>(1, (capacity.max_tokens + c.page_tokens - 1) / c.page_tokens));
-  c.page_bytes = static_cast<size_t>(n_kv_heads) * c.tiles_per_page * c.main_tile.bytes;
+  // Tiles, pages and pools from the arithmetic the memory plan shares (cuda/cache_size.h); the kinds it
+  // derives from the options must be the ones the sides were set up with.
+  const DeviceKVLayerSize size =
+      device_kv_layer_size(n_kv_heads, head_dim, options, capacity.max_sequences, capacity.max_tokens, capacity.rotating_append_tokens);
+  // Page-table entries are indexed by int (the kernels' slot * row + page).
+  TQ_CHECK(size.row_pages * capacity.max_sequences <= INT32_MAX, "a device cache of ", capacity.max_sequences, " sequences of ",
+           capacity.max_tokens, " positions needs a page table of more than 2^31 entries");
+  TQ_CHECK(size.main_tile.k.kind == c.main_k.kind && size.main_tile.v.kind == c.main_v.kind && size.sink_tile.k.kind == c.sink_k.kind &&
+               size.main_tile.k.groups == (is_dense(c.main_k.kind) ? 0 : head_dim / c.group_size),
+           "internal error: the device cache's size arithmetic disagrees with its formats");
+  c.main_tile = size.main_tile;
+  c.sink_tile = size.sink_tile;
+  c.page_tokens = size.page_tokens;
+  c.tiles_per_page = size.tiles_per_page;
+  c.sink_tiles = size.sink_tiles;
+  c.n_pages = static_cast<int>(size.n_pages);  // a rotating cache's: what the windows of all its sequences hold at once
+  c.row_pages = static_cast<int>(size.row_pages);
+  c.page_bytes = static_cast<size_t>(size.page_bytes);
 
-  c.main_pool.reserve(c.page_bytes * c.n_pages);
+  c.main_pool.reserve(static_cast<size_t>(size.main_pool_bytes));
   TQ_CUDA_CHECK(cudaMemset(c.main_pool.get(), 0, c.main_pool.bytes()));
   if (c.sink_tiles > 0) {
-    c.sink_pool.reserve(static_cast<size_t>(capacity.max_sequences) * n_kv_heads * c.sink_tiles * c.sink_tile.bytes);
+    c.sink_pool.reserve(static_cast<size_t>(size.sink_pool_bytes));
     TQ_CUDA_CHECK(cudaMemset(c.sink_pool.get(), 0, c.sink_pool.bytes()));
   }
-  c.host_page_table.assign(static_cast<size_t>(capacity.max_sequences) * c.n_pages, 0);
+  c.host_page_table.assign(static_cast<size_t>(capacity.max_sequences) * c.row_pages, -1);
   c.page_owners.assign(static_cast<size_t>(c.n_pages), 0);
   c.page_table.reserve(c.host_page_table.size() * sizeof(int32_t));
-  TQ_CUDA_CHECK(cudaMemset(c.page_table.get(), 0, c.page_table.bytes()));
+  // -1 (every byte 0xff) where a row holds no page: a kernel that read such an entry would fault, not
+  // read another sequence's page.
+  TQ_CUDA_CHECK(cudaMemset(c.page_table.get(), 0xff, c.page_table.bytes()));
   for (int p = c.n_pages - 1; p >= 0; --p) c.free_pages.push_back(p);
   for (int s = capacity.max_sequences - 1; s >= 0; --s) c.free_slots.push_back(s);
 }
@@ -303,7 +333,9 @@ const KVCacheOptions& DeviceKVCache::options() const { return impl_->options; }
 
 std::string DeviceKVCache::describe() const {
   std::ostringstream os;
-  os << "cuda " << impl_->k_format->describe() << "/" << impl_->v_format->describe();
+  os << "cuda ";
+  if (impl_->options.window > 0) os << "rotating(window " << impl_->options.window << ") ";
+  os << impl_->k_format->describe() << "/" << impl_->v_format->describe();
   if (impl_->options.min_tokens > 0) os << " + " << impl_->options.min_tokens << " sink tokens in " << to_string(impl_->options.sink_type);
   return os.str();
 }
@@ -372,7 +404,13 @@ void DeviceKVCache::Impl::copy_page(int dst, int src, void* stream) {
 void DeviceKVCache::remove_sequence(int id, void* stream) {
   Impl& c = *impl_;
   const Impl::Sequence s = c.seq(id);
-  for (int i = 0; i < s.pages; ++i) c.release_page(c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + i], stream);
+  std::vector<int> changes;
+  for (int i = s.first_page; i < s.end_page(); ++i) {
+    c.release_page(c.host_page_table[c.row_entry(s, i)], stream);
+    c.host_page_table[c.row_entry(s, i)] = -1;
+    changes.push_back(static_cast<int>(c.row_entry(s, i)));
+  }
+  c.upload_page_table(changes, stream);
   if (c.sink_tiles > 0) {
     const size_t slot_bytes = static_cast<size_t>(c.n_kv) * c.sink_tiles * c.sink_tile.bytes;
     TQ_CUDA_CHECK(cudaMemsetAsync(c.sink_pool.as<uint8_t>() + s.slot * slot_bytes, 0, slot_bytes, static_cast<cudaStream_t>(stream)));
@@ -389,11 +427,11 @@ void DeviceKVCache::fork_sequence(int parent, int child, bool copy, void* stream
   add_sequence_with_id(child);
   Impl::Sequence& s = c.seqs.at(child);
   s.length = p.length;
+  s.first_page = p.first_page;  // a rotating cache's child holds the same window
   s.pages = p.pages;
-  const size_t from = static_cast<size_t>(p.slot) * c.n_pages, to = static_cast<size_t>(s.slot) * c.n_pages;
   std::vector<int> changes;
-  for (int i = 0; i < p.pages; ++i) {
-    int page = c.host_page_table[from + i];
+  for (int i = p.first_page; i < p.end_page(); ++i) {
+    int page = c.host_page_table[c.row_entry(p, i)];
     if (copy) {
       const int own = c.take_page();
       c.copy_page(own, page, stream);
@@ -401,8 +439,8 @@ void DeviceKVCache::fork_sequence(int parent, int child, bool copy, void* stream
     } else {
       ++c.page_owners[static_cast<size_t>(page)];
     }
-    c.host_page_table[to + i] = page;
-    changes.push_back(static_cast<int>(to + i));
+    c.host_page_table[c.row_entry(s, i)] = page;
+    changes.push_back(static_cast<int>(c.row_entry(s, i)));
   }
   c.upload_page_table(changes, stream);
   if (c.sink_tiles > 0) {  // the sink tier is per sequence slot: copied
@@ -413,10 +451,24 @@ void DeviceKVCache::fork_sequence(int parent, int child, bool copy, void* stream
 }
 
 std::string DeviceKVCache::truncate_problem(int seq, int length) const {
-  const Impl::Sequence& s = impl_->seq(seq);
-  if (length >= 0 && length <= s.length) return "";
+  // KVCache::truncate_problem's rules and words: the next query, at position `length`, sees the positions
+  // [length - window + 1, length) (all of them without a window), and those must still be held.
+  const Impl& c = *impl_;
+  const Impl::Sequence& s = c.seq(seq);
   std::ostringstream os;
-  os << "cannot truncate sequence " << seq << " to " << length << " positions: it holds " << s.length;
+  if (length < 0 || length > s.length) {
+    os << "cannot truncate sequence " << seq << " to " << length << " positions: it holds " << s.length;
+    return os.str();
+  }
+  const int M = c.options.min_tokens, window = c.options.window;
+  const int oldest_needed = window > 0 ? std::max(0, length - window + 1) : 0;
+  const int first_block = c.first_block_pos(s);
+  const int held_from = first_block > M ? first_block : 0;
+  if (oldest_needed < held_from && length > M && length < s.length) {
+    os << "cannot truncate sequence " << seq << " to " << length << " positions: positions before " << held_from
+       << " are no longer held" << (window > 0 ? " (they left the sliding window)" : "") << ", and the next position needs them from "
+       << oldest_needed;
+  }
   return os.str();
 }
 
@@ -427,25 +479,33 @@ void DeviceKVCache::truncate(int seq, int length, void* stream) {
   Impl::Sequence& s = c.seq(seq);
   if (length == s.length) return;
   const int M = c.options.min_tokens;
-  auto pages_for = [&](int len) { return len <= M ? 0 : (len - M + c.page_tokens - 1) / c.page_tokens; };
-  const int keep = pages_for(length);
-  const size_t row = static_cast<size_t>(s.slot) * c.n_pages;
-  for (int i = keep; i < s.pages; ++i) c.release_page(c.host_page_table[row + i], stream);
+  // Logical pages [0, end) hold positions below `length`; the held ones past them go back (a rotating
+  // cache holds [first_page, end_page()), and truncate_problem let through only lengths whose next query
+  // finds its window held).
+  const int end = length <= M ? 0 : (length - M + c.page_tokens - 1) / c.page_tokens;
   std::vector<int> changes;
+  for (int i = std::max(s.first_page, end); i < s.end_page(); ++i) {
+    c.release_page(c.host_page_table[c.row_entry(s, i)], stream);
+    c.host_page_table[c.row_entry(s, i)] = -1;
+    changes.push_back(static_cast<int>(c.row_entry(s, i)));
+  }
+  s.pages = std::max(0, std::min(end, s.end_page()) - s.first_page);
+  // Back inside the sink tier with every page gone: the main tier's pages start again at min_tokens
+  // (KVCache::truncate resets first_block_pos the same way).
+  if (s.pages == 0 && length <= M) s.first_page = 0;
   // The positions left in the last kept page (and in the sink tier) are cleared; a page a fork still
   // holds is copied first, so that the fork keeps them.
-  const int clear_end = std::min(s.length, length <= M ? M : M + keep * c.page_tokens);
-  if (keep > 0 && length > M && (length - M) % c.page_tokens != 0) {
-    int& page = c.host_page_table[row + keep - 1];
+  const int clear_end = std::min(s.length, length <= M ? M : M + end * c.page_tokens);
+  if (s.pages > 0 && length > M && (length - M) % c.page_tokens != 0) {
+    int& page = c.host_page_table[c.row_entry(s, end - 1)];
     if (c.page_owners[static_cast<size_t>(page)] > 1) {
       const int own = c.take_page();
       c.copy_page(own, page, stream);
       --c.page_owners[static_cast<size_t>(page)];
       page = own;
-      changes.push_back(static_cast<int>(row + keep - 1));
+      changes.push_back(static_cast<int>(c.row_entry(s, end - 1)));
     }
   }
-  s.pages = keep;
   c.upload_page_table(changes, stream);
   std::vector<AppendToken> cleared;
   for (int pos = length; pos < clear_end; ++pos) cleared.push_back(c.destination(s, pos));
@@ -477,16 +537,27 @@ BlockDemand DeviceKVCache::demand(const std::vector<SequenceGrowth>& growth) con
   d.available = static_cast<int64_t>(c.free_pages.size());
   d.capacity = c.n_pages;
   d.block_bytes = static_cast<int64_t>(c.page_bytes);
-  const int M = c.options.min_tokens;
+  const int M = c.options.min_tokens, T = c.page_tokens;
   for (const SequenceGrowth& g : growth) {
     TQ_CHECK(g.n >= 0, "cannot append a negative number of positions");
     const Impl::Sequence& s = c.seq(g.seq);
+    // A rotating cache first gives back the pages out of the window (Impl::drop_out_of_window): those no
+    // fork shares are free again for this append.
+    Impl::Sequence kept = s;
+    if (c.options.window > 0) {
+      const int oldest_needed = s.length - c.options.window + 1;
+      while (kept.pages > 1 && c.first_block_pos(kept) + T <= oldest_needed) {
+        d.available += c.page_owners[static_cast<size_t>(c.host_page_table[c.row_entry(kept, kept.first_page)])] == 1;
+        ++kept.first_page;
+        --kept.pages;
+      }
+    }
     const int from = std::max(s.length, M), to = s.length + g.n;
     if (to <= from) continue;
-    const int first_page = (from - M) / c.page_tokens, last_page = (to - 1 - M) / c.page_tokens;
+    const int first_page = (from - M) / T, last_page = (to - 1 - M) / T;
     for (int i = first_page; i <= last_page; ++i) {
-      const bool held = i < s.pages;
-      d.needed += !held || c.page_owners[static_cast<size_t>(c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + i])] > 1;
+      const bool held = i >= kept.first_page && i < kept.end_page();
+      d.needed += !held || c.page_owners[static_cast<size_t>(c.host_page_table[c.row_entry(kept, i)])] > 1;
     }
   }
   return d;
@@ -494,6 +565,23 @@ BlockDemand DeviceKVCache::demand(const std::vector<SequenceGrowth>& growth) con
 
 bool DeviceKVCache::has_sequence(int seq) const { return impl_->seqs.count(seq) != 0; }
 int DeviceKVCache::length(int seq) const { return impl_->seq(seq).length; }
+int DeviceKVCache::first_kept(int seq) const { return impl_->first_kept(impl_->seq(seq)); }
+int DeviceKVCache::window() const { return impl_->options.window; }
+
+
+void DeviceKVCache::Impl::drop_out_of_window(Sequence& s, int next_pos, std::vector<int>& changes, void* stream) {
+  if (options.window <= 0) return;
+  // Queries from next_pos on look back at most window - 1 positions (KVCache::drop_out_of_window).
+  const int oldest_needed = next_pos - options.window + 1;
+  while (s.pages > 1 && first_block_pos(s) + page_tokens <= oldest_needed) {
+    const size_t e = row_entry(s, s.first_page);
+    release_page(host_page_table[e], stream);
+    host_page_table[e] = -1;
+    changes.push_back(static_cast<int>(e));
+    ++s.first_page;
+    --s.pages;
+  }
+}
 
 AppendToken DeviceKVCache::Impl::destination(const Sequence& s, int pos) const {
   const int M = options.min_tokens;
@@ -506,7 +594,7 @@ AppendToken DeviceKVCache::Impl::destination(const Sequence& s, int pos) const {
     t.head_stride = sink_tiles * sink_tile.bytes;
   } else {
     const int mi = pos - M, page_i = mi / page_tokens;
-    const int page = host_page_table[static_cast<size_t>(s.slot) * n_pages + page_i];
+    const int page = host_page_table[row_entry(s, page_i)];
     t.tier = 0;
     t.tok = static_cast<int16_t>(mi % kTileTokens);
     t.tile0 = (static_cast<int64_t>(page) * n_kv * tiles_per_page + (mi % page_tokens) / kTileTokens) * main_tile.bytes;
@@ -517,24 +605,25 @@ AppendToken DeviceKVCache::Impl::destination(const Sequence& s, int pos) const {
 
 void DeviceKVCache::Impl::place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream) {
   const int M = options.min_tokens;
-  const size_t row = static_cast<size_t>(s.slot) * n_pages;
   for (int i = 0; i < n; ++i) {
     const int pos = s.length + i;
     if (pos >= M) {
       const int page_i = (pos - M) / page_tokens;
-      while (s.pages <= page_i) {
-        host_page_table[row + s.pages] = take_page();
-        changes.push_back(static_cast<int>(row + s.pages));
+      TQ_CHECK(page_i < row_pages, "a sequence would reach position ", pos, ", past the ",
+               static_cast<int64_t>(row_pages) * page_tokens + M, " positions this device cache was made for (its max_tokens)");
+      while (s.end_page() <= page_i) {
+        host_page_table[row_entry(s, s.end_page())] = take_page();
+        changes.push_back(static_cast<int>(row_entry(s, s.end_page())));
         ++s.pages;
       }
-      int& page = host_page_table[row + page_i];
+      int& page = host_page_table[row_entry(s, page_i)];
       if (page_owners[static_cast<size_t>(page)] > 1) {
         // A fork still reads this page: this sequence writes into a copy of its own.
         const int own = take_page();
         copy_page(own, page, stream);
         --page_owners[static_cast<size_t>(page)];
         page = own;
-        changes.push_back(static_cast<int>(row + page_i));
+        changes.push_back(static_cast<int>(row_entry(s, page_i)));
       }
     }
     out.push_back(destination(s, pos));
@@ -589,7 +678,7 @@ TierParams DeviceKVCache::Impl::main_params() const {
   clear_bytes(t);  // padding too (kernel parameters are compared byte for byte)
   t.base = main_pool.as<uint8_t>();
   t.page_table = page_table.as<int32_t>();
-  t.page_stride = n_pages;
+  t.page_stride = row_pages;  // rows indexed by logical page
   t.tiles_per_page = tiles_per_page;
   t.tile_bytes = main_tile.bytes;
   t.first_pos = options.min_tokens;
@@ -642,15 +731,29 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   std::sort(ids.begin(), ids.end());
   TQ_CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end(), "a sequence appears twice in one append");
   const BlockDemand need = demand(growth);
+  if (need.needed > need.available && c.options.window > 0)
+    fail("the device cache of this sliding-window layer is full: appending needs ", need.needed, " more pages of ", c.page_tokens,
+         " positions, ", need.available, " are free; it holds, for each of its ", c.capacity.max_sequences, " sequences, the window of ",
+         c.options.window, " positions and appends of up to ", c.capacity.rotating_append_tokens,
+         " positions (append fewer positions at once: shorter prompt chunks)");
   TQ_CHECK(need.needed <= need.available, "the device cache is full: appending needs ", need.needed, " more pages of ", c.page_tokens,
            " positions, ", need.available, " are free");
   AppendParams p;
   clear_bytes(p);  // padding too: callers compare parameter blocks byte for byte
   p.n_kv = c.n_kv;
-  if (total == 0) return p;
+  // A rotating cache first gives back what left each sequence's window (as KVCache::append does, even
+  // for nothing appended): all of them before any page is taken, since demand() counted those pages free.
+  std::vector<int> changes;
+  for (const Span& sp : spans) {
+    Impl::Sequence& s = c.seq(sp.seq);
+    c.drop_out_of_window(s, s.length, changes, stream);
+  }
+  if (total == 0) {
+    c.upload_page_table(changes, stream);
+    return p;
+  }
   std::vector<AppendToken> tokens;
   tokens.reserve(total);
-  std::vector<int> changes;
   for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, changes, stream);
   c.upload_page_table(changes, stream);
   const size_t token_bytes = tokens.size() * sizeof(AppendToken);
@@ -717,6 +820,7 @@ DeviceKVCache::Stored DeviceKVCache::stored(int seq, int pos, int head, bool key
   out.sink = pos < M;
   const TierParams tier = out.sink ? c.sink_params() : c.main_params();
   const TileFormat& tf = out.sink ? c.sink_tile : c.main_tile;
+  TQ_CHECK(out.sink || pos >= c.first_block_pos(s), "position ", pos, " of sequence ", seq, " has left the sliding window");
   const int tier_pos = out.sink ? pos : pos - M;
   int tile = tier_pos / kTileTokens;
   const int tok = tier_pos % kTileTokens;
@@ -725,7 +829,7 @@ DeviceKVCache::Stored DeviceKVCache::stored(int seq, int pos, int head, bool key
   if (out.sink) {
     index = (static_cast<int64_t>(s.slot) * c.n_kv + head) * c.sink_tiles + tile;
   } else {
-    const int page = c.host_page_table[static_cast<size_t>(s.slot) * c.n_pages + tile / c.tiles_per_page];
+    const int page = c.host_page_table[c.row_entry(s, tile / c.tiles_per_page)];
     index = (static_cast<int64_t>(page) * c.n_kv + head) * c.tiles_per_page + tile % c.tiles_per_page;
   }
   std::vector<uint8_t> bytes(tf.bytes);
@@ -783,7 +887,7 @@ MemoryUsage DeviceKVCache::memory() const {
   const int M = c.options.min_tokens;
   for (const auto& [id, s] : c.seqs) {
     m.sink_tokens += std::min(s.length, M);
-    m.main_tokens += std::max(0, s.length - M);
+    m.main_tokens += std::max(0, s.length - std::max(M, c.first_block_pos(s)));
   }
   m.sink_bytes = m.sink_tokens * static_cast<int64_t>(c.n_kv) * 2 * 2 * c.dim;
   m.main_bytes = m.main_tokens * static_cast<int64_t>(main_bytes_per_token());

@@ -120,16 +120,24 @@ struct DeviceKVCache::Impl {
   TileFormat main_tile, sink_tile;
   int page_tokens = 0, tiles_per_page = 0, sink_tiles = 0;
   int n_pages = 0;                      // pages in the pool
+  // Page-table entries per sequence slot: the logical pages a sequence may reach. A growing cache holds
+  // logical pages [0, pages) and row_pages == n_pages; a rotating cache (options.window > 0) holds a run
+  // [first_page, first_page + pages) of them whose start moves as the window does, in a pool bounded by
+  // the window (n_pages can be far below row_pages). The kernels index a row by logical page, so they
+  // map positions onto the rotating pages through the device page table alone.
+  int row_pages = 0;
   size_t page_bytes = 0;
   DeviceBuffer main_pool, sink_pool, page_table;
-  std::vector<int32_t> host_page_table;  // [max_sequences][n_pages]
+  std::vector<int32_t> host_page_table;  // [max_sequences][row_pages]
   std::vector<int> page_owners;          // [n_pages]: sequences holding the page (forks share pages); 0 when free
   std::vector<int> free_pages;           // a stack; the next page handed out is at the back
   std::vector<int> free_slots;
   struct Sequence {
     int slot = 0;
     int length = 0;
-    int pages = 0;  // pages held
+    int first_page = 0;  // logical index of the oldest page held (> 0 only for rotating caches)
+    int pages = 0;       // pages held: logical pages [first_page, first_page + pages)
+    int end_page() const { return first_page + pages; }
   };
   std::map<int, Sequence> seqs;
   int next_id = 0;
@@ -137,11 +145,20 @@ struct DeviceKVCache::Impl {
   PinnedStaging tokens_stage, page_table_stage;  // append positions and new page ids on their way up
 
   const Sequence& seq(int id) const;
+  // Position of the first token of the sequence's oldest held page (KVCache's first_block_pos).
+  int first_block_pos(const Sequence& s) const { return options.min_tokens + s.first_page * page_tokens; }
+  // KVCache::first_kept: the oldest position still held.
+  int first_kept(const Sequence& s) const { return s.length <= options.min_tokens ? 0 : std::min(first_block_pos(s), s.length); }
+  // A rotating cache gives back the pages that the queries from next_pos on cannot see, keeping at
+  // least one (KVCache::drop_out_of_window, the same rule).
+  void drop_out_of_window(Sequence& s, int next_pos, std::vector<int>& changes, void* stream);
+  // The page-table entry of a sequence's logical page.
+  size_t row_entry(const Sequence& s, int page_i) const { return static_cast<size_t>(s.slot) * row_pages + static_cast<size_t>(page_i); }
   Sequence& seq(int id);
   TierParams main_params() const;
   TierParams sink_params() const;
   EncodeParams encode_params(const SideFormat& side, bool key, const TileFormat& tile) const;
-  // Positions [length, length + n) of a sequence: page allocation (a page another sequence still holds is
+  // Positions [length, length + n) of a sequence (a rotating cache's drop_out_of_window first): page allocation (a page another sequence still holds is
   // copied first), the changed page-table entries (queued in `changes`) and the per-token destinations of
   // the append kernel.
   void place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream);

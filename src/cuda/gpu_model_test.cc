@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,8 @@
 #include "cuda/device_cache_impl.h"
 #include "cuda/ops_kernels.h"
 #include "device/cpu_device.h"
+#include "model/gguf_export.h"
+#include "model/loader.h"
 #include "model/model_test_util.h"
 #include "model/writer.h"
 #include "ops/ops.h"
@@ -303,10 +306,14 @@ INSTANTIATE_TEST_SUITE_P(GpuModel, GoldenModels,
 
 // A prompt of n_prompt tokens in one call (all logits), then n_decode tokens one at a time, on the CPU
 // (float32 weights as stored) and on the GPU with the same KV settings, every row of logits compared.
+void compare_with_cpu(const std::string& path, const KVSettings& kv, int n_prompt, int n_decode);
 void compare_with_cpu(const std::string& path, const std::string& kv_spec, int n_prompt, int n_decode, bool fused = false) {
   SCOPED_TRACE(path + " kv " + kv_spec + (fused ? " fused" : ""));
   KVSettings kv = parse_kv_spec(kv_spec);
   kv.fused = fused;
+  compare_with_cpu(path, kv, n_prompt, n_decode);
+}
+void compare_with_cpu(const std::string& path, const KVSettings& kv, int n_prompt, int n_decode) {
   const double tolerance = kv.compressed() ? kCompressedTolerance : kTolerance;
   CpuDevice cpu_device(2);
   const auto cpu = Model::open(path, cpu_device);
@@ -342,6 +349,155 @@ TEST(GpuModel, DemoModelMatchesTheCpu) {
   TQ_REQUIRE_GPU();
   compare_with_cpu(demo_model_dir(), "f16", 30, 12);
   compare_with_cpu(demo_model_dir(), "k8v3", 30, 12, true);
+}
+
+// GPT-OSS's sliding-window layers (window 4 in the golden model) keep rotating caches on the GPU. Two
+// sequences (prompts of 40 and 23 tokens, each query with its own window) and then 160 decode steps
+// together (replayed graphs on the fused settings), 40 windows, with the sliding layer dense (the default)
+// and compressed (--kv-swa-compress), the full layer FP16 or K8/V3 (fused and standard):
+//   - against the same model on the GPU with growing caches in every layer (the sliding layer attended
+//     with its window over every position, as before the rotating cache): bit for bit the same logits;
+//   - against the CPU (its rotating caches): the median row within the BF16 tolerance (a router near-tie
+//     may switch an expert under BF16 rounding and move the rows after it by a few percent: GoldenModels).
+// Then the per-layer attention summary names the rotating cache, every call ran the path its layer asked
+// for with no fallback, and the sliding layer's pool is bounded by its window.
+TEST(GpuModel, GptOssRotatingCachesMatchGrowingCachesAndTheCpu) {
+  TQ_REQUIRE_GPU();
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-gptoss/gpt_oss_bf16";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpt-oss)";
+  struct Setting {
+    const char* spec;
+    bool fused, swa_compress;
+  };
+  CpuDevice cpu_device(2);
+  const auto cpu_model = Model::open(dir, cpu_device);
+  const int64_t V = cpu_model->vocab_size();
+  const int64_t ctx = 256;
+  for (const Setting& st : {Setting{"f16", false, false}, Setting{"k8v3", true, false}, Setting{"k8v3", true, true},
+                            Setting{"k8v4", false, true}}) {
+    KVSettings kv = parse_kv_spec(st.spec);
+    kv.fused = st.fused;
+    kv.swa_compress = st.swa_compress;
+    SCOPED_TRACE(kv.describe());
+    GpuModel rot_model(dir), grow_model(dir);
+    auto rot = testing_util::make_engine(*rot_model.model, kv, 2, ctx);
+    auto cpu = testing_util::make_engine(*cpu_model, kv, 2, ctx);
+    // The growing engine: the caches the engine would make, but with no window (kept whole).
+    std::vector<std::unique_ptr<LayerCache>> caches;
+    CacheCapacity cap;
+    cap.max_sequences = 2;
+    cap.max_tokens = 2 * ctx + 2 * 64;
+    const int block = grow_model.device->default_block_tokens();
+    for (const LayerSpec& l : grow_model.model->layer_specs()) {
+      KVCacheOptions o = l.kind == LayerKind::sliding_attention ? kv.sliding_cache_options(l.window, block) : kv.cache_options(block);
+      o.window = 0;
+      caches.push_back(grow_model.device->kv_cache(l.n_kv_heads, l.head_dim, o, kv.fused, cap));
+    }
+    EngineOptions eo;
+    eo.kv = kv;
+    eo.max_sequences = 2;
+    eo.ctx_size = ctx;
+    Engine grow(*grow_model.model, std::move(caches), eo);
+    SplitMix64 rng(29);
+    const std::vector<int32_t> tokens[2] = {testing_util::random_ids(V, 200, rng), testing_util::random_ids(V, 183, rng)};
+    const int prompt[2] = {40, 23};
+    int seq[3][2];
+    Engine* engines[3] = {rot.get(), &grow, cpu.get()};
+    for (int e = 0; e < 3; ++e)
+      for (int i = 0; i < 2; ++i) seq[e][i] = engines[e]->add_sequence();
+    std::vector<double> cpu_errors;
+    for (int step = 0; step <= 160; ++step) {
+      std::vector<float> logits[3];
+      for (int e = 0; e < 3; ++e) {
+        std::vector<BatchEntry> batch;
+        for (int i = 0; i < 2; ++i) {
+          const int pos = step == 0 ? 0 : prompt[i] + step - 1;
+          const int n = step == 0 ? prompt[i] : 1;
+          batch.push_back({seq[e][i], std::span<const int32_t>(tokens[i].data() + pos, static_cast<size_t>(n)), pos,
+                           step == 0 ? Logits::all : Logits::last});
+        }
+        engines[e]->forward(batch);
+        logits[e] = engines[e]->logits();
+      }
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      ASSERT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)))
+          << "the rotating caches' logits differ from the growing caches' at step " << step;
+      for (size_t r = 0; r < logits[0].size() / static_cast<size_t>(V); ++r)
+        cpu_errors.push_back(relative_error(logits[0].data() + r * V, logits[2].data() + r * V, V));
+    }
+    std::sort(cpu_errors.begin(), cpu_errors.end());
+    const double median = cpu_errors[cpu_errors.size() / 2], largest = cpu_errors.back();
+    std::printf("  %s: against the CPU median %.4f, largest %.4f over %zu rows\n", kv.describe().c_str(), median, largest,
+                cpu_errors.size());
+    EXPECT_LT(median, kv.compressed() ? kCompressedTolerance : kTolerance);
+    const auto report = rot->attention_report();
+    const auto memory = rot->layer_memory(), grow_memory = grow.layer_memory();
+    ASSERT_EQ(report.size(), 2u);
+    EXPECT_NE(report[0].cache.find("rotating(window 4)"), std::string::npos) << report[0].cache;
+    EXPECT_EQ(report[1].cache.find("rotating"), std::string::npos) << report[1].cache;
+    const bool layer_fused[2] = {!st.swa_compress || st.fused, st.fused || !kv.compressed()};  // dense caches attend fused
+    for (size_t l = 0; l < 2; ++l) {
+      std::printf("    layer %zu: %s, %lld positions held (growing: %lld), %.3f MiB allocated (growing: %.3f), fused %lld standard %lld\n",
+                  l, report[l].cache.c_str(), static_cast<long long>(memory[l].main_tokens + memory[l].sink_tokens),
+                  static_cast<long long>(grow_memory[l].main_tokens + grow_memory[l].sink_tokens), memory[l].allocated_bytes / 1048576.0,
+                  grow_memory[l].allocated_bytes / 1048576.0, static_cast<long long>(report[l].stats.fused),
+                  static_cast<long long>(report[l].stats.standard));
+      EXPECT_EQ(report[l].stats.fused > 0, layer_fused[l]) << "layer " << l;
+      EXPECT_EQ(report[l].stats.standard > 0, !layer_fused[l]) << "layer " << l;
+      EXPECT_EQ(report[l].stats.fused_fallbacks, 0) << "layer " << l;
+    }
+    // Decode steps are replayed from graphs whenever every layer attends fused (the window's pages move
+    // between replays: the plan and the page table are device data).
+    const StepStats steps = rot->step_stats();
+    std::printf("    decode steps: %lld replayed (%lld captures), %lld eager\n", static_cast<long long>(steps.replays),
+                static_cast<long long>(steps.captures), static_cast<long long>(steps.eager_steps));
+    if (layer_fused[0] && layer_fused[1]) {
+      EXPECT_GT(steps.replays, 100) << steps.eager_reason;
+    }
+    // 2 sequences of 199 and 182 positions: the sliding layer holds its window and at most two pages each.
+    EXPECT_LE(memory[0].main_tokens, 2 * (4 + 2 * 64)) << "the sliding layer holds its window and at most two pages";
+    EXPECT_EQ(grow_memory[0].main_tokens, 200 + 183);
+    EXPECT_EQ(memory[1].main_tokens + memory[1].sink_tokens, 200 + 183);
+  }
+}
+
+// The sliding layer's pool on the GPU is bounded by its window, not by the context: GPT-OSS's golden model
+// in an engine of two sequences of 8192 positions.
+TEST(GpuModel, GptOssSlidingLayerPoolIsBoundedByTheWindow) {
+  TQ_REQUIRE_GPU();
+  const std::string dir = std::string(TQ_SOURCE_DIR) + "/tests/fixtures/golden-gptoss/gpt_oss_bf16";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " is absent (tools/fixtures/make_golden_models.py --gpt-oss)";
+  GpuModel gpu(dir);
+  KVSettings kv = parse_kv_spec("k8v3");
+  kv.fused = true;
+  kv.swa_compress = true;  // the same format in both layers: the pools compare page for page
+  auto engine = testing_util::make_engine(*gpu.model, kv, 2, 8192);
+  SplitMix64 rng(3);
+  const auto tokens = testing_util::random_ids(gpu.model->vocab_size(), 300, rng);
+  const int s = engine->add_sequence();
+  for (int i = 0; i < 300; i += 20) {
+    BatchEntry e{s, std::span<const int32_t>(tokens.data() + i, 20), -1, Logits::last};
+    engine->forward({&e, 1});
+  }
+  const auto memory = engine->layer_memory();
+  std::printf("  sliding layer: %lld positions held, %.3f MiB allocated; full layer: %lld positions, %.3f MiB allocated\n",
+              static_cast<long long>(memory[0].main_tokens), memory[0].allocated_bytes / 1048576.0,
+              static_cast<long long>(memory[1].main_tokens + memory[1].sink_tokens), memory[1].allocated_bytes / 1048576.0);
+  EXPECT_LE(memory[0].main_tokens, 4 + 2 * 64);
+  EXPECT_EQ(memory[1].main_tokens + memory[1].sink_tokens, 300);
+  // 2 x rotating_pages_per_sequence(4, 64, 1024) = 36 pages against 257 for the full layer.
+  EXPECT_LT(memory[0].allocated_bytes * 4, memory[1].allocated_bytes) << "the sliding layer's pool should be sized by its window";
+}
+
+// A GGUF with ggml k-quant matrices (the demo model exported as Q4_K / Q6_K) is refused at load by name.
+TEST(GpuModel, KquantGgufIsRefusedAtLoad) {
+  TQ_REQUIRE_GPU();
+  testing_util::ScratchDir dir("gpu_kquant");
+  const ModelFiles hf = open_model(demo_model_dir());
+  write_llama_gguf(hf, dir.file("q4k.gguf"), LlamaGgufOptions{});
+  auto device = cuda::make_cuda_device();
+  testing_util::expect_error([&] { Model::open(dir.file("q4k.gguf"), *device); },
+                             {"k-quant", "not supported by the CUDA backend", "--device cpu"});
 }
 
 TEST(GpuModel, TqLlamaHd128Fp16Cache) {

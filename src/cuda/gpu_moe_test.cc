@@ -45,6 +45,23 @@ using gpu_test::DeviceRows;
 // path), against the row's largest output; a wrong expert, weight, clamp or bias moves outputs by 1e-3 or more.
 constexpr double kTolerance = 1e-5;
 
+// The grouped_mma path (moe_kernels::Path::grouped_mma, what `automatic` runs for prompts: more than
+// kDecodePairs pairs) rounds the activations to BF16 for the tensor cores: x (exact here: the grid inputs
+// are multiples of 1/16 below 2 in magnitude, 6 significant bits, so float32 and BF16 x are the same) and
+// h, the SwiGLU output, before the down product. Round to nearest gives h_i (1 + d_i) with |d_i| <= u =
+// 2^-8 (BF16 holds 8 significant bits: 7 stored and the implicit one); the weights are exact and the rest is float32 (~1e-6 of the output). So an output's error is
+//   err_c = sum_j w_j sum_i d_ji h_ji down_j[c][i],  against  want_c = sum_j w_j sum_i h_ji down_j[c][i] + bias.
+// Over a row's H outputs (random weights: sum_c down[c][i] down[c][i'] ~ 0 for i != i', up to 1/sqrt(H)),
+//   sum_c err_c^2 / sum_c want_c^2 <= (sum_ji d_ji^2 (w_j h_ji)^2) / (sum_ji (w_j h_ji)^2) <= u^2:
+// a weighted mean of d^2, so a row's rms error over its rms output is at most u = 2^-8 = 3.9e-3 (about
+// 0.42 u expected: the rms of d over mantissas spread log-uniformly; the H200 measured up to 3.1e-3, 0.8 u,
+// on 16-row calls of few experts, where the cross terms the bound neglects are largest). kMmaRms is u itself; a missing bias,
+// a wrong clamp, expert or weight moves a row's rms by 1e-2 or more. The largest error of a row against
+// its largest output (row_error) is, the errors being sums of thousands of terms (Gaussian-like), about
+// 4 rms(err) against at least 3 rms(want) here: kMmaMax = 3 u leaves room for it.
+constexpr double kMmaRms = 1.0 / 256;
+constexpr double kMmaMax = 3.0 / 256;
+
 
 MoeOptions options(int k, bool accumulate = false) {
   MoeOptions o;
@@ -97,12 +114,40 @@ double row_error(const std::vector<float>& got, const std::vector<T>& want, int 
   return scale > 0 ? err / scale : err;
 }
 
+// Row t's rms error against `want` over the row's rms of want.
+template <typename T>
+double row_rms_error(const std::vector<float>& got, const std::vector<T>& want, int t, int H) {
+  double num = 0, den = 0;
+  for (int j = 0; j < H; ++j) {
+    const size_t at = static_cast<size_t>(t * H + j);
+    const double d = static_cast<double>(got[at]) - static_cast<double>(want[at]);
+    num += d * d;
+    den += static_cast<double>(want[at]) * static_cast<double>(want[at]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Every row of a grouped_mma result within the BF16 activations' bounds (kMmaRms, kMmaMax); returns the
+// worst rms ratio seen (for the record).
+template <typename T>
+double expect_mma_close(const std::vector<float>& got, const std::vector<T>& want, int rows, int H, const char* against) {
+  double worst = 0;
+  for (int t = 0; t < rows; ++t) {
+    const double rms = row_rms_error(got, want, t, H);
+    worst = std::max(worst, rms);
+    EXPECT_LE(rms, kMmaRms) << "row " << t << " against " << against << " (rms)";
+    EXPECT_LE(row_error(got, want, t, H), kMmaMax) << "row " << t << " against " << against << " (largest)";
+  }
+  return worst;
+}
+
 struct Shape {
   int E, k, H, I;
 };
 
 // Every format, expert count, top k and shape of the brief through both paths (1 and 3 rows: the decode
-// kernels; 64: grouped by expert), float32 and BF16 input, with and without the residual. The layers have the
+// kernels; 64: grouped by expert, on tensor cores where the GPU has them, within kMmaRms and kMmaMax
+// there), float32 and BF16 input, with and without the residual. The layers have the
 // routing ties of make_layer (experts 1 and 3 alike; zero rows decided by the biases' ties) and gates biased
 // to -20, which must not be clipped.
 TEST(GpuMoe, MatchesTheScalarReferenceAndTheCpu) {
@@ -136,9 +181,14 @@ TEST(GpuMoe, MatchesTheScalarReferenceAndTheCpu) {
             std::vector<double> want_out(want), cpu_out(on_cpu.begin(), on_cpu.end());
             if (accumulate)
               for (size_t i = 0; i < want_out.size(); ++i) want_out[i] += residual[i], cpu_out[i] += residual[i];
-            for (int t = 0; t < rows; ++t) {
-              EXPECT_LE(row_error(got, want_out, t, s.H), kTolerance) << "row " << t << " against the double reference";
-              EXPECT_LE(row_error(got, cpu_out, t, s.H), kTolerance) << "row " << t << " against the CPU";
+            if (moe_kernels::automatic_path(rows, s.k, moe_kernels::device_has_tensor_cores()) == moe_kernels::Path::grouped_mma) {
+              expect_mma_close(got, want_out, rows, s.H, "the double reference");
+              expect_mma_close(got, cpu_out, rows, s.H, "the CPU");
+            } else {
+              for (int t = 0; t < rows; ++t) {
+                EXPECT_LE(row_error(got, want_out, t, s.H), kTolerance) << "row " << t << " against the double reference";
+                EXPECT_LE(row_error(got, cpu_out, t, s.H), kTolerance) << "row " << t << " against the CPU";
+              }
             }
           }
         }
@@ -148,14 +198,15 @@ TEST(GpuMoe, MatchesTheScalarReferenceAndTheCpu) {
   EXPECT_EQ(cases, 2 * 5 * 3 * 2 * 2);
 }
 
-// A row's output does not depend on the batch it comes in or on the path: 64 rows (grouped by expert) give
-// the bits of each row alone (the decode kernels), as on the CPU; an input that is columns of a wider tensor
-// gives the same bits as a packed one.
+// A row's output does not depend on the batch it comes in: 16 rows of top 4 (kDecodePairs pairs, the decode
+// kernels; EveryPathGivesTheSameBits has the grouped FP32 kernels' bits equal to theirs) give the bits of
+// each row alone, as on the CPU; an input that is columns of a wider tensor gives the same bits as a packed
+// one. (More rows take the tensor cores: MmaRowsDoNotDependOnTheBatch.)
 TEST(GpuMoe, RowsAloneEqualTheBatchBitForBit) {
   TQ_REQUIRE_GPU();
   auto gpu = make_cuda_device();
   for (const ops::DType dtype : {ops::DType::MXFP4, ops::DType::BF16}) {
-    const int E = 32, k = 4, H = 128, I = 96, rows = 64;
+    const int E = 32, k = 4, H = 128, I = 96, rows = moe_kernels::kDecodePairs / k;
     const Layer L = make_layer(E, H, I, dtype, 77);
     const Moe m = gpu->moe_experts(L.weights(), "experts");
     const auto x = grid_input(rows, H, 5);
@@ -218,7 +269,8 @@ TEST(GpuMoe, DecodePathMatchesTheCpu) {
       const Moe on_cpu = cpu.moe_experts(w, "experts");
       for (const int rows : row_counts) {
         const bool decode = rows * s.k <= mk::kDecodePairs;
-        EXPECT_EQ(mk::automatic_path(rows, s.k), decode ? mk::Path::decode : mk::Path::grouped) << rows << " rows of top " << s.k;
+        const mk::Path prompt_path = mk::device_has_tensor_cores() ? mk::Path::grouped_mma : mk::Path::grouped;
+        EXPECT_EQ(mk::automatic_path(rows, s.k, mk::device_has_tensor_cores()), decode ? mk::Path::decode : prompt_path) << rows << " rows of top " << s.k;
         const auto x = grid_input(rows, s.H, 70 + static_cast<uint64_t>(rows));
         const MoeOptions o = c.qwen ? qwen_options(s.k) : options(s.k);
         const auto want = cpu_moe_with(cpu, on_cpu, x, rows, o);
@@ -238,7 +290,11 @@ TEST(GpuMoe, DecodePathMatchesTheCpu) {
           std::vector<double> want_out(want.begin(), want.end());
           if (accumulate)
             for (size_t i = 0; i < want_out.size(); ++i) want_out[i] += residual[i];
-          for (int t = 0; t < rows; ++t) EXPECT_LE(row_error(got, want_out, t, s.H), tolerance) << "row " << t << " against the CPU";
+          if (!decode && prompt_path == mk::Path::grouped_mma) {
+            expect_mma_close(got, want_out, rows, s.H, "the CPU");
+          } else {
+            for (int t = 0; t < rows; ++t) EXPECT_LE(row_error(got, want_out, t, s.H), tolerance) << "row " << t << " against the CPU";
+          }
           decode_calls += decode;
         }
       }
@@ -320,6 +376,168 @@ TEST(GpuMoe, EveryPathGivesTheSameBits) {
       }
     }
   }
+}
+
+// A layer for the tensor-core tests: make_layer's, with the router scaled by 1/64 (its logits, exact in
+// float still: integers times 2^-10 below 2^19, spread by ~2 rather than ~120, so the top k's weights are
+// all well above zero and the combine is exercised) and biases that make the loads uneven: expert 0 (+3)
+// takes many rows (several tiles), expert 5 (-1000) none.
+Layer uneven_layer(int E, int H, int I, ops::DType dtype, uint64_t seed) {
+  Layer L = make_layer(E, H, I, dtype, seed);
+  for (auto& r : L.router) r = f32_to_bf16_bits(bf16_bits_to_f32(r) / 64.0f);
+  L.router_bias[0] += 3.0f;
+  if (E > 5) L.router_bias[5] = -1000.0f;
+  return L;
+}
+
+// The pairs each expert gets for x (the reference's routing: exact logits, stable sort).
+std::vector<int> expert_loads(const Layer& L, const std::vector<float>& x, int rows, int k) {
+  std::vector<int> load(static_cast<size_t>(L.E), 0);
+  for (int t = 0; t < rows; ++t) {
+    std::vector<double> logits(static_cast<size_t>(L.E));
+    for (int e = 0; e < L.E; ++e) {
+      double s = L.router_bias[static_cast<size_t>(e)];
+      for (int c = 0; c < L.H; ++c) s += bf16_bits_to_f32(L.router[static_cast<size_t>(e * L.H + c)]) * static_cast<double>(x[static_cast<size_t>(t * L.H + c)]);
+      logits[static_cast<size_t>(e)] = s;
+    }
+    std::vector<int> order(static_cast<size_t>(L.E));
+    for (int e = 0; e < L.E; ++e) order[static_cast<size_t>(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+    for (int j = 0; j < k; ++j) ++load[static_cast<size_t>(order[static_cast<size_t>(j)])];
+  }
+  return load;
+}
+
+// One moe_kernels::moe call on a chosen path: out (NaN first, or `residual` when accumulating), read back.
+std::vector<float> kernel_moe(const KernelLayer& K, const std::vector<float>& x, int rows, int k, ActType type, const MoeOptions& o,
+                              moe_kernels::Path path, const std::vector<float>& residual = {}, int64_t x_stride = 0) {
+  const int H = K.layer.hidden;
+  if (x_stride == 0) x_stride = H;
+  const DeviceRows dx(x, rows, H, type, x_stride);
+  const bool accumulate = !residual.empty();
+  const DeviceRows dout(accumulate ? residual : std::vector<float>(static_cast<size_t>(rows) * H, std::numeric_limits<float>::quiet_NaN()), rows, H,
+                        ActType::f32);
+  DeviceBuffer scratch(moe_kernels::scratch_bytes(K.layer, rows, k));
+  moe_kernels::moe(K.layer, dx.tensor.data, type == ActType::bf16, x_stride, rows, static_cast<float*>(dout.tensor.data), H, k, o.limit, o.alpha,
+                   o.up_offset, accumulate, scratch.get(), nullptr, path);
+  return dout.read();
+}
+
+// The tensor-core path against CpuDevice::moe (float32 throughout) at GPT-OSS-20B's expert shape (32
+// experts of 2880 x 2880, top 4; 2880 = 22.5 column blocks of 128 for down, 90 k-steps of 32) and a small
+// odd one (H 96 and 2I 320: partial column blocks), MXFP4 and BF16, the clamped SwiGLU (GPT-OSS) and the
+// plain one (Qwen3.5-MoE), for 17, 64, 300 and 1000 rows (uneven loads: an expert with many tiles, the last
+// one partial; an expert with none) and a few rows (tiles of one or two slots). Within kMmaRms / kMmaMax;
+// float32 and BF16 x give the same bits (the grid is exact in BF16); accumulating adds the residual.
+TEST(GpuMoe, GroupedMmaMatchesTheCpu) {
+  TQ_REQUIRE_GPU();
+  namespace mk = moe_kernels;
+  if (!mk::device_has_tensor_cores()) GTEST_SKIP() << "no BF16 tensor cores on this GPU";
+  CpuDevice cpu(8);
+  struct Case {
+    ops::DType dtype;
+    Shape s;
+    bool qwen;
+    std::vector<int> rows;
+  };
+  const Case cases[] = {
+      {ops::DType::MXFP4, {32, 4, 2880, 2880}, false, {17, 64, 300, 1000}},
+      {ops::DType::MXFP4, {32, 4, 2880, 2880}, true, {17, 300}},
+      {ops::DType::BF16, {32, 4, 2880, 2880}, false, {64, 300}},
+      {ops::DType::BF16, {32, 4, 2880, 2880}, true, {17, 300}},
+      {ops::DType::MXFP4, {8, 2, 96, 160}, false, {3, 17, 300}},
+      {ops::DType::BF16, {8, 2, 96, 160}, true, {3, 17, 300}},
+  };
+  for (const Case& c : cases) {
+    const Shape s = c.s;
+    const Layer L = uneven_layer(s.E, s.H, s.I, c.dtype, 4000 + static_cast<uint64_t>(s.H + c.qwen));
+    const KernelLayer K(L);
+    const Moe on_cpu = cpu.moe_experts(L.weights(), "experts");
+    const MoeOptions o = c.qwen ? qwen_options(s.k) : options(s.k);
+    for (const int rows : c.rows) {
+      SCOPED_TRACE(std::string(ops::dtype_name(c.dtype)) + " E " + std::to_string(s.E) + " k " + std::to_string(s.k) + " H " + std::to_string(s.H) +
+                   " I " + std::to_string(s.I) + (c.qwen ? " plain SwiGLU" : " clamped") + " rows " + std::to_string(rows));
+      const auto x = grid_input(rows, s.H, 90 + static_cast<uint64_t>(rows));
+      if (rows * s.k > mk::kDecodePairs) {
+        EXPECT_EQ(mk::automatic_path(rows, s.k, true), mk::Path::grouped_mma);
+      }
+      const std::vector<int> load = expert_loads(L, x, rows, s.k);
+      if (s.E > 5) {
+        EXPECT_EQ(load[5], 0) << "expert 5 should get no rows";
+      }
+      if (rows >= 300) {
+        EXPECT_GT(*std::max_element(load.begin(), load.end()), mk::kMmaTileRows) << "an expert should get more than a tile";
+        EXPECT_TRUE(std::any_of(load.begin(), load.end(), [](int n) { return n % mk::kMmaTileRows != 0; }));
+      }
+      const auto want = cpu_moe_with(cpu, on_cpu, x, rows, o);
+      const auto got = kernel_moe(K, x, rows, s.k, ActType::f32, o, mk::Path::grouped_mma);
+      const double worst = expect_mma_close(got, want, rows, s.H, "the CPU");
+      std::printf("grouped_mma %s %s E %d H %d I %d, %4d rows: worst row rms error %.2e (bound %.2e)\n", ops::dtype_name(c.dtype),
+                  c.qwen ? "plain " : "clamped", s.E, s.H, s.I, rows, worst, kMmaRms);
+      const auto again = kernel_moe(K, x, rows, s.k, ActType::f32, o, mk::Path::grouped_mma);
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "two runs differ";
+      const auto from_bf16 = kernel_moe(K, x, rows, s.k, ActType::bf16, o, mk::Path::grouped_mma);
+      EXPECT_EQ(std::memcmp(got.data(), from_bf16.data(), got.size() * 4), 0) << "BF16 x differs from the same float32 x";
+      std::vector<float> residual(static_cast<size_t>(rows) * s.H);
+      SplitMix64 rng(static_cast<uint64_t>(rows) + 17);
+      for (auto& v : residual) v = static_cast<float>(rng.normal());
+      const auto summed = kernel_moe(K, x, rows, s.k, ActType::f32, o, mk::Path::grouped_mma, residual);
+      for (size_t i = 0; i < summed.size(); ++i) ASSERT_EQ(summed[i], residual[i] + got[i]) << "accumulated value " << i;
+    }
+  }
+}
+
+// A row's grouped_mma output does not depend on the other rows of the call: the first 64 rows alone (4 per
+// expert on average: small tiles) and within 300 rows (other tiles, other slots) give the same bits, and so
+// does an input whose rows are H + 32 elements apart.
+TEST(GpuMoe, MmaRowsDoNotDependOnTheBatch) {
+  TQ_REQUIRE_GPU();
+  namespace mk = moe_kernels;
+  if (!mk::device_has_tensor_cores()) GTEST_SKIP() << "no BF16 tensor cores on this GPU";
+  for (const ops::DType dtype : {ops::DType::MXFP4, ops::DType::BF16}) {
+    SCOPED_TRACE(ops::dtype_name(dtype));
+    const int E = 32, k = 4, H = 256, I = 160, rows = 300, part = 64;
+    const Layer L = uneven_layer(E, H, I, dtype, 31);
+    const KernelLayer K(L);
+    const auto x = grid_input(rows, H, 8);
+    const MoeOptions o = options(k);
+    const auto all = kernel_moe(K, x, rows, k, ActType::bf16, o, mk::Path::grouped_mma);
+    const std::vector<float> first(x.begin(), x.begin() + part * H);
+    const auto some = kernel_moe(K, first, part, k, ActType::bf16, o, mk::Path::grouped_mma);
+    EXPECT_EQ(std::memcmp(some.data(), all.data(), some.size() * 4), 0) << "the first " << part << " rows differ from the same rows among " << rows;
+    const auto strided = kernel_moe(K, x, rows, k, ActType::f32, o, mk::Path::grouped_mma, {}, H + 32);
+    EXPECT_EQ(std::memcmp(strided.data(), all.data(), all.size() * 4), 0) << "strided input";
+  }
+}
+
+// MXFP4 blocks with every kind of E8M0 scale: 0 (2^-127, subnormal in float), 1, 2 (the smallest whose
+// values are all normal), moderate ones, and 240 (2^113: gate and up sums near 1e36, clamped by the
+// SwiGLU) in gate_up; 0, 1, 127 and 140 in down. The scale multiplies each block's float partial sum, so
+// none needs to fit BF16 (which has float's exponent range: a value of a scale 253 or more overflows
+// both, float's dequantization as well). Against the CPU within the same bounds.
+TEST(GpuMoe, GroupedMmaTakesEveryScale) {
+  TQ_REQUIRE_GPU();
+  namespace mk = moe_kernels;
+  if (!mk::device_has_tensor_cores()) GTEST_SKIP() << "no BF16 tensor cores on this GPU";
+  const int E = 8, k = 2, H = 128, I = 96, rows = 100;
+  Layer L = uneven_layer(E, H, I, ops::DType::MXFP4, 55);
+  // gate_up's scales keep h a normal number: the tensor cores flush BF16 subnormals (an h below 2^-126 from
+  // scales of 2^-125 and less is outside the bound's premise, and outside every real checkpoint's range).
+  // The down product's scales go down to 2^-127: they multiply float32 partials, exact at any exponent.
+  const uint8_t gate_up_scales[] = {40, 90, 100, 118, 122, 127, 133, 240};
+  const uint8_t down_scales[] = {0, 1, 127, 140, 120, 124};
+  SplitMix64 rng(3);
+  for (auto& e : L.gate_up_scales) e = gate_up_scales[rng.next() % 8];
+  for (auto& e : L.down_scales) e = down_scales[rng.next() % 6];
+  const KernelLayer K(L);
+  CpuDevice cpu(4);
+  const Moe on_cpu = cpu.moe_experts(L.weights(), "experts");
+  const auto x = grid_input(rows, H, 21);
+  const MoeOptions o = options(k);
+  const auto want = cpu_moe_with(cpu, on_cpu, x, rows, o);
+  for (const float v : want) ASSERT_TRUE(std::isfinite(v)) << "the layer should stay finite";
+  const auto got = kernel_moe(K, x, rows, k, ActType::f32, o, mk::Path::grouped_mma);
+  expect_mma_close(got, want, rows, H, "the CPU");
 }
 
 // Ties go to the lower index and the weights are a softmax over the chosen logits only: experts that only add

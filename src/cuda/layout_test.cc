@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "codec/group_quantizer.h"
 #include "codec/packing.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/encode_rule.h"
 #include "cuda/layout.h"
 #include "cuda/plan.h"
@@ -623,6 +624,46 @@ TEST(CudaPlan, BadRequestsSayWhatIsWrong) {
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("append"), std::string::npos) << e.what();
+  }
+}
+
+
+// The pool of a rotating device cache (DeviceCacheCapacity::rotating_append_tokens) holds, per sequence,
+// rotating_pages_per_sequence pages. The device cache drops pages by the CPU rotating cache's rule, so the
+// CPU cache's blocks, over random appends of up to `append` positions (and truncates), bound it: never more
+// than the formula, and the formula is reached (it is not loose by a page).
+TEST(CudaRotatingCache, PagesPerSequenceBoundTheCpuRotatingCache) {
+  SplitMix64 rng(77);
+  struct Config {
+    int window, block, append, min_tokens;
+  };
+  const Config configs[] = {{128, 64, 1, 0},  {128, 64, 64, 0}, {128, 64, 1024, 0}, {100, 64, 37, 0}, {4, 64, 1, 0},
+                            {1, 16, 1, 0},    {1, 16, 20, 0},   {16, 16, 16, 0},    {200, 32, 300, 5}, {64, 64, 1, 20},
+                            {130, 16, 7, 0}};
+  for (const Config& cf : configs) {
+    SCOPED_TRACE(::testing::Message() << "window " << cf.window << " block " << cf.block << " append " << cf.append << " sink "
+                                      << cf.min_tokens);
+    KVCacheOptions o;
+    o.window = cf.window;
+    o.block_tokens = cf.block;
+    o.min_tokens = cf.min_tokens;
+    KVCache cpu(1, 16, o);
+    const int seq = cpu.add_sequence();
+    const int64_t bound = rotating_pages_per_sequence(cf.window, cf.block, cf.append);
+    std::vector<float> kv(static_cast<size_t>(cf.append) * 16, 0.25f);
+    int64_t most = 0;
+    for (int step = 0; step < 400; ++step) {
+      // Mostly full-size appends (the worst case), some shorter, an occasional truncate the cache allows.
+      const int n = rng.next() % 3 == 0 ? 1 + static_cast<int>(rng.next() % cf.append) : cf.append;
+      cpu.append(seq, kv.data(), kv.data(), n);
+      most = std::max(most, cpu.memory().blocks_in_use);
+      ASSERT_LE(cpu.memory().blocks_in_use, bound) << "after appending " << n << " positions at length " << cpu.length(seq) - n;
+      if (rng.next() % 16 == 0) {
+        const int back = cpu.length(seq) - static_cast<int>(rng.next() % 8);
+        if (back >= 0 && cpu.truncate_problem(seq, back).empty()) cpu.truncate(seq, back);
+      }
+    }
+    EXPECT_EQ(most, bound) << "the bound is looser than the cache's worst case";
   }
 }
 

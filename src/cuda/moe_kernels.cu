@@ -474,8 +474,10 @@ __global__ void select_kernel(const float* __restrict__ logits, int E, int k, in
 constexpr int kGroupThreads = 1024;
 
 // Counts the pairs per expert, scans, scatters each pair into its expert's slots and cuts each expert's
-// slots into tiles of at most T. The order of the slots within an expert (the atomics') changes no value:
-// each slot's products depend on its row and expert alone, and the outputs are summed by pair.
+// slots into tiles of at most T (kTileRows for grouped, kMmaTileRows for grouped_mma). The order of the
+// slots within an expert (the atomics') changes no value: each slot's products depend on its row and
+// expert alone, and the outputs are summed by pair.
+template <int T>
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ chosen, int pairs, int E, Tiles tiles) {
   __shared__ int count[kMaxExperts];   // pairs per expert, then the next free slot
   __shared__ int offset[kMaxExperts];  // the expert's first slot
@@ -490,17 +492,17 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
       offset[e] = slots;
       tile0[e] = n;
       slots += count[e];
-      n += (count[e] + kTileRows - 1) / kTileRows;
+      n += (count[e] + T - 1) / T;
     }
     *tiles.tiles = n;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    for (int i = 0; i * kTileRows < count[e]; ++i) {
+    for (int i = 0; i * T < count[e]; ++i) {
       const int t = tile0[e] + i;
       tiles.expert[t] = e;
-      tiles.first[t] = offset[e] + i * kTileRows;
-      tiles.count[t] = min(kTileRows, count[e] - i * kTileRows);
+      tiles.first[t] = offset[e] + i * T;
+      tiles.count[t] = min(T, count[e] - i * T);
     }
   }
   __syncthreads();
@@ -586,6 +588,337 @@ __global__ void combine_kernel(const float* __restrict__ y, const float* __restr
     }
     float* o = out + static_cast<int64_t>(row) * out_stride + c;
     *o = accumulate ? __fadd_rn(*o, sum) : sum;
+  }
+}
+
+// ---- grouped_mma: the tiles' products on tensor cores (mma.sync m16n8k16, BF16 in, FP32 accumulate)
+//
+// A block computes one tile (at most kMmaTileRows slots of one expert, rows m) times kMmaCols consecutive
+// rows n of the expert's matrix (the product's columns), walking K (H for gate_up, I for down) in steps of
+// kMmaK = 32 values, one MXFP4 block. Per step the block stages, double-buffered in shared memory, the
+// tile's activations A [64 m][32 k] and the weights W [128 n][32 k], both BF16 (rows padded to kMmaPitch),
+// and MXFP4's 128 block scales as floats. Eight warps in a 2 x 4 grid each own 32 m x 32 n of the output:
+// 2 x 4 mma tiles of 16 x 8, fed by ldmatrix. Values:
+//   - MXFP4 codes are E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives: at most 2 significant
+//     bits), exact in BF16; they go into the products without their scale. The block's 32 products are
+//     summed by the tensor cores into a fresh partial (FP32), and the partial times the block's scale
+//     2^(e - 127), a float, is added to the running total (fmaf): the product then holds every scale E8M0
+//     can write (2^-127 .. 2^127, NaN for 255) exactly, none of which needs to fit BF16's range. (With the
+//     scale folded into the BF16 weight, 6 * 2^(e - 127) overflows BF16 for e >= 253 and is subnormal below
+//     e = 2.)
+//   - BF16 experts are exact in BF16; their products accumulate straight into the total.
+//   - The activations are rounded to BF16 (round to nearest even): x when it comes as float32 (a BF16 x is
+//     taken as it is) and h, the SwiGLU's output, which the gate_up kernel writes as BF16 for the down
+//     kernel. That is the only rounding beyond FP32 accumulation: a relative error of at most 2^-8 per
+//     activation value (gpu_moe_test.cc derives the tolerance on the output from it).
+// The bias, the clamped SwiGLU (clamped_swiglu, the other paths' function) and the combine are float32
+// as on the other paths; y is written per pair and combine_kernel sums each row's pairs in index order.
+// Deterministic: no atomics in the arithmetic, and the sums along K run in a fixed order whatever the
+// tile's other rows are.
+
+constexpr int kMmaCols = 128;  // rows n of the weight matrix per block
+constexpr int kMmaK = 32;      // values of K per step: one MXFP4 block
+constexpr int kMmaPitch = kMmaK + 8;  // BF16 per staged row: 80 bytes, so the 8 row addresses of an ldmatrix
+                                      // 8x8 matrix (0, 80, ..., 560 mod 128) hit 8 different 16-byte bank groups
+constexpr int kMmaThreads = 256;      // 8 warps: 2 along m (32 rows each) x 4 along n (32 each)
+static_assert(kMmaTileRows == 64 && kMmaCols == 128 && kMmaThreads == 256, "the loaders below assume these");
+
+struct MmaShared {
+  __nv_bfloat16 a[2][kMmaTileRows][kMmaPitch];  // [buffer][m][k]: the tile's activations, BF16
+  __nv_bfloat16 w[2][kMmaCols][kMmaPitch];      // [buffer][n][k]: the weights, BF16 (MXFP4: without the scale)
+  float scale[2][kMmaCols];                     // [buffer][n]: MXFP4 only, the block's scale
+};
+
+// Four 8x8 BF16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8; lane l
+// receives row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of each, r[j] of matrix j (the mma fragment order).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p)))
+               : "memory");
+#else
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();  // grouped_mma is never launched below compute capability 8.0 (moe() checks)
+#endif
+}
+
+// d += a . b: A 16 x 16 (row-major fragments a0..a3), B 16 x 8 (column fragments b0, b1), D 16 x 8 floats.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// The activations' staging. Thread t takes, of each step, 16 bytes or two float4 of the tile's rows:
+// float32 x: row t / 8 and t / 8 + 32, values 4 (t % 8) .. + 3 (rounded to BF16 when stored); BF16 (x or
+// h): row t / 4, values 8 (t % 4) .. + 7. Rows past the tile's count are zeros (their outputs are never
+// written; the zeros keep the staged tile free of stale values).
+template <typename X>
+struct MmaA;
+
+template <>
+struct MmaA<float> {
+  const float* row[2];  // the two rows' first values, nullptr past the tile
+  float4 v[2];
+  __device__ void load(int step) {
+    const int c = (threadIdx.x & 7) * 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) v[j] = row[j] ? __ldg(reinterpret_cast<const float4*>(row[j] + step * kMmaK + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __device__ void store(MmaShared& s, int buf) const {
+    const int m = threadIdx.x >> 3, c = (threadIdx.x & 7) * 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint2 q;
+      q.x = bf16_pair(v[j].x, v[j].y);
+      q.y = bf16_pair(v[j].z, v[j].w);
+      *reinterpret_cast<uint2*>(&s.a[buf][m + 32 * j][c]) = q;  // 8-byte aligned: c * 2 bytes, a multiple of 8
+    }
+  }
+  // Row m of the tile (m < 64) for the thread's two rows: m = t / 8 and t / 8 + 32.
+  static __device__ int first_row() { return threadIdx.x >> 3; }
+  static constexpr int kRows = 2, kRowStep = 32;
+};
+
+template <>
+struct MmaA<__nv_bfloat16> {
+  const __nv_bfloat16* row[1];
+  uint4 v[1];
+  __device__ void load(int step) {
+    const int c = (threadIdx.x & 3) * 8;
+    v[0] = row[0] ? __ldg(reinterpret_cast<const uint4*>(row[0] + step * kMmaK + c)) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  __device__ void store(MmaShared& s, int buf) const {
+    *reinterpret_cast<uint4*>(&s.a[buf][threadIdx.x >> 2][(threadIdx.x & 3) * 8]) = v[0];
+  }
+  static __device__ int first_row() { return threadIdx.x >> 2; }
+  static constexpr int kRows = 1, kRowStep = 64;
+};
+
+// The weights' staging: thread t takes row n = t % 128 of the block's 128 and values 16 (t / 128) .. + 15
+// of the step (a warp: 32 consecutive rows, the same half, so its 16-byte stores are conflict-free as the
+// ldmatrix reads); rows past the matrix are zeros. MXFP4: 8 bytes of codes (16 nibbles) and, in the first
+// half, the block's scale byte; BF16: 32 bytes of values.
+template <bool kMxfp4>
+struct MmaW;
+
+template <>
+struct MmaW<true> {
+  const uint8_t* codes = nullptr;   // the row's codes at this thread's half, nullptr past the matrix
+  const uint8_t* scales = nullptr;  // the row's scales (first half only)
+  uint2 q{};
+  uint32_t e = 127;
+  __device__ MmaW(const ExpertMatrices& m, int expert, int64_t n, bool inside) {
+    const int half = threadIdx.x >> 7;
+    if (inside) {
+      const int64_t row = static_cast<int64_t>(expert) * m.rows + n;
+      codes = static_cast<const uint8_t*>(m.data) + row * (m.cols / 2) + half * 8;
+      if (half == 0) scales = m.scales + row * (m.cols / 32);
+    }
+  }
+  __device__ void load(int step) {
+    q = codes ? __ldg(reinterpret_cast<const uint2*>(codes + step * (kMmaK / 2))) : make_uint2(0u, 0u);
+    if (scales) e = __ldg(scales + step);
+  }
+  __device__ void store(MmaShared& s, int buf) const {
+    const int n = threadIdx.x & 127, half = threadIdx.x >> 7;
+    const uint32_t words[2] = {q.x, q.y};
+    uint32_t packed[8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float v[8];
+      decode_e2m1_word(words[i], v);  // the values times 2^-14, exactly
+#pragma unroll
+      for (int j = 0; j < 4; ++j) packed[4 * i + j] = bf16_pair(__fmul_rn(v[2 * j], kE2M1Unscale), __fmul_rn(v[2 * j + 1], kE2M1Unscale));
+    }
+    *reinterpret_cast<uint4*>(&s.w[buf][n][16 * half]) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    *reinterpret_cast<uint4*>(&s.w[buf][n][16 * half + 8]) = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    if (half == 0) s.scale[buf][n] = scales ? e8m0(e) : 0.0f;
+  }
+};
+
+template <>
+struct MmaW<false> {
+  const __nv_bfloat16* values = nullptr;
+  uint4 q[2]{};
+  __device__ MmaW(const ExpertMatrices& m, int expert, int64_t n, bool inside) {
+    if (inside) values = static_cast<const __nv_bfloat16*>(m.data) + (static_cast<int64_t>(expert) * m.rows + n) * m.cols + 16 * (threadIdx.x >> 7);
+  }
+  __device__ void load(int step) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) q[j] = values ? __ldg(reinterpret_cast<const uint4*>(values + step * kMmaK) + j) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  __device__ void store(MmaShared& s, int buf) const {
+    const int n = threadIdx.x & 127, half = threadIdx.x >> 7;
+    *reinterpret_cast<uint4*>(&s.w[buf][n][16 * half]) = q[0];
+    *reinterpret_cast<uint4*>(&s.w[buf][n][16 * half + 8]) = q[1];
+  }
+};
+
+// acc = A . W^T over K (a multiple of kMmaK) for the warp's 32 x 32: acc[mt][nt] is the 16 x 8 mma tile
+// at rows 32 wm + 16 mt, columns 32 wn + 8 nt of the block's 64 x 128 (fragment layout: thread l holds rows
+// l / 4 and l / 4 + 8, columns 2 (l % 4) and + 1). One __syncthreads per step: step s + 1 is loaded into
+// registers before step s is multiplied and stored into the other buffer after, which every warp finished
+// reading at the barrier that ended step s - 1.
+template <bool kMxfp4, typename X>
+__device__ __forceinline__ void mma_mainloop(MmaShared& s, MmaA<X>& a, MmaW<kMxfp4>& w, int K, float (&acc)[2][4][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
+  const int steps = K / kMmaK;
+  a.load(0);
+  w.load(0);
+  a.store(s, 0);
+  w.store(s, 0);
+  __syncthreads();
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    if (step + 1 < steps) {
+      a.load(step + 1);
+      w.load(step + 1);
+    }
+    float part[2][4][4];  // MXFP4: this block's sums before its scale
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) part[mt][nt][q] = 0.0f;
+#pragma unroll
+    for (int k16 = 0; k16 < kMmaK; k16 += 16) {
+      uint32_t fa[2][4], fb[4][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)  // matrices: rows 0-7 / 8-15 x k 0-7, then x k 8-15
+        ldmatrix_x4(fa[mt], &s.a[buf][32 * wm + 16 * mt + (lane & 15)][k16 + 8 * (lane >> 4)]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {  // matrices: n 0-7 x k 0-7, n 0-7 x k 8-15, n 8-15 x k 0-7, n 8-15 x k 8-15
+        uint32_t r[4];
+        ldmatrix_x4(r, &s.w[buf][32 * wn + 16 * np + (lane & 7) + 8 * (lane >> 4)][k16 + 8 * ((lane >> 3) & 1)]);
+        fb[2 * np][0] = r[0], fb[2 * np][1] = r[1], fb[2 * np + 1][0] = r[2], fb[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) mma_bf16(kMxfp4 ? part[mt][nt] : acc[mt][nt], fa[mt], fb[nt][0], fb[nt][1]);
+    }
+    if constexpr (kMxfp4) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int n = 32 * wn + 8 * nt + 2 * (lane & 3);
+        const float s0 = s.scale[buf][n], s1 = s.scale[buf][n + 1];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          acc[mt][nt][0] = fmaf(part[mt][nt][0], s0, acc[mt][nt][0]);
+          acc[mt][nt][1] = fmaf(part[mt][nt][1], s1, acc[mt][nt][1]);
+          acc[mt][nt][2] = fmaf(part[mt][nt][2], s0, acc[mt][nt][2]);
+          acc[mt][nt][3] = fmaf(part[mt][nt][3], s1, acc[mt][nt][3]);
+        }
+      }
+    }
+    if (step + 1 < steps) {
+      a.store(s, buf ^ 1);
+      w.store(s, buf ^ 1);
+    }
+    __syncthreads();
+  }
+}
+
+// The block's tile and columns: a one-dimensional grid, the column blocks fastest, so the blocks of a tile
+// run together (its activations read from L2 after the first) and a tile's expert stays in L2 for the next.
+struct MmaBlock {
+  int tile, n0;
+};
+__device__ __forceinline__ MmaBlock mma_block(int column_blocks) {
+  return {static_cast<int>(blockIdx.x / column_blocks), static_cast<int>(blockIdx.x % column_blocks) * kMmaCols};
+}
+
+// gate_up: the tile's x rows times gate_up_e^T (N = 2I columns: gate and up of i interleaved, so a thread's
+// column pair 2 (l % 4), + 1 is (gate, up) of one i); writes h[slot][i] = the clamped SwiGLU as BF16.
+template <bool kMxfp4, typename X>
+__global__ void __launch_bounds__(kMmaThreads) gate_up_mma_kernel(MoeLayer L, const X* __restrict__ x, int64_t x_stride, int k, Tiles tiles,
+                                                                  float limit, float alpha, float up_offset, __nv_bfloat16* __restrict__ h) {
+  __shared__ __align__(16) MmaShared s;
+  const int I = L.intermediate, N = 2 * I;
+  const MmaBlock b = mma_block((N + kMmaCols - 1) / kMmaCols);
+  if (b.tile >= *tiles.tiles) return;  // the grid is sized for the most tiles there can be
+  const int e = tiles.expert[b.tile], first = tiles.first[b.tile], n = tiles.count[b.tile];
+  MmaA<X> a;
+#pragma unroll
+  for (int j = 0; j < MmaA<X>::kRows; ++j) {
+    const int m = MmaA<X>::first_row() + j * MmaA<X>::kRowStep;
+    a.row[j] = m < n ? x + static_cast<int64_t>(tiles.slot_pair[first + m] / k) * x_stride : nullptr;
+  }
+  const int wn_row = static_cast<int>(threadIdx.x & 127);
+  MmaW<kMxfp4> w(L.gate_up, e, static_cast<int64_t>(b.n0) + wn_row, b.n0 + wn_row < N);
+  float acc[2][4][4];
+  mma_mainloop<kMxfp4, X>(s, a, w, L.hidden, acc);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int col = b.n0 + 32 * wn + 8 * nt + 2 * (lane & 3);  // even: gate row i = col / 2; col + 1 its up row
+    if (col >= N) continue;
+    const int i = col >> 1;
+    const float gb = L.gate_bias[static_cast<int64_t>(e) * I + i], ub = L.up_bias[static_cast<int64_t>(e) * I + i];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int m = 32 * wm + 16 * mt + (lane >> 2) + 8 * half;
+        if (m >= n) continue;
+        const float v = clamped_swiglu(__fadd_rn(acc[mt][nt][2 * half], gb), __fadd_rn(acc[mt][nt][2 * half + 1], ub), limit, alpha, up_offset);
+        h[static_cast<int64_t>(first + m) * I + i] = __float2bfloat16_rn(v);
+      }
+  }
+}
+
+// down: the tile's h rows (BF16, by slot) times down_e^T (N = H columns); writes y[pair][c] = that + bias.
+template <bool kMxfp4>
+__global__ void __launch_bounds__(kMmaThreads) down_mma_kernel(MoeLayer L, const __nv_bfloat16* __restrict__ h, Tiles tiles, float* __restrict__ y) {
+  __shared__ __align__(16) MmaShared s;
+  const int H = L.hidden, I = L.intermediate;
+  const MmaBlock b = mma_block((H + kMmaCols - 1) / kMmaCols);
+  if (b.tile >= *tiles.tiles) return;
+  const int e = tiles.expert[b.tile], first = tiles.first[b.tile], n = tiles.count[b.tile];
+  MmaA<__nv_bfloat16> a;
+  {
+    const int m = MmaA<__nv_bfloat16>::first_row();
+    a.row[0] = m < n ? h + static_cast<int64_t>(first + m) * I : nullptr;
+  }
+  const int wn_row = static_cast<int>(threadIdx.x & 127);
+  MmaW<kMxfp4> w(L.down, e, static_cast<int64_t>(b.n0) + wn_row, b.n0 + wn_row < H);
+  float acc[2][4][4];
+  mma_mainloop<kMxfp4, __nv_bfloat16>(s, a, w, I, acc);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int c = b.n0 + 32 * wn + 8 * nt + 2 * (lane & 3);  // H is even: c < H means c + 1 < H
+    if (c >= H) continue;
+    const float b0 = L.down_bias[static_cast<int64_t>(e) * H + c], b1 = L.down_bias[static_cast<int64_t>(e) * H + c + 1];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int m = 32 * wm + 16 * mt + (lane >> 2) + 8 * half;
+        if (m >= n) continue;
+        const int64_t pair = tiles.slot_pair[first + m];
+        *reinterpret_cast<float2*>(y + pair * H + c) = make_float2(__fadd_rn(acc[mt][nt][2 * half], b0), __fadd_rn(acc[mt][nt][2 * half + 1], b1));
+      }
   }
 }
 
@@ -701,6 +1034,25 @@ void launch_tiled(const MoeLayer& L, const X* x, int64_t x_stride, int rows, flo
   }
 }
 
+// Tiles of kMmaTileRows slots there can be at most (as max_tiles, which bounds them and sizes the scratch).
+int64_t max_mma_tiles(int rows, int k, int experts) { return static_cast<int64_t>(rows) * k / kMmaTileRows + experts; }
+
+template <bool kMxfp4, typename X>
+void launch_mma(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
+                float up_offset, bool accumulate, const Scratch& s, cudaStream_t stream) {
+  const int64_t tiles = max_mma_tiles(rows, k, L.experts);
+  const int64_t gate_up_blocks = tiles * ((2 * static_cast<int64_t>(L.intermediate) + kMmaCols - 1) / kMmaCols);
+  const int64_t down_blocks = tiles * ((static_cast<int64_t>(L.hidden) + kMmaCols - 1) / kMmaCols);
+  TQ_CHECK(gate_up_blocks <= INT32_MAX && down_blocks <= INT32_MAX, "moe: ", rows, " rows make too many tensor-core blocks (", gate_up_blocks,
+           "); split the call");
+  // h by slot as BF16 [rows * k][I] (the first half of the float32 h piece of the scratch).
+  __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(s.h);
+  gate_up_mma_kernel<kMxfp4, X><<<static_cast<unsigned>(gate_up_blocks), kMmaThreads, 0, stream>>>(L, x, x_stride, k, s.tiles, limit, alpha,
+                                                                                                   up_offset, h);
+  down_mma_kernel<kMxfp4><<<static_cast<unsigned>(down_blocks), kMmaThreads, 0, stream>>>(L, h, s.tiles, s.y);
+  combine_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(s.y, s.weight, k, L.hidden, out, out_stride, accumulate);
+}
+
 template <typename X>
 void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* out, int64_t out_stride, int k, float limit, float alpha,
             float up_offset, bool accumulate, const Scratch& s, Path path, cudaStream_t stream) {
@@ -709,10 +1061,17 @@ void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* ou
   const unsigned select_threads = static_cast<unsigned>((L.experts + 31) / 32 * 32);
   select_kernel<<<static_cast<unsigned>(rows), select_threads, static_cast<size_t>(L.experts + k) * sizeof(float), stream>>>(
       s.logits, L.experts, k, s.chosen, s.weight, s.tiles, path == Path::legacy_decode, s.arrivals, path == Path::decode ? down_blocks(L) : 0);
-  if (path == Path::grouped) group_kernel<<<1, kGroupThreads, 0, stream>>>(s.chosen, rows * k, L.experts, s.tiles);
+  if (path == Path::grouped) group_kernel<kTileRows><<<1, kGroupThreads, 0, stream>>>(s.chosen, rows * k, L.experts, s.tiles);
+  if (path == Path::grouped_mma) group_kernel<kMmaTileRows><<<1, kGroupThreads, 0, stream>>>(s.chosen, rows * k, L.experts, s.tiles);
   // The two matrices of a layer are in one format (moe_experts converts the rest to BF16).
   const bool mxfp4 = L.gate_up.format == ExpertFormat::mxfp4;
-  if (path == Path::decode) {
+  if (path == Path::grouped_mma) {
+    if (mxfp4) {
+      launch_mma<true>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+    } else {
+      launch_mma<false>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
+    }
+  } else if (path == Path::decode) {
     if (mxfp4) {
       launch_decode<Mxfp4Rows, 4>(L, x, x_stride, rows, out, out_stride, k, limit, alpha, up_offset, accumulate, s, stream);
     } else {
@@ -727,7 +1086,17 @@ void launch(const MoeLayer& L, const X* x, int64_t x_stride, int rows, float* ou
 
 }  // namespace
 
-Path automatic_path(int rows, int top_k) { return static_cast<int64_t>(rows) * top_k <= kDecodePairs ? Path::decode : Path::grouped; }
+Path automatic_path(int rows, int top_k, bool tensor_cores) {
+  if (static_cast<int64_t>(rows) * top_k <= kDecodePairs) return Path::decode;
+  return tensor_cores ? Path::grouped_mma : Path::grouped;
+}
+
+bool device_has_tensor_cores() {
+  int device = 0, major = 0;
+  TQ_CUDA_CHECK(cudaGetDevice(&device));
+  TQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8;  // BF16 mma.sync: sm_80 and later
+}
 
 size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k) { return carve(layer, rows, top_k, nullptr, nullptr); }
 
@@ -742,7 +1111,8 @@ void moe(const MoeLayer& L, const void* x, bool x_bf16, int64_t x_stride, int ro
   const size_t x_bytes = x_bf16 ? 2 : 4;
   TQ_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && (static_cast<size_t>(x_stride) * x_bytes) % 16 == 0,
            "internal error: the moe input rows must be 16-byte aligned");
-  if (path == Path::automatic) path = automatic_path(rows, top_k);
+  if (path == Path::automatic) path = automatic_path(rows, top_k, device_has_tensor_cores());
+  TQ_CHECK(path != Path::grouped_mma || device_has_tensor_cores(), "moe: the grouped_mma path needs BF16 tensor cores (compute capability 8.0 or later)");
   Scratch s;
   carve(L, rows, top_k, scratch, &s);
   if (x_bf16) {

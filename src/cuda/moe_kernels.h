@@ -49,6 +49,8 @@ inline constexpr int kMaxExperts = 1024;
 inline constexpr int kDecodePairs = 64;
 // Rows of one expert that the grouped kernels take per tile (each weight read once for all of them).
 inline constexpr int kTileRows = 8;
+// Rows of one expert per tile of the grouped_mma kernels (the m of a block's 64 x 128 tensor-core product).
+inline constexpr int kMmaTileRows = 64;
 
 // Which kernels a call runs. Product code passes `automatic` (moe() picks by rows * top_k, a function of
 // the step's shape, never of its data, so a recorded graph is right for every replay); the others are for
@@ -56,10 +58,15 @@ inline constexpr int kTileRows = 8;
 enum class Path : uint8_t {
   automatic,
   decode,         // per (row, expert) pair, spread over the GPU (rows * top_k <= kDecodePairs when automatic)
-  grouped,        // rows grouped by expert into tiles of kTileRows (otherwise)
+  grouped,        // rows grouped by expert into tiles of kTileRows, FP32 on CUDA cores (otherwise, on a GPU without BF16 tensor cores)
   legacy_decode,  // the first decode kernels (a warp per (row, output) walking the row's experts in turn): the benchmark's "before"
+  grouped_mma,    // rows grouped by expert into tiles of kMmaTileRows, products on tensor cores with BF16 activations
+                  // (otherwise: prompts, on compute capability 8.0 and later)
 };
-Path automatic_path(int rows, int top_k);
+// The path `automatic` takes for rows * top_k pairs; tensor_cores: whether the GPU has BF16 mma (sm_80+).
+Path automatic_path(int rows, int top_k, bool tensor_cores);
+// Whether the current CUDA device has BF16 tensor cores (compute capability 8.0 or later).
+bool device_has_tensor_cores();
 
 // Bytes of device scratch moe() needs for `rows` rows (16-byte aligned pieces), on any path.
 size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k);
@@ -67,9 +74,13 @@ size_t scratch_bytes(const MoeLayer& layer, int rows, int top_k);
 // out[r] = the layer on x[r] (+ out[r] when accumulate), r < rows: Device::moe's formula. x is float32 or BF16
 // (x_bf16), rows x_stride elements apart; out float32, out_stride apart; scratch: scratch_bytes(...) bytes of
 // device memory, 256-byte aligned, not shared with x or out. Enqueued on `stream`; nothing is read back.
-// The products, the activation and the sums are float32 (FP32 fused multiply-adds over the exactly decoded
-// weights); no value is rounded to BF16 on the way. Deterministic: a row's output does not depend on the
-// other rows of the call, nor on the path it takes, nor on the run (no atomics in the arithmetic).
+// decode, grouped, legacy_decode: the products, the activation and the sums are float32 (FP32 fused
+// multiply-adds over the exactly decoded weights); no value is rounded to BF16 on the way, and a row's
+// output is the same bits on any of the three. grouped_mma: the weights are as exact (MXFP4 values in BF16,
+// their E8M0 scale applied in float to each block's FP32 partial sum), the activations x and h are rounded
+// to BF16 for the tensor cores (relative error 2^-8 each at most; moe_kernels.cu), the rest float32 as on
+// the other paths. Every path is deterministic: a row's output does not depend on the other rows of the
+// call nor on the run (no atomics in the arithmetic).
 void moe(const MoeLayer& layer, const void* x, bool x_bf16, int64_t x_stride, int rows, float* out, int64_t out_stride, int top_k,
          float limit, float alpha, float up_offset, bool accumulate, void* scratch, void* stream, Path path = Path::automatic);
 

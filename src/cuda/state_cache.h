@@ -84,6 +84,7 @@ class CudaStateCache final : public RecurrentStateCache {
     bool out_bf16 = false;
     const deltanet_kernels::SequenceEntry* seqs = nullptr;
     int n_seqs = 0;
+    int longest = 0;  // the most rows of one sequence in the step (a prompt's length: picks the chunked form)
   };
   ConvLaunch step_conv;
   DeltaLaunch step_delta;

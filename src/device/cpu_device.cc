@@ -64,7 +64,7 @@ Linear CpuDevice::linear(std::span<const ops::WeightView> parts, std::string_vie
       if (tq_inputs_[k]->serves(w)) m.tq_input[i] = static_cast<int>(k);
     if (m.tq_input[i] < 0) {
       m.tq_input[i] = static_cast<int>(tq_inputs_.size());
-      tq_inputs_.push_back(std::make_unique<ops::TqInput>(w.cols, w.tq.rotation_block, w.tq.seed));
+      tq_inputs_.push_back(std::make_unique<ops::TqInput>(w.cols, w.tq));
     }
   }
   l.id = static_cast<int>(matrices_.size());
@@ -208,7 +208,10 @@ void CpuDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, cons
 
 void CpuDevice::rope(int table, const Tensor& q, int q_heads, const Tensor& k, int k_heads) {
   const ops::RopeTable& rope = *ropes_.at(static_cast<size_t>(table));
-  for (const auto& [x, heads] : {std::pair{&q, q_heads}, std::pair{&k, k_heads}}) {
+  for (const auto& pair : {std::pair{&q, q_heads}, std::pair{&k, k_heads}}) {
+    // Not a structured binding: the lambda below captures them, which clang 14 (the fuzz build) cannot.
+    const Tensor* x = pair.first;
+    const int heads = pair.second;
     TQ_CHECK(x->cols == static_cast<int64_t>(heads) * rope.head_dim() && x->rows == step().rows(), "RoPE over rows of ", x->cols,
              " values as ", heads, " heads of ", rope.head_dim());
     for_rows(pool_, x->rows, x->cols, [&](int64_t r0, int64_t r1) {

@@ -33,8 +33,18 @@ int BlockPool::later_chunk_blocks(size_t block_bytes, int first_chunk_blocks) {
   }
 }
 
+size_t BlockPool::rounded_block_bytes(size_t block_bytes) { return (block_bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+int64_t BlockPool::blocks_allocated_for(int64_t blocks, int first_chunk_blocks, int later_chunk_blocks) {
+  // allocate() takes a new chunk only when no block is free: the first chunk, then later ones.
+  if (blocks <= 0) return 0;
+  if (blocks <= first_chunk_blocks) return first_chunk_blocks;
+  const int64_t later = (blocks - first_chunk_blocks + later_chunk_blocks - 1) / later_chunk_blocks;
+  return first_chunk_blocks + later * later_chunk_blocks;
+}
+
 BlockPool::BlockPool(size_t block_bytes, int first_chunk_blocks, int64_t max_blocks)
-    : block_bytes_((block_bytes + kAlignment - 1) / kAlignment * kAlignment),
+    : block_bytes_(rounded_block_bytes(block_bytes)),
       first_blocks_(first_chunk_blocks),
       later_blocks_(block_bytes > 0 && first_chunk_blocks > 0 ? later_chunk_blocks(block_bytes_, first_chunk_blocks) : 1),
       max_blocks_(max_blocks) {

@@ -43,6 +43,10 @@ class BlockPool {
   // Blocks per chunk after the first: the fewest whole 2 MiB pages (16 at most) that whole blocks fill
   // with at most an eighth left over, or first_chunk_blocks if its chunk is 2 MiB or more already.
   static int later_chunk_blocks(size_t block_bytes, int first_chunk_blocks);
+  // The bytes of one block as the pool stores it: block_bytes rounded up to kAlignment.
+  static size_t rounded_block_bytes(size_t block_bytes);
+  // The blocks a pool has allocated (whole chunks) once `blocks` were in use at once at most.
+  static int64_t blocks_allocated_for(int64_t blocks, int first_chunk_blocks, int later_chunk_blocks);
 
  private:
   struct FreeDeleter {

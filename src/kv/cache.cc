@@ -45,6 +45,52 @@ const KVCacheOptions& checked(int n_kv_heads, int head_dim, const KVCacheOptions
 }
 }  // namespace
 
+int64_t KVLayerSize::pool_bytes(int64_t blocks) const {
+  return BlockPool::blocks_allocated_for(blocks, first_chunk_blocks, later_chunk_blocks) * block_bytes;
+}
+
+KVLayerSize kv_layer_size(int n_kv_heads, int head_dim, const KVCacheOptions& options) {
+  checked(n_kv_heads, head_dim, options);
+  const VectorFormat k(head_dim, options.k), v(head_dim, options.v);
+  const VectorFormat sink(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0});
+  KVLayerSize z;
+  z.n_kv_heads = n_kv_heads;
+  z.head_dim = head_dim;
+  z.min_tokens = options.min_tokens;
+  z.window = options.window;
+  z.block_tokens = options.block_tokens;
+  z.main_bytes_per_token = static_cast<int64_t>(n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
+  z.sink_bytes_per_token = static_cast<int64_t>(n_kv_heads) * 2 * static_cast<int64_t>(sink.record_bytes());
+  z.sink_reserved_bytes = z.sink_bytes_per_token * options.min_tokens;
+  if (options.centred()) {
+    z.center_tokens = options.center_run();
+    z.mean_bytes_per_run = static_cast<int64_t>(n_kv_heads) * (options.center_k + options.center_v) * 2 * static_cast<int64_t>(head_dim);
+    const VectorFormat tail(head_dim, VectorFormatSpec{KVType::f16, {}, false, 0});
+    z.tail_reserved_bytes = int64_t{2} * n_kv_heads * z.center_tokens * static_cast<int64_t>(tail.record_bytes());
+  }
+  // A block: for each head, block_tokens K records (or a column region of the same size), then as many V
+  // records, then (centred) the K and/or V means of its block_tokens / center_tokens runs.
+  const size_t block =
+      static_cast<size_t>(n_kv_heads) * (static_cast<size_t>(options.block_tokens) * (k.record_bytes() + v.record_bytes()) +
+                                         static_cast<size_t>(z.center_tokens > 0 ? options.block_tokens / z.center_tokens : 0) *
+                                             static_cast<size_t>(z.mean_bytes_per_run / n_kv_heads));
+  z.block_bytes = static_cast<int64_t>(BlockPool::rounded_block_bytes(block));
+  // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so that the
+  // memory a short sequence reserves does not grow with the block size; later chunks fill huge pages (BlockPool).
+  z.first_chunk_blocks = std::max(1, 1024 / std::max(1, options.block_tokens));
+  z.later_chunk_blocks = BlockPool::later_chunk_blocks(static_cast<size_t>(z.block_bytes), z.first_chunk_blocks);
+  return z;
+}
+
+int rotating_blocks_to_drop(int64_t first_block_pos, int64_t blocks, int64_t next_pos, int window, int block_tokens) {
+  if (window <= 0) return 0;
+  // Queries from next_pos on look back at most window - 1 positions.
+  const int64_t oldest_needed = next_pos - window + 1;
+  int drop = 0;
+  while (blocks - drop > 1 && first_block_pos + static_cast<int64_t>(drop + 1) * block_tokens <= oldest_needed) ++drop;
+  return drop;
+}
+
 KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
     : n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
@@ -57,11 +103,8 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
                         static_cast<size_t>(options.centred() ? options.block_tokens / options.center_run() : 0) *
                             (options.center_k + options.center_v) * 2 * static_cast<size_t>(head_dim)),
       k_columns_(k_format_->supports_columns() && options.block_tokens % 16 == 0),
-      // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so
-      // that the memory a short sequence reserves does not grow with the block size; later chunks fill
-      // huge pages (BlockPool).
-      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), std::max(1, 1024 / std::max(1, options.block_tokens)),
-            options.max_blocks) {
+      size_(kv_layer_size(n_kv_heads, head_dim, options)),
+      pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), size_.first_chunk_blocks, options.max_blocks) {
 }
 
 std::string KVCache::describe() const {
@@ -73,10 +116,6 @@ std::string KVCache::describe() const {
     os << ", " << (options_.center_k && options_.center_v ? "K and V" : options_.center_k ? "K" : "V") << " centred per "
        << options_.center_run() << " positions";
   return os.str();
-}
-
-size_t KVCache::mean_bytes_per_run() const {
-  return options_.centred() ? static_cast<size_t>(n_kv_heads_) * (options_.center_k + options_.center_v) * 2 * head_dim_ : 0;
 }
 
 double KVCache::main_bits_per_value() const {
@@ -225,15 +264,11 @@ int KVCache::first_kept(int seq) const {
 }
 
 void KVCache::drop_out_of_window(Sequence& s, int next_pos) {
-  if (options_.window <= 0) return;
-  // Queries from next_pos on look back at most window - 1 positions.
-  const int oldest_needed = next_pos - options_.window + 1;
-  const int T = options_.block_tokens;
-  while (s.block_table.size() > 1 && s.first_block_pos + T <= oldest_needed) {
-    pool_.release(s.block_table.front());
-    s.block_table.erase(s.block_table.begin());
-    s.first_block_pos += T;
-  }
+  const int drop = rotating_blocks_to_drop(s.first_block_pos, static_cast<int64_t>(s.block_table.size()), next_pos, options_.window,
+                                           options_.block_tokens);
+  for (int i = 0; i < drop; ++i) pool_.release(s.block_table[static_cast<size_t>(i)]);
+  s.block_table.erase(s.block_table.begin(), s.block_table.begin() + drop);
+  s.first_block_pos += drop * options_.block_tokens;
 }
 
 uint8_t* KVCache::main_block(Sequence& s, int pos) {
@@ -529,14 +564,9 @@ MemoryUsage KVCache::memory() const {
     m.main_tokens += std::max(0, s.length - std::max(M, s.first_block_pos));
     m.allocated_bytes += static_cast<int64_t>(s.sink_k.size() + s.sink_v.size() + s.tail_k.size() + s.tail_v.size());
   }
-  m.sink_bytes = m.sink_tokens * static_cast<int64_t>(sink_bytes_per_token());
-  m.main_bytes = m.main_tokens * static_cast<int64_t>(main_bytes_per_token());
-  // Centring: the means of every run a sequence holds positions of (its filling run's too, whose block holds them).
-  if (options_.centred())
-    for (const auto& [id, s] : seqs_) {
-      const int from = std::max(M, s.first_block_pos), C = options_.center_run();
-      if (s.length > from) m.main_bytes += static_cast<int64_t>((s.length - from + C - 1) / C * mean_bytes_per_run());
-    }
+  m.sink_bytes = m.sink_tokens * size_.sink_bytes_per_token;
+  // Per sequence: its main-tier positions from the start of its grid (the means of every run they reach).
+  for (const auto& [id, s] : seqs_) m.main_bytes += size_.main_bytes(std::max(0, s.length - std::max(M, s.first_block_pos)));
   m.allocated_bytes += static_cast<int64_t>(pool_.bytes_allocated());
   m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(n_kv_heads_) * head_dim_;
   return m;
@@ -826,8 +856,8 @@ MemoryUsage StateCache::memory() const {
 int StateCache::add_sequence() {
   while (states_.count(next_id_)) ++next_id_;
   State s;
-  s.conv.assign(static_cast<size_t>(shape_.conv_channels) * std::max(0, shape_.conv_kernel - 1), 0.0f);
-  s.recurrent.assign(static_cast<size_t>(shape_.state_heads) * shape_.state_dk * shape_.state_dv, 0.0f);
+  s.conv.assign(static_cast<size_t>(shape_.conv_floats()), 0.0f);
+  s.recurrent.assign(static_cast<size_t>(shape_.recurrent_floats()), 0.0f);
   states_.emplace(next_id_, std::move(s));
   return next_id_++;
 }
@@ -836,8 +866,8 @@ void StateCache::add_sequence_with_id(int seq) {
   TQ_CHECK(seq >= 0, "sequence ids are non-negative, got ", seq);
   TQ_CHECK(!states_.count(seq), "sequence ", seq, " already exists in this state cache");
   State s;
-  s.conv.assign(static_cast<size_t>(shape_.conv_channels) * std::max(0, shape_.conv_kernel - 1), 0.0f);
-  s.recurrent.assign(static_cast<size_t>(shape_.state_heads) * shape_.state_dk * shape_.state_dv, 0.0f);
+  s.conv.assign(static_cast<size_t>(shape_.conv_floats()), 0.0f);
+  s.recurrent.assign(static_cast<size_t>(shape_.recurrent_floats()), 0.0f);
   states_.emplace(seq, std::move(s));
 }
 

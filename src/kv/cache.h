@@ -152,6 +152,45 @@ struct KVCacheOptions {
   int center_run() const { return center_tokens > 0 ? center_tokens : block_tokens; }
 };
 
+// The bytes of one layer's KV cache, from its shape and options alone. KVCache sizes its records, blocks
+// and pool from this, and the memory plan (runtime/memory_plan.h) predicts a run's caches with it, so the
+// plan and a real run agree by construction.
+struct KVLayerSize {
+  int n_kv_heads = 0, head_dim = 0;
+  int min_tokens = 0;                // sink tier positions per sequence
+  int window = 0;                    // > 0: rotating
+  int block_tokens = 0;
+  int64_t main_bytes_per_token = 0;  // all KV heads, K and V records of the main tier
+  int64_t sink_bytes_per_token = 0;  // all KV heads, K and V records of the sink tier
+  int64_t sink_reserved_bytes = 0;   // one sequence's sink buffers, reserved at its first position: [K, V][heads][min_tokens][record]
+  int64_t block_bytes = 0;           // one main-tier block of all heads, as the pool stores it (rounded up to 64 bytes),
+                                     // the centring means inside it
+  // Block-mean centring (KVCacheOptions::center_k): 0 when not centred.
+  int center_tokens = 0;             // positions per mean (KVCacheOptions::center_run)
+  int64_t mean_bytes_per_run = 0;    // all KV heads, K and/or V binary16 means of one run
+  int64_t tail_reserved_bytes = 0;   // one sequence's FP16 filling run, reserved at its first main-tier position:
+                                     // [K, V][heads][center_tokens][f16 record]
+  int first_chunk_blocks = 0;        // the pool's first chunk (about 1024 positions), then chunks of later_chunk_blocks
+  int later_chunk_blocks = 0;
+  // Bytes the pool holds once `blocks` blocks were in use at once at most (whole chunks).
+  int64_t pool_bytes(int64_t blocks) const;
+  // Main-tier bytes of `tokens` positions from the start of the main tier's grid: the records and, centred,
+  // the means of every run they reach into (the filling run's too: its block holds them).
+  int64_t main_bytes(int64_t tokens) const {
+    return tokens * main_bytes_per_token + (center_tokens > 0 ? (tokens + center_tokens - 1) / center_tokens * mean_bytes_per_run : 0);
+  }
+  // What one position takes in the pool, the means spread over their runs (rounded up): what a KV pool in
+  // bytes divides by.
+  int64_t pool_bytes_per_token() const {
+    return main_bytes_per_token + (center_tokens > 0 ? (mean_bytes_per_run + center_tokens - 1) / center_tokens : 0);
+  }
+};
+KVLayerSize kv_layer_size(int n_kv_heads, int head_dim, const KVCacheOptions& options);
+// A rotating cache's blocks at the start of an append at `next_pos`: how many of the sequence's `blocks`
+// oldest blocks (the first starting at first_block_pos) fall entirely out of the window and go back.
+// One block always stays.
+int rotating_blocks_to_drop(int64_t first_block_pos, int64_t blocks, int64_t next_pos, int window, int block_tokens);
+
 class KVCache final : public LayerCache {
  public:
   KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options);
@@ -191,10 +230,11 @@ class KVCache final : public LayerCache {
   void read(int seq, int pos, float* k, float* v) const;
 
   MemoryUsage memory() const override;
-  size_t main_bytes_per_token() const { return static_cast<size_t>(n_kv_heads_) * (k_format_->record_bytes() + v_format_->record_bytes()); }
-  size_t sink_bytes_per_token() const { return static_cast<size_t>(n_kv_heads_) * 2 * sink_format_->record_bytes(); }
+  size_t main_bytes_per_token() const { return static_cast<size_t>(size_.main_bytes_per_token); }
+  size_t sink_bytes_per_token() const { return static_cast<size_t>(size_.sink_bytes_per_token); }
+  const KVLayerSize& size() const { return size_; }
   // Bytes of the means of one run of center_tokens positions (all KV heads, K and V), 0 without centring.
-  size_t mean_bytes_per_run() const;
+  size_t mean_bytes_per_run() const { return static_cast<size_t>(size_.mean_bytes_per_run); }
   // Bits per cached K and V value of the main tier, the means counted.
   double main_bits_per_value() const;
 
@@ -240,6 +280,7 @@ class KVCache final : public LayerCache {
   std::unique_ptr<VectorFormat> k_format_, v_format_, sink_format_, tail_format_;  // tail: FP16
   size_t block_head_bytes_;  // K and V records of one head in one block
   bool k_columns_;
+  KVLayerSize size_;  // the byte arithmetic the memory plan shares
   BlockPool pool_;
   std::map<int, Sequence> seqs_;
   int next_id_ = 0;
@@ -251,6 +292,10 @@ class KVCache final : public LayerCache {
 struct StateShape {
   int conv_channels = 0, conv_kernel = 0;
   int state_heads = 0, state_dk = 0, state_dv = 0;
+  int64_t conv_floats() const { return static_cast<int64_t>(conv_channels) * (conv_kernel > 1 ? conv_kernel - 1 : 0); }
+  int64_t recurrent_floats() const { return static_cast<int64_t>(state_heads) * state_dk * state_dv; }
+  // One sequence's state (float32), what StateCache holds and the memory plan counts.
+  int64_t bytes_per_sequence() const { return (conv_floats() + recurrent_floats()) * static_cast<int64_t>(sizeof(float)); }
 };
 
 // A saved copy of one sequence's state (RecurrentStateCache::snapshot), to go back to: a recurrent state

@@ -27,6 +27,11 @@ class Architecture {
   virtual void forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const = 0;
 };
 
+// One cache per layer of a model with this config, from the config alone (every architecture's
+// layer_specs() returns this; the memory plan reads it without building the model): full attention, a
+// sliding window where the config says a layer slides, a recurrent state for Gated DeltaNet layers.
+std::vector<LayerSpec> layer_specs_for(const ModelConfig& config);
+
 // The architecture of a checkpoint, its weights handed to `device` (uploaded or mapped). `files` must
 // outlive the result (the CPU backend reads the mapped weights in place). Throws tq::Error for an
 // architecture no file implements.

@@ -7,6 +7,29 @@
 
 namespace tq {
 
+std::vector<LayerSpec> layer_specs_for(const ModelConfig& c) {
+  TQ_CHECK(c.num_hidden_layers >= 0, c.source, ": num_hidden_layers is negative");
+  std::vector<LayerSpec> specs(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerSpec& s = specs[static_cast<size_t>(l)];
+    if (c.arch == ModelArch::qwen3_5 && c.is_linear_layer(l)) {
+      s.kind = LayerKind::linear_attention;
+      s.state = StateShape{static_cast<int>(c.linear_conv_dim()), static_cast<int>(c.linear_conv_kernel_dim),
+                           static_cast<int>(c.linear_num_value_heads), static_cast<int>(c.linear_key_head_dim),
+                           static_cast<int>(c.linear_value_head_dim)};
+      continue;
+    }
+    s.n_kv_heads = static_cast<int>(c.num_key_value_heads);
+    s.head_dim = static_cast<int>(c.head_dim);
+    // Qwen3.5's attention layers never slide; Llama-family and GPT-OSS layers do where the config says so.
+    if (c.arch != ModelArch::qwen3_5 && c.uses_sliding_window(l) && c.sliding_window && *c.sliding_window > 0) {
+      s.kind = LayerKind::sliding_attention;
+      s.window = static_cast<int>(*c.sliding_window);
+    }
+  }
+  return specs;
+}
+
 std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device& device) {
   switch (files.config.arch) {
     case ModelArch::llama:

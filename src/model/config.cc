@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -459,8 +460,37 @@ void check_layer_count(int64_t layers, const std::string& what) {
   TQ_CHECK(layers <= kMaxLayers, what, " is ", layers, ", more than the ", kMaxLayers, " layers any model has");
 }
 
+// Widths no model has: the device code keeps head and rotary dims, head counts and token ids in int, so a
+// larger value from a corrupt file would wrap (head_dim 2^32 + 64 ran as 64: found by fuzz/fuzz_model_config).
+// The widest real models are far below these (hidden 16384-ish, intermediate 53248, vocab 262144).
+constexpr int64_t kMaxWidth = int64_t{1} << 24;
+constexpr int64_t kMaxVocab = std::numeric_limits<int32_t>::max();
+void check_widths(const ModelConfig& c) {
+  const std::pair<const char*, int64_t> widths[] = {
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"RoPE dimension count", c.rope_dim},
+      {"num_experts", c.num_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
+      {"linear_num_key_heads", c.linear_num_key_heads},
+      {"linear_num_value_heads", c.linear_num_value_heads},
+      {"linear_key_head_dim", c.linear_key_head_dim},
+      {"linear_value_head_dim", c.linear_value_head_dim},
+      {"linear_conv_kernel_dim", c.linear_conv_kernel_dim},
+  };
+  for (const auto& [name, v] : widths)
+    TQ_CHECK(v <= kMaxWidth, "'", c.source, "': ", name, " ", v, " is more than the ", kMaxWidth, " any model has");
+  TQ_CHECK(c.vocab_size <= kMaxVocab, "'", c.source, "': vocab_size ", c.vocab_size, " does not fit the 32-bit token ids (at most ",
+           kMaxVocab, ")");
+}
+
 void check_dimensions(ModelConfig& c) {
   const std::string& s = c.source;
+  check_widths(c);
   TQ_CHECK(c.num_key_value_heads > 0, "'", s, "': num_key_value_heads is ", c.num_key_value_heads);
   TQ_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, "'", s, "': num_attention_heads ",
            c.num_attention_heads, " is not a multiple of num_key_value_heads ", c.num_key_value_heads);

@@ -14,7 +14,12 @@ ops::DType to_ops(DType t) {
     case DType::tq2: return ops::DType::TQ2;
     case DType::tq3: return ops::DType::TQ3;
     case DType::tq4: return ops::DType::TQ4;
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: return to_ops_kquant(t);
     case DType::u8:
+    case DType::u32:
     case DType::mxfp4: break;
   }
   fail("internal error: a ", dtype_name(t), " tensor is not a dense matrix (validate_weights refuses it)");

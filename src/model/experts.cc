@@ -17,9 +17,9 @@ ops::DType to_ops_matrix(DType t) {
     case DType::bf16: return ops::DType::BF16;
     case DType::q8_0: return ops::DType::Q8_0;
     case DType::mxfp4: return ops::DType::MXFP4;
-    case DType::u8: break;
+    default: break;
   }
-  fail("internal error: a U8 tensor is not an expert matrix");
+  fail("internal error: a ", dtype_name(t), " tensor is not an expert matrix");
 }
 
 // An E8M0 scale of 255 anywhere in scales[count] is an error naming the tensor and the block.

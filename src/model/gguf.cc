@@ -351,19 +351,23 @@ GgufFile GgufFile::parse(MappedFile file) {
       case kGgmlBF16: dtype = DType::bf16; break;
       case kGgmlQ8_0: dtype = DType::q8_0; break;
       case kGgmlMxfp4: dtype = DType::mxfp4; break;
+      case kGgmlQ4_0: dtype = DType::q4_0; break;
+      case kGgmlQ4_K: dtype = DType::q4_k; break;
+      case kGgmlQ5_K: dtype = DType::q5_k; break;
+      case kGgmlQ6_K: dtype = DType::q6_k; break;
       default: {
         const char* name = ggml_type_name(info.type);
         if (name != nullptr) {
-          fail(what, " has ggml type ", name, ", which is not supported (supported: F32, F16, BF16, Q8_0, MXFP4)");
+          fail(what, " has ggml type ", name, ", which is not supported (supported: ", kGgufSupportedTypes, ")");
         }
-        fail(what, " has unknown ggml type id ", info.type, " (supported: F32, F16, BF16, Q8_0, MXFP4)");
+        fail(what, " has unknown ggml type id ", info.type, " (supported: ", kGgufSupportedTypes, ")");
       }
     }
     const std::optional<uint64_t> nbytes = tensor_bytes(dtype, info.shape);
     if (!nbytes) {
       TQ_CHECK(dtype_block_elems(dtype) == 1 || info.shape.empty() || info.shape.back() % dtype_block_elems(dtype) == 0,
                what, ": ", dtype_name(dtype), " rows of ", info.shape.back(),
-               " values are not a whole number of 32-value blocks");
+               " values are not a whole number of ", dtype_block_elems(dtype), "-value blocks");
       fail(what, ": shape ", shape_string(info.shape), " is too large");
     }
     TQ_CHECK(info.offset % g.alignment_ == 0, what, ": data offset ", info.offset,

@@ -45,10 +45,14 @@ enum class GgufType : uint32_t {
 };
 const char* gguf_type_name(GgufType t);  // "UINT32", "STRING", ...
 
-// ggml tensor type ids this reader knows by name (the supported ones are F32 0, F16 1, Q8_0 8, BF16 30,
-// MXFP4 39).
+// ggml tensor type ids this reader knows by name (the supported ones are F32 0, F16 1, Q4_0 2, Q8_0 8,
+// Q4_K 12, Q5_K 13, Q6_K 14, BF16 30, MXFP4 39; the others are refused by name: Q4_1, Q5_0, Q5_1, Q8_1,
+// Q2_K, Q3_K, Q8_K, the IQ* and TQ* types, ...).
 const char* ggml_type_name(uint32_t type_id);  // "Q4_K", ..., or nullptr for an unknown id
 inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ8_0 = 8, kGgmlBF16 = 30, kGgmlMxfp4 = 39;
+inline constexpr uint32_t kGgmlQ4_0 = 2, kGgmlQ4_K = 12, kGgmlQ5_K = 13, kGgmlQ6_K = 14;
+// The types the reader maps, as a message lists them.
+inline constexpr const char* kGgufSupportedTypes = "F32, F16, BF16, Q8_0, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K";
 
 // One metadata value. Numeric arrays stay in the file (elements read on request).
 struct GgufValue {

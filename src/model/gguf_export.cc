@@ -2,10 +2,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "model/writer.h"
 #include "ops/dtype.h"
+#include "ops/kquant.h"
 
 namespace tq {
 namespace {
@@ -172,6 +176,138 @@ std::vector<uint8_t> gpt_oss_gguf_bytes(const ModelFiles& hf) {
 
 void write_gpt_oss_gguf(const ModelFiles& hf, const std::string& path) {
   write_bytes_to_file(path, gpt_oss_gguf_bytes(hf));
+}
+
+namespace {
+
+// tokenizer.json (byte-level BPE) as GGUF gpt2 tokenizer keys.
+void write_bpe_tokenizer(GgufWriter& w, const ModelFiles& hf) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(hf.path) ? fs::path(hf.path) : fs::path(hf.path).parent_path();
+  const std::string file = (dir / "tokenizer.json").string();
+  const nlohmann::json j = nlohmann::json::parse(read_whole_file(file), nullptr, false);
+  TQ_CHECK(j.is_object() && j.contains("model") && j["model"].value("type", "") == "BPE" && j["model"].contains("vocab"),
+           "GGUF export: '", file, "' is not a BPE tokenizer.json");
+  const size_t vocab = static_cast<size_t>(hf.config.vocab_size);
+  std::vector<std::string> tokens(vocab);  // [vocab], by id
+  std::vector<int32_t> types(vocab, 1);    // [vocab]: 1 normal, 3 control (special added tokens)
+  std::vector<bool> seen(vocab, false);
+  auto place = [&](const std::string& text, int64_t id, bool special) {
+    TQ_CHECK(id >= 0 && static_cast<size_t>(id) < vocab, "GGUF export: '", file, "': token id ", id,
+             " outside the vocabulary of ", vocab);
+    tokens[static_cast<size_t>(id)] = text;
+    seen[static_cast<size_t>(id)] = true;
+    if (special) types[static_cast<size_t>(id)] = 3;
+  };
+  for (const auto& [text, id] : j["model"]["vocab"].items()) place(text, id.get<int64_t>(), false);
+  if (j.contains("added_tokens"))
+    for (const auto& t : j["added_tokens"]) place(t.at("content").get<std::string>(), t.at("id").get<int64_t>(), t.value("special", false));
+  for (size_t i = 0; i < vocab; ++i) {
+    if (!seen[i]) {
+      tokens[i] = "[PAD" + std::to_string(i) + "]";  // llama.cpp's converter's name for ids the vocabulary skips
+      types[i] = 5;                                   // unused
+    }
+  }
+  std::vector<std::string> merges;
+  if (j["model"].contains("merges"))
+    for (const auto& m : j["model"]["merges"])
+      merges.push_back(m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>());
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", "default");
+  w.set_strings("tokenizer.ggml.tokens", tokens);
+  w.set_i32s("tokenizer.ggml.token_type", types);
+  w.set_strings("tokenizer.ggml.merges", merges);
+  const ModelConfig& c = hf.config;
+  if (c.bos_token_id) w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(*c.bos_token_id));
+  if (!c.eos_token_ids.empty()) w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(c.eos_token_ids[0]));
+  if (c.pad_token_id) w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(*c.pad_token_id));
+  w.set_bool("tokenizer.ggml.add_bos_token", false);
+}
+
+// One tensor, its values read as float (rows permuted for attn_q / attn_k when heads > 0), written as `type`
+// (or, with `dequantized`, as F32 holding the values `type` stores).
+void add_llama_tensor(GgufWriter& w, const std::string& name, const TensorView* t, DType type, bool dequantized,
+                      int64_t heads = 0, int64_t head_dim = 0) {
+  TQ_CHECK(t != nullptr, "GGUF export: no source tensor for '", name, "'");
+  std::vector<float> v = read_tensor_f32(*t);  // [rows][cols] as float
+  const int64_t cols = t->row_length(), rows = t->rows();
+  if (heads > 0) {
+    TQ_CHECK(rows == heads * head_dim && head_dim % 2 == 0, "GGUF export: '", t->name, "' has ", rows, " rows, not ",
+             heads, " heads of ", head_dim);
+    std::vector<float> p(v.size());  // [rows][cols], interleaved-RoPE row order
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < head_dim / 2; ++j)
+          std::memcpy(p.data() + (h * head_dim + 2 * j + i) * cols, v.data() + (h * head_dim + i * head_dim / 2 + j) * cols,
+                      static_cast<size_t>(cols) * sizeof(float));
+    v = std::move(p);
+  }
+  if (is_kquant(type)) {
+    const ops::DType ot = to_ops_kquant(type);
+    TQ_CHECK(cols % static_cast<int64_t>(ops::block_values(ot)) == 0, "GGUF export: '", t->name, "' has rows of ", cols,
+             " values, not whole ", dtype_name(type), " blocks of ", ops::block_values(ot));
+    if (dequantized) {
+      std::vector<uint8_t> q(ops::storage_bytes(ot, v.size()));  // the rows as `type` stores them
+      ops::kquant_quantize(ot, v.data(), v.size(), q.data());
+      ops::kquant_dequantize(ot, q.data(), v.size(), v.data());
+      type = DType::f32;
+    }
+  }
+  w.add_tensor(name, type, t->shape, v);
+}
+
+}  // namespace
+
+std::vector<uint8_t> llama_gguf_bytes(const ModelFiles& hf, const LlamaGgufOptions& o) {
+  const ModelConfig& c = hf.config;
+  TQ_CHECK(c.arch == ModelArch::llama && hf.naming == WeightNaming::hf && c.num_experts == 0, "GGUF export: '", hf.path,
+           "' is not a Hugging Face Llama folder (", architecture_name(c.arch), ")");
+  TQ_CHECK(c.rope_scaling.type == RopeScalingType::none, "GGUF export: '", c.source,
+           "': rope scaling is not written by the Llama export");
+  TQ_CHECK(!c.qkv_bias && !c.o_bias && !c.qk_norm, "GGUF export: '", c.source, "': biases / q-k norms are not written");
+  GgufWriter w;
+  const std::string p = "llama.";
+  auto u32 = [&](const std::string& key, int64_t v) {
+    TQ_CHECK(v >= 0 && v <= 0xffffffffll, "GGUF export: '", c.source, "': ", key, " ", v, " does not fit a u32");
+    w.set_u32(p + key, static_cast<uint32_t>(v));
+  };
+  w.set_string("general.architecture", "llama");
+  u32("block_count", c.num_hidden_layers);
+  u32("context_length", c.max_position_embeddings);
+  u32("embedding_length", c.hidden_size);
+  u32("feed_forward_length", c.intermediate_size);
+  u32("attention.head_count", c.num_attention_heads);
+  u32("attention.head_count_kv", c.num_key_value_heads);
+  u32("attention.key_length", c.head_dim);
+  u32("attention.value_length", c.head_dim);
+  u32("vocab_size", c.vocab_size);
+  w.set_f32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
+  w.set_f32(p + "rope.freq_base", static_cast<float>(c.rope_theta));
+  write_bpe_tokenizer(w, hf);
+
+  const ModelWeights& m = hf.weights;
+  const bool dq = o.dequantized;
+  add_llama_tensor(w, "token_embd.weight", m.embed, o.embedding, dq);
+  if (!c.tie_word_embeddings) add_llama_tensor(w, "output.weight", m.lm_head, o.embedding, dq);
+  add_llama_tensor(w, "output_norm.weight", m.final_norm, DType::f32, dq);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = m.layers[static_cast<size_t>(l)];
+    const std::string b = "blk." + std::to_string(l) + ".";
+    add_llama_tensor(w, b + "attn_norm.weight", L.attn_norm, DType::f32, dq);
+    add_llama_tensor(w, b + "ffn_norm.weight", L.ffn_norm, DType::f32, dq);
+    add_llama_tensor(w, b + "attn_q.weight", L.wq, o.matrices, dq, c.num_attention_heads, c.head_dim);
+    add_llama_tensor(w, b + "attn_k.weight", L.wk, o.matrices, dq, c.num_key_value_heads, c.head_dim);
+    add_llama_tensor(w, b + "attn_v.weight", L.wv, o.matrices, dq);
+    add_llama_tensor(w, b + "attn_output.weight", L.wo, o.matrices, dq);
+    add_llama_tensor(w, b + "ffn_gate.weight", L.w_gate, o.matrices, dq);
+    add_llama_tensor(w, b + "ffn_up.weight", L.w_up, o.matrices, dq);
+    add_llama_tensor(w, b + "ffn_down.weight", L.w_down, o.matrices, dq);
+  }
+  return w.bytes();
+}
+
+void write_llama_gguf(const ModelFiles& hf, const std::string& path, const LlamaGgufOptions& options) {
+  write_bytes_to_file(path, llama_gguf_bytes(hf, options));
 }
 
 }  // namespace tq

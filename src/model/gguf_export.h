@@ -30,4 +30,23 @@ std::vector<uint8_t> gpt_oss_gguf_bytes(const ModelFiles& hf);
 // The same, written to `path`.
 void write_gpt_oss_gguf(const ModelFiles& hf, const std::string& path);
 
+// A Llama model (HF folder) as a GGUF file in llama.cpp's llama layout, its matrices quantized by this
+// project's reference quantizers (ops/kquant.h: round to nearest with llama.cpp's per-block scale search),
+// so that k-quant files can be made from any small model. Layout: general.architecture "llama", the llama.*
+// keys config_from_gguf reads, a gpt2-style tokenizer from the folder's tokenizer.json (tokens, token types,
+// merges, BOS/EOS ids), tensors token_embd, output (absent when tied), output_norm and per layer
+// blk.N.{attn_norm, ffn_norm} (F32), blk.N.{attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down}
+// in `matrices`. attn_q / attn_k rows are permuted as llama.cpp's converter does for interleaved RoPE (per head,
+// HF row i * head_dim / 2 + j becomes row 2 j + i). A matrix whose rows are not whole blocks of its type is an
+// error naming it (no silent fallback to another type).
+struct LlamaGgufOptions {
+  DType matrices = DType::q4_k;   // the attention and MLP matrices
+  DType embedding = DType::q6_k;  // token_embd (and output when untied)
+  // Write every quantized tensor as F32 holding its dequantized values: the same model in float, so that a
+  // test can tell the products' error from the format's.
+  bool dequantized = false;
+};
+std::vector<uint8_t> llama_gguf_bytes(const ModelFiles& hf, const LlamaGgufOptions& options);
+void write_llama_gguf(const ModelFiles& hf, const std::string& path, const LlamaGgufOptions& options);
+
 }  // namespace tq

@@ -50,18 +50,8 @@ Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
   rope_ = dev.rope_table(rope_config(c));
 }
 
-std::vector<LayerSpec> Llama::layer_specs() const {
-  std::vector<LayerSpec> specs(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    specs[l].n_kv_heads = n_kv_;
-    specs[l].head_dim = head_dim_;
-    if (layers_[l].attention.window > 0) {
-      specs[l].kind = LayerKind::sliding_attention;
-      specs[l].window = layers_[l].attention.window;
-    }
-  }
-  return specs;
-}
+// From the config alone, as the memory plan reads it (model/architecture.h).
+std::vector<LayerSpec> Llama::layer_specs() const { return layer_specs_for(config_); }
 
 void Llama::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const {
   TQ_CHECK(caches.size() == layers_.size(), "the model has ", layers_.size(), " layers, its caches ", caches.size());

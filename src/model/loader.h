@@ -14,6 +14,8 @@
 
 namespace tq {
 
+struct MlxTqStorage;
+
 struct ModelFiles {
   std::string path;
   ModelConfig config;
@@ -26,11 +28,25 @@ struct ModelFiles {
   ModelWeights weights;
   // Mixture-of-experts layers (config.num_experts > 0): per-expert views over `weights`.
   ExpertWeights experts;
+  // The reference system's TurboQuant folders (model/mlx_tq.h): buffers the tq views point into.
+  std::shared_ptr<MlxTqStorage> mlx_tq;
 
   const TensorSet& tensors() const { return gguf ? gguf->tensors() : safetensors->tensors(); }
 };
 
 // `path`: a folder, or a file ending in .gguf. Throws tq::Error naming the file and the problem.
 ModelFiles open_model(const std::string& path);
+
+// The same model read from its headers only (what turboquant-plan and the tools' up-front memory check
+// read): config.json or the GGUF metadata, and the tensor tables of the safetensors files or the GGUF file,
+// mapped but with no tensor data touched. `weights` and `experts` stay empty (no weight checks, no MXFP4
+// repacking, no TurboQuant scale checks). A folder of the reference system's TurboQuant weights
+// (config.json quantization.mode "turboquant": U32 codes) lists its tensors as flat bytes
+// (SafetensorsRead::header_only), and so does any folder whose dtypes this reader cannot compute with.
+ModelFiles open_model_headers(const std::string& path);
+
+// The bytes of the tensors stored in the files: every tensor of the set but the TurboQuant views the loader
+// adds over the tq planes (model/tq_weights.h), which are bytes of the files counted once, as planes.
+int64_t file_tensor_bytes(const TensorSet& tensors);
 
 }  // namespace tq

@@ -192,6 +192,12 @@ TEST(HfConfig, Errors) {
                                           "num_hidden_layers": 2147483647, "num_attention_heads": 4, "vocab_size": 11})",
                                      "cfg.json"); },
                {"cfg.json", "num_hidden_layers is 2147483647", "more than the 65536 layers"});
+  // Widths that would wrap in the device code's ints are refused (fuzz/corpus/fuzz_model_config/regression-head-dim-2p32:
+  // head_dim 2^32 + 64 ran as 64).
+  expect_error([&] { parse_hf_config(tiny_config("LlamaForCausalLM", "llama", R"("head_dim": 4294967360)"), "cfg.json"); },
+               {"cfg.json", "head_dim 4294967360 is more than the 16777216"});
+  expect_error([&] { parse_hf_config(tiny_config("LlamaForCausalLM", "llama", R"("vocab_size": 4294967307)"), "cfg.json"); },
+               {"cfg.json", "vocab_size 4294967307", "32-bit token ids"});
   expect_error([&] { parse_hf_config(tiny_config("Qwen2ForCausalLM", "qwen2", R"("use_sliding_window": true)"), "cfg.json"); },
                {"cfg.json", "sliding_window"});
   expect_error([&] { load_hf_config("/nonexistent/dir/config.json"); }, {"/nonexistent/dir/config.json", "no such file"});

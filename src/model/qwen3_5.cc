@@ -171,19 +171,8 @@ Qwen35::Qwen35(const ModelFiles& files, Device& dev) : config_(files.config) {
   rope_ = dev.rope_table(rope_config(c));
 }
 
-std::vector<LayerSpec> Qwen35::layer_specs() const {
-  std::vector<LayerSpec> specs(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    if (layers_[l].linear) {
-      specs[l].kind = LayerKind::linear_attention;
-      specs[l].state = StateShape{conv_dim_, conv_kernel_, delta_.v_heads, delta_.k_dim, delta_.v_dim};
-    } else {
-      specs[l].n_kv_heads = n_kv_;
-      specs[l].head_dim = head_dim_;
-    }
-  }
-  return specs;
-}
+// From the config alone, as the memory plan reads it (model/architecture.h).
+std::vector<LayerSpec> Qwen35::layer_specs() const { return layer_specs_for(config_); }
 
 void Qwen35::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const {
   TQ_CHECK(caches.size() == layers_.size(), "the model has ", layers_.size(), " layers, its caches ", caches.size());

@@ -23,13 +23,15 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // U8 holds the planes of MXFP4 expert weights (*_blocks, *_scales); the weight checks say where it
 // may appear.
-constexpr const char* kSupportedDtypes = "F32, F16, BF16, U8";
+// U32 holds the packed codes of the reference system's TurboQuant folders (model/mlx_tq.h).
+constexpr const char* kSupportedDtypes = "F32, F16, BF16, U8, U32";
 
 std::optional<DType> supported_dtype(const std::string& name) {
   if (name == "F32") return DType::f32;
   if (name == "F16") return DType::f16;
   if (name == "BF16") return DType::bf16;
   if (name == "U8") return DType::u8;
+  if (name == "U32") return DType::u32;
   return std::nullopt;
 }
 
@@ -78,19 +80,22 @@ json read_json_file(const std::string& path) {
 
 }  // namespace
 
-bool is_known_safetensors_dtype(const std::string& name) {
-  static const char* const kAll[] = {"BOOL", "U8",  "I8",  "I16", "U16", "F16",     "BF16",    "I32",
-                                     "U32",  "F32", "F64", "I64", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-                                     "F4",   "F6_E2M3", "F6_E3M2", "C64"};
-  for (const char* k : kAll) {
-    if (name == k) return true;
+int safetensors_dtype_bits(const std::string& name) {
+  static const std::pair<const char*, int> kAll[] = {
+      {"BOOL", 8}, {"U8", 8},       {"I8", 8},       {"I16", 16},      {"U16", 16},     {"F16", 16},    {"BF16", 16},
+      {"I32", 32}, {"U32", 32},     {"F32", 32},     {"F64", 64},      {"I64", 64},     {"U64", 64},    {"F8_E5M2", 8},
+      {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F4", 4},     {"F6_E2M3", 6},   {"F6_E3M2", 6},  {"C64", 64}};
+  for (const auto& [k, bits] : kAll) {
+    if (name == k) return bits;
   }
-  return false;
+  return 0;
 }
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(MappedFile::open(path)); }
+bool is_known_safetensors_dtype(const std::string& name) { return safetensors_dtype_bits(name) > 0; }
 
-SafetensorsFile SafetensorsFile::parse(MappedFile file) {
+SafetensorsFile SafetensorsFile::open(const std::string& path, SafetensorsRead mode) { return parse(MappedFile::open(path), mode); }
+
+SafetensorsFile SafetensorsFile::parse(MappedFile file, SafetensorsRead mode) {
   const std::string& path = file.path();
   const uint64_t size = file.size();
   TQ_CHECK(size >= 8, "'", path, "' is not a safetensors file: ", size,
@@ -136,8 +141,9 @@ SafetensorsFile SafetensorsFile::parse(MappedFile file) {
     auto dtype_it = entry.find("dtype");
     TQ_CHECK(dtype_it != entry.end() && dtype_it->is_string(), where, ": missing or non-string \"dtype\"");
     const std::string dtype_str = dtype_it->get<std::string>();
-    const std::optional<DType> dtype = supported_dtype(dtype_str);
-    if (!dtype) {
+    std::optional<DType> dtype = supported_dtype(dtype_str);
+    const bool opaque = !dtype && mode == SafetensorsRead::header_only && is_known_safetensors_dtype(dtype_str);
+    if (!dtype && !opaque) {
       if (is_known_safetensors_dtype(dtype_str)) {
         fail(where, ": dtype ", dtype_str, " is not supported (supported: ", kSupportedDtypes, ")");
       }
@@ -163,10 +169,28 @@ SafetensorsFile SafetensorsFile::parse(MappedFile file) {
     TQ_CHECK(static_cast<uint64_t>(end) <= buffer_size, where, ": data_offsets ", off_it->dump(),
              " run past the end of the data (", buffer_size, " bytes after the header; file truncated?)");
 
-    const std::optional<uint64_t> expected = tensor_bytes(*dtype, shape);
+    std::optional<uint64_t> expected;
+    if (opaque) {
+      // Bits per element times elements, in whole bytes (sub-byte dtypes pack their elements).
+      using u128 = unsigned __int128;
+      const u128 limit = static_cast<u128>(std::numeric_limits<uint64_t>::max()) * 8;
+      u128 bits = static_cast<u128>(safetensors_dtype_bits(dtype_str));
+      bool fits = true;
+      for (int64_t d : shape) {
+        fits = fits && (d == 0 || bits <= limit / static_cast<u128>(d));
+        if (fits) bits *= static_cast<u128>(d);
+      }
+      if (fits) expected = static_cast<uint64_t>((bits + 7) / 8);
+    } else {
+      expected = tensor_bytes(*dtype, shape);
+    }
     TQ_CHECK(expected.has_value(), where, ": shape ", shape_string(shape), " is too large");
     TQ_CHECK(*expected == static_cast<uint64_t>(end - begin), where, ": shape ", shape_string(shape), " of ",
              dtype_str, " needs ", *expected, " bytes but data_offsets ", off_it->dump(), " hold ", end - begin);
+    if (opaque) {
+      dtype = DType::u8;  // the bytes as they are: nothing computes with them
+      shape = {end - begin};
+    }
 
     TensorView view;
     view.name = name;
@@ -218,7 +242,7 @@ SafetensorsModel SafetensorsModel::from_files(std::string source, std::vector<Sa
   return m;
 }
 
-SafetensorsModel SafetensorsModel::open(const std::string& path) {
+SafetensorsModel SafetensorsModel::open(const std::string& path, SafetensorsRead mode) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   TQ_CHECK(fs::exists(st), "model path '", path, "' does not exist");
@@ -241,7 +265,7 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
 
   if (!single.empty()) {
     std::vector<SafetensorsFile> files;
-    files.push_back(SafetensorsFile::open(single));
+    files.push_back(SafetensorsFile::open(single, mode));
     return from_files(single, std::move(files));
   }
 
@@ -272,7 +296,7 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
   for (const std::string& shard : shard_names) {
     const std::string shard_path = (dir / shard).string();
     try {
-      files.push_back(SafetensorsFile::open(shard_path));
+      files.push_back(SafetensorsFile::open(shard_path, mode));
     } catch (const Error& e) {
       fail("'", index, "' lists shard '", shard, "', which cannot be read: ", e.what());
     }

@@ -13,11 +13,17 @@
 
 namespace tq {
 
+// How a file's tensors are read. header_only (the memory plan, turboquant-plan): every tensor of a dtype
+// the format defines is listed, those this reader cannot compute with (U32 codes of the reference system's
+// TurboQuant folders, I8, ...) as flat U8 views of their bytes ([nbytes]) after their byte count is checked
+// against their dtype and shape; nothing but the header is read either way.
+enum class SafetensorsRead { weights, header_only };
+
 class SafetensorsFile {
  public:
-  static SafetensorsFile open(const std::string& path);
+  static SafetensorsFile open(const std::string& path, SafetensorsRead mode = SafetensorsRead::weights);
   // Parses bytes already in memory or mapped (the file's path() names it in messages).
-  static SafetensorsFile parse(MappedFile file);
+  static SafetensorsFile parse(MappedFile file, SafetensorsRead mode = SafetensorsRead::weights);
 
   const std::string& path() const { return file_.path(); }
   // In data order (ascending data_offsets).
@@ -43,7 +49,7 @@ class SafetensorsModel {
  public:
   // `path`: a folder (model.safetensors is preferred over an index when both exist, as transformers
   // does), a .safetensors file, or a .safetensors.index.json file.
-  static SafetensorsModel open(const std::string& path);
+  static SafetensorsModel open(const std::string& path, SafetensorsRead mode = SafetensorsRead::weights);
 
   const TensorSet& tensors() const { return tensors_; }
   // For the loader, which adds views over the files' tensors (TurboQuant weights: model/tq_weights.h).
@@ -63,5 +69,7 @@ class SafetensorsModel {
 // True for the safetensors dtype names that exist in the format, supported here or not
 // (F32, F16, BF16 are supported; I8, U8, F8_E4M3, F64, ... are recognised and rejected).
 bool is_known_safetensors_dtype(const std::string& name);
+// Bits per element of a dtype the format defines (BOOL 8, F4 4, F6_* 6, C64 64, ...); 0 for an unknown name.
+int safetensors_dtype_bits(const std::string& name);
 
 }  // namespace tq

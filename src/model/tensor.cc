@@ -7,9 +7,21 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/dtype.h"
+#include "ops/kquant.h"
 #include "ops/tq_weights.h"
 
 namespace tq {
+
+ops::DType to_ops_kquant(DType t) {
+  switch (t) {
+    case DType::q4_0: return ops::DType::Q4_0;
+    case DType::q4_k: return ops::DType::Q4_K;
+    case DType::q5_k: return ops::DType::Q5_K;
+    case DType::q6_k: return ops::DType::Q6_K;
+    default: break;
+  }
+  fail("internal error: ", dtype_name(t), " is not a ggml block type");
+}
 
 const char* dtype_name(DType t) {
   switch (t) {
@@ -22,12 +34,18 @@ const char* dtype_name(DType t) {
     case DType::tq2: return "TQ2";
     case DType::tq3: return "TQ3";
     case DType::tq4: return "TQ4";
+    case DType::u32: return "U32";
+    case DType::q4_0: return "Q4_0";
+    case DType::q4_k: return "Q4_K";
+    case DType::q5_k: return "Q5_K";
+    case DType::q6_k: return "Q6_K";
   }
   return "?";
 }
 
 int64_t dtype_block_elems(DType t) {
   if (is_tq(t)) return 32;
+  if (is_kquant(t)) return static_cast<int64_t>(ops::block_values(to_ops_kquant(t)));
   return t == DType::q8_0 ? kQ8_0BlockElems : t == DType::mxfp4 ? kMxfp4BlockElems : 1;
 }
 
@@ -42,6 +60,11 @@ int64_t dtype_block_bytes(DType t) {
     case DType::tq2: return 8;
     case DType::tq3: return 12;
     case DType::tq4: return 16;
+    case DType::u32: return 4;
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: return static_cast<int64_t>(ops::block_bytes(to_ops_kquant(t)));
   }
   return 0;
 }
@@ -126,6 +149,14 @@ void read_row_f32(const TensorView& view, int64_t row, float* out) {
     case DType::u8:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
       break;
+    case DType::u32:
+      // Words as numbers (exact up to 2^24; packed codes are read as words by model/mlx_tq.cc, not here).
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t v;
+        std::memcpy(&v, src + 4 * i, 4);
+        out[i] = static_cast<float>(v);
+      }
+      break;
     case DType::mxfp4:
       for (int64_t blk = 0; blk < n / kMxfp4BlockElems; ++blk) {
         const uint8_t* block = src + blk * kMxfp4BlockBytes;
@@ -146,6 +177,10 @@ void read_row_f32(const TensorView& view, int64_t row, float* out) {
       ops::tq_weight_row(w, row, out);
       break;
     }
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: ops::kquant_dequantize(to_ops_kquant(view.dtype), src, static_cast<size_t>(n), out); break;
   }
 }
 
@@ -167,6 +202,12 @@ void TensorSet::add(TensorView view) {
   }
   index_.emplace(view.name, tensors_.size());
   tensors_.push_back(std::move(view));
+}
+
+void TensorSet::replace(TensorView view) {
+  const auto it = index_.find(view.name);
+  TQ_CHECK(it != index_.end(), source_, ": no tensor '", view.name, "' to replace");
+  tensors_[it->second] = std::move(view);
 }
 
 void TensorSet::add_alias(const std::string& alias, const std::string& target) {

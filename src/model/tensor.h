@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ops/dtype.h"
 #include "ops/tq_format.h"
 
 namespace tq {
@@ -28,10 +29,22 @@ enum class DType {
   tq2,    // TurboQuant weights (docs/FORMATS.md): a view the loader makes over '<name>.tq_codes' (U8) and
   tq3,    // '<name>.tq_scales' (F16) of a converted folder; shape [out, in], 32 values = 4 * bits bytes of codes,
   tq4,    // the scales in TensorView::tq_scales. Never a dtype in a file.
-};
 
-const char* dtype_name(DType t);           // "F32", "F16", "BF16", "Q8_0", "U8", "MXFP4"
-int64_t dtype_block_elems(DType t);        // values per block: 1, or 32 for Q8_0 and MXFP4
+  // MLX TurboQuant folders (model/mlx_tq.h).
+  u32,    // raw little-endian 32-bit words (safetensors U32): the packed codes of the reference system's
+          // weight folders, read only by model/mlx_tq.cc, which turns them into tq2/tq3/tq4 views
+  // ggml's 4-6 bit block types (GGUF types 2, 12, 13, 14), used in place; layouts in ops/kquant.h.
+  q4_0,   // 32 values in 18 bytes
+  q4_k,   // 256 values in 144 bytes
+  q5_k,   // 256 values in 176 bytes
+  q6_k,   // 256 values in 210 bytes
+};
+inline bool is_kquant(DType t) { return t == DType::q4_0 || t == DType::q4_k || t == DType::q5_k || t == DType::q6_k; }
+
+const char* dtype_name(DType t);
+// The ops storage type of a q4_0 / q4_k / q5_k / q6_k tensor (throws for the others).
+ops::DType to_ops_kquant(DType t);           // "F32", "F16", "BF16", "Q8_0", "U8", "MXFP4"
+int64_t dtype_block_elems(DType t);        // values per block: 1, or 32 for Q8_0, MXFP4, TQ and Q4_0, 256 for the k-quants
 int64_t dtype_block_bytes(DType t);        // bytes per block: 4, 2, 2, 34, 1, 17 (TQ: 8, 12, 16 bytes of codes)
 inline bool is_tq(DType t) { return t == DType::tq2 || t == DType::tq3 || t == DType::tq4; }
 inline constexpr int64_t kQ8_0BlockElems = 32;
@@ -85,6 +98,9 @@ class TensorSet {
 
   // Throws tq::Error when the name is already taken (naming both files).
   void add(TensorView view);
+  // Puts `view` in the place of the stored tensor of its name (a loader's view over raw planes, e.g. MLX
+  // TurboQuant codes); throws when there is none.
+  void replace(TensorView view);
   // `alias` resolves to the tensor `target` (e.g. a tied embedding stored once under another name).
   void add_alias(const std::string& alias, const std::string& target);
 

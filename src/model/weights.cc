@@ -38,9 +38,9 @@ enum class Kind {
 bool allowed(Kind k, DType t) {
   switch (k) {
     case Kind::vector: return t == DType::f32 || t == DType::f16 || t == DType::bf16;
-    case Kind::matrix: return allowed(Kind::vector, t) || t == DType::q8_0 || is_tq(t);
+    case Kind::matrix: return allowed(Kind::vector, t) || t == DType::q8_0 || is_tq(t) || is_kquant(t);
     case Kind::plane: return t == DType::u8;
-    case Kind::experts: return allowed(Kind::matrix, t) || t == DType::mxfp4;
+    case Kind::experts: return (allowed(Kind::matrix, t) && !is_kquant(t)) || t == DType::mxfp4;
     case Kind::hf_experts: return allowed(Kind::vector, t);
   }
   return false;
@@ -49,7 +49,9 @@ bool allowed(Kind k, DType t) {
 const char* allowed_names(Kind k) {
   switch (k) {
     case Kind::vector: return "norms and biases must be F32, F16 or BF16";
-    case Kind::matrix: return "matrices must be F32, F16, BF16, Q8_0 or TurboQuant (a converted folder)";
+    case Kind::matrix:
+      return "matrices must be F32, F16, BF16, Q8_0 or TurboQuant (a converted folder), or in a GGUF Q4_0, Q4_K, Q5_K "
+             "or Q6_K";
     case Kind::plane: return "MXFP4 blocks and scales must be U8";
     case Kind::experts: return "expert matrices must be F32, F16, BF16, Q8_0 or MXFP4";
     case Kind::hf_experts:

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "ops/kquant.h"
 
 namespace tq {
 
@@ -81,6 +82,20 @@ std::vector<uint8_t> encode_values(DType dtype, const std::vector<float>& values
     case DType::tq3:
     case DType::tq4:
       fail("TurboQuant weights are written as their .tq_codes / .tq_scales planes (turboquant-convert), not from floats");
+    case DType::u32:
+      fail("U32 words are written raw (add_raw), not from floats");
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: {
+      // llama.cpp-style round-to-nearest reference quantizers (ops/kquant.h).
+      const ops::DType t = to_ops_kquant(dtype);
+      TQ_CHECK(values.size() % ops::block_values(t) == 0, dtype_name(dtype), " needs a multiple of ",
+               ops::block_values(t), " values, got ", values.size());
+      out.resize(ops::storage_bytes(t, values.size()));
+      ops::kquant_quantize(t, values.data(), values.size(), out.data());
+      break;
+    }
   }
   return out;
 }
@@ -94,7 +109,7 @@ void SafetensorsWriter::add_raw(const std::string& name, const std::string& dtyp
 
 void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
                             const std::vector<float>& values) {
-  TQ_CHECK(dtype != DType::q8_0 && dtype != DType::mxfp4, "safetensors has no ", dtype_name(dtype));
+  TQ_CHECK(dtype != DType::q8_0 && dtype != DType::mxfp4 && !is_kquant(dtype), "safetensors has no ", dtype_name(dtype));
   TQ_CHECK(count_elems(shape) == static_cast<int64_t>(values.size()), "tensor '", name, "': ", values.size(),
            " values for shape ", shape_string(shape));
   add_raw(name, dtype_name(dtype), std::move(shape), encode_values(dtype, values));
@@ -200,6 +215,10 @@ void GgufWriter::add_tensor(const std::string& name, DType dtype, std::vector<in
                       : dtype == DType::f16  ? kGgmlF16
                       : dtype == DType::bf16 ? kGgmlBF16
                       : dtype == DType::q8_0 ? kGgmlQ8_0
+                      : dtype == DType::q4_0 ? kGgmlQ4_0
+                      : dtype == DType::q4_k ? kGgmlQ4_K
+                      : dtype == DType::q5_k ? kGgmlQ5_K
+                      : dtype == DType::q6_k ? kGgmlQ6_K
                                              : kGgmlMxfp4;
   TQ_CHECK(dtype != DType::u8, "GGUF has no U8 tensors");
   add_tensor_raw(name, id, std::move(shape), encode_values(dtype, values));

@@ -18,6 +18,11 @@
 // row rotated by a blockwise randomized Hadamard transform, b bits each with no bit wasted, and a binary16
 // scale per group in a second plane (WeightView::scales). A storage block is 32 codes (b * 4 bytes): every
 // group size (32, 64, 128) is a whole number of them. Products take an activation rotated the same way.
+//
+// Q4_0, Q4_K, Q5_K, Q6_K are ggml's block formats, byte for byte as a GGUF file stores them (ops/kquant.h has
+// the block layouts and the exact dequantization; docs/FORMATS.md "GGUF k-quants"): Q4_0 32 values in 18
+// bytes, the k-quants 256-value super-blocks of 144 (Q4_K), 176 (Q5_K) and 210 (Q6_K) bytes. Their products
+// quantize the activation row to int8 once and multiply in integers (ops/kquant.h states the error bound).
 #pragma once
 
 #include <bit>
@@ -28,7 +33,21 @@
 
 namespace tq::ops {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, MXFP4, TQ2, TQ3, TQ4 };
+enum class DType : uint8_t {
+  F32, F16, BF16, Q8_0, MXFP4, TQ2, TQ3, TQ4,
+  // ggml's 4-6 bit block types (ops/kquant.h), kept together.
+  Q4_0, Q4_K, Q5_K, Q6_K,
+};
+
+inline constexpr bool is_kquant(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+}
+inline constexpr size_t kQ4_0BlockValues = 32;
+inline constexpr size_t kQ4_0BlockBytes = 2 + 16;             // f16 d, 16 bytes of nibbles
+inline constexpr size_t kSuperBlockValues = 256;             // QK_K
+inline constexpr size_t kQ4_KBlockBytes = 2 + 2 + 12 + 128;  // d, dmin, 6-bit scales/mins, nibbles
+inline constexpr size_t kQ5_KBlockBytes = kQ4_KBlockBytes + 32;  // + one high bit per value
+inline constexpr size_t kQ6_KBlockBytes = 128 + 64 + 16 + 2;      // low nibbles, high 2 bits, int8 scales, f16 d
 
 inline constexpr bool is_tq(DType t) { return t == DType::TQ2 || t == DType::TQ3 || t == DType::TQ4; }
 // Bits per code of a TurboQuant type (0 for the others).
@@ -41,9 +60,11 @@ inline constexpr size_t kQ8BlockBytes = 2 + kQ8BlockValues;  // f16 scale + 32 i
 inline constexpr size_t kMxfp4BlockValues = 32;
 inline constexpr size_t kMxfp4BlockCodeBytes = kMxfp4BlockValues / 2;  // 16 bytes of nibbles
 
-// Values per storage block: 1 for the plain types, 32 for Q8_0 and MXFP4.
+// Values per storage block: 1 for the plain types, 32 for Q8_0, MXFP4, TQ* and Q4_0, 256 for the k-quants.
 inline constexpr size_t block_values(DType t) {
   if (is_tq(t)) return kTqBlockValues;
+  if (t == DType::Q4_0) return kQ4_0BlockValues;
+  if (is_kquant(t)) return kSuperBlockValues;
   return t == DType::Q8_0 ? kQ8BlockValues : t == DType::MXFP4 ? kMxfp4BlockValues : 1;
 }
 
@@ -59,6 +80,10 @@ inline constexpr size_t block_bytes(DType t) {
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: return kTqBlockValues / 8 * static_cast<size_t>(tq_bits(t));  // codes only; scales apart
+    case DType::Q4_0: return kQ4_0BlockBytes;
+    case DType::Q4_K: return kQ4_KBlockBytes;
+    case DType::Q5_K: return kQ5_KBlockBytes;
+    case DType::Q6_K: return kQ6_KBlockBytes;
   }
   return 0;
 }
@@ -73,6 +98,10 @@ inline constexpr const char* dtype_name(DType t) {
     case DType::TQ2: return "TQ2";
     case DType::TQ3: return "TQ3";
     case DType::TQ4: return "TQ4";
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q5_K: return "Q5_K";
+    case DType::Q6_K: return "Q6_K";
   }
   return "?";
 }

@@ -14,7 +14,8 @@ namespace tq::ops::kernels {
 // (64 x 512 floats = 128 KiB) stays in L2 while the weight rows stream past.
 inline constexpr size_t kPanelColumns = 512;
 
-// Output rows [row_begin, row_end) of y[rows] = W x (+ bias).
+// Output rows [row_begin, row_end) of y[rows] = W x (+ bias). Q4_0/Q4_K/Q5_K/Q6_K weights go to
+// kquant_matmul_rows (ops/kquant_kernels.h).
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias);
 // Output rows [row_begin, row_end) of y[n][rows] = x[n][cols] . W^T (+ bias), any n (the kernel

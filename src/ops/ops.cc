@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/kernels.h"
+#include "ops/kquant.h"
 #include "ops/tq_weights.h"
 
 namespace tq::ops {
@@ -260,6 +261,10 @@ void weight_row(const WeightView& w, int64_t row, float* out) {
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: return tq_weight_row(w, row, out);
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: return kquant_dequantize(w.dtype, p, cols, out);
   }
 }
 

@@ -1,4 +1,5 @@
-// CPU compute ops of the forward pass: matrix products over F32/F16/BF16/Q8_0/MXFP4 weights, RMSNorm,
+// CPU compute ops of the forward pass: matrix products over F32/F16/BF16/Q8_0/MXFP4 weights and ggml's
+// Q4_0/Q4_K/Q5_K/Q6_K blocks (int8-activation products, ops/kquant.h: within its stated bound), RMSNorm,
 // RoPE, SwiGLU, softmax, argmax and small elementwise ops. Activations are always float32.
 //
 // Every op has a Highway SIMD kernel (compiled for every x86 target, picked at run time) and a

@@ -30,6 +30,7 @@
 #include "core/half.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "ops/kquant.h"
 #include "ops/ops.h"
 
 namespace {
@@ -83,6 +84,15 @@ std::vector<uint8_t> random_weights(tq::ops::DType t, size_t rows, size_t cols) 
     const size_t codes = bytes.size() - scale_bytes;
     for (size_t i = 0; i < codes; ++i) bytes[i] = static_cast<uint8_t>(rng.next());
     for (size_t i = codes; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(118 + rng.next() % 4);
+    return bytes;
+  }
+  if (tq::ops::is_kquant(t)) {
+    // Gaussian rows through the reference quantizer: realistic scales and codes.
+    std::vector<float> row(cols);  // [cols]
+    for (size_t r = 0; r < rows; ++r) {
+      for (auto& v : row) v = static_cast<float>(0.02 * rng.normal());
+      tq::ops::kquant_quantize(t, row.data(), cols, bytes.data() + r * tq::ops::storage_bytes(t, cols));
+    }
     return bytes;
   }
   if (t == DType::Q8_0) {
@@ -237,7 +247,8 @@ int main(int argc, char** argv) {
 
   std::printf("| weights | path | time | weight GB/s | GFLOP/s |\n|---|---|---|---|---|\n");
   using tq::ops::DType;
-  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8_0, DType::MXFP4}) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8_0, DType::MXFP4, DType::Q4_0, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K}) {
     const auto bytes = random_weights(t, rows, cols);
     const auto r = static_cast<int64_t>(rows), c = static_cast<int64_t>(cols);
     const auto w = t == DType::MXFP4

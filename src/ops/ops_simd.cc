@@ -16,6 +16,7 @@
 
 #include "core/half.h"
 #include "ops/kernels.h"
+#include "ops/kquant_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq::ops {
@@ -93,8 +94,15 @@ HWY_INLINE float ReduceSum(D d, V v) { return hn::GetLane(hn::SumOfLanes(d, v));
 // multiply-adds share would otherwise be folded into each of them as a memory operand (GCC does
 // that), and a 3 x 4 tile then issues 15 loads per step instead of 7: more than the two loads per
 // cycle the core can take, so the tile ran at 60% of its multiply-add rate instead of 90%.
+// Not under clang's AddressSanitizer (the fuzz build, fuzz/): it keeps v in memory there, and clang
+// cannot tie a memory operand to a "+v" register constraint (a compile error).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TQ_NO_KEEP_IN_REGISTER 1
+#endif
+#endif
 HWY_INLINE void KeepInRegister(V& v) {
-#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG) && !defined(TQ_NO_KEEP_IN_REGISTER)
   asm("" : "+v"(v.raw));
 #else
   (void)v;
@@ -685,6 +693,10 @@ void MatVecRows(const WeightView& w, const float* x, float* y, size_t row_begin,
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: break;  // ops.cc refuses them before (they take a rotated activation: tq_weights.h)
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: break;  // kernels::matvec_rows sends them to kquant_simd.cc
   }
   HWY_ABORT("matvec: no dense kernel for %s", dtype_name(w.dtype));
 }
@@ -702,6 +714,10 @@ void MatMulRows(const WeightView& w, const float* x, size_t n, float* y, size_t 
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: break;  // ops.cc refuses them before (they take a rotated activation: tq_weights.h)
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: break;  // kernels::matmul_rows sends them to kquant_simd.cc
   }
   HWY_ABORT("matmul: no dense kernel for %s", dtype_name(w.dtype));
 }
@@ -903,10 +919,12 @@ HWY_EXPORT(TargetName);
 
 void matvec_rows(const WeightView& w, const float* x, float* y, size_t row_begin, size_t row_end,
                  const float* bias) {
+  if (is_kquant(w.dtype)) return kquant_matmul_rows(w, x, 1, y, 0, row_begin, row_end, bias);
   HWY_DYNAMIC_DISPATCH(MatVecRows)(w, x, y, row_begin, row_end, bias);
 }
 void matmul_rows(const WeightView& w, const float* x, size_t n, float* y, size_t y_stride, size_t row_begin,
                  size_t row_end, const float* bias) {
+  if (is_kquant(w.dtype)) return kquant_matmul_rows(w, x, n, y, y_stride, row_begin, row_end, bias);
   HWY_DYNAMIC_DISPATCH(MatMulRows)(w, x, n, y, y_stride, row_begin, row_end, bias);
 }
 void rms_norm(const float* x, const float* weight, float eps, size_t n, float* y) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "ops/kquant.h"
 
 namespace tq::ops::ref {
 
@@ -44,6 +45,16 @@ float weight_at(const WeightView& w, int64_t r, int64_t c) {
     case DType::TQ2:
     case DType::TQ3:
     case DType::TQ4: break;  // a TQ row is rotated: its references are in ops/tq_weights.h
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: {
+      // The exact dequantization (ops/kquant.h) of the block that holds column c.
+      const size_t n = block_values(w.dtype);
+      float block[kSuperBlockValues];
+      kquant_dequantize(w.dtype, row + static_cast<size_t>(c) / n * block_bytes(w.dtype), n, block);
+      return block[static_cast<size_t>(c) % n];
+    }
   }
   fail("reference weight_at: ", dtype_name(w.dtype), " rows are rotated; use the references of ops/tq_weights.h");
 }

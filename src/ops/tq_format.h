@@ -16,8 +16,15 @@ enum class TqCodebook : uint8_t {
 struct TqParams {
   int group_size = 0;      // codes per scale, along a row: 32, 64 or 128
   int rotation_block = 0;  // the Hadamard block n dividing cols (m * 2^k, m in {1, 12, 20, 28})
-  uint64_t seed = 0;       // the rotation's sign seed (codec/rotation.h: SplitMix64)
+  uint64_t seed = 0;       // the rotation's sign seed (codec/rotation.h: SplitMix64); unused when `signs` is set
   TqCodebook codebook = TqCodebook::lloyd_max;
+  // Weights that carry their own level table and signs (the reference system's MLX folders, docs/FORMATS.md
+  // "MLX TurboQuant folders"); both null for ours. Owned by whoever made the view, valid as long as it.
+  const float* levels = nullptr;  // [2^bits]: the matrix's own levels (value = scale * levels[code]), replacing
+                                  // the `codebook` table
+  const float* signs = nullptr;   // [cols] +-1: the stored rotation signs, replacing the seed's
+  bool sloane_hadamard = false;   // the m-mix of a non-power-of-two block uses Sloane's H_12/H_20/H_28 (MLX's
+                                  // hadamard_transform), not our Paley matrices
 };
 
 inline const char* codebook_name(TqCodebook c) { return c == TqCodebook::lloyd_max ? "lloyd_max" : "lloyd_absmax"; }

@@ -64,6 +64,18 @@ const float* tq_levels(int bits, int group_size, TqCodebook codebook) {
   return t.data();
 }
 
+const float* tq_view_levels(const WeightView& w) {
+  return w.tq.levels != nullptr ? w.tq.levels : tq_levels(tq_bits(w.dtype), w.tq.group_size, w.tq.codebook);
+}
+
+std::unique_ptr<Rotation> tq_rotation(int64_t cols, const TqParams& p) {
+  if (p.signs != nullptr)
+    return std::make_unique<Rotation>(static_cast<int>(cols), p.rotation_block, p.signs,
+                                      p.sloane_hadamard ? HadamardFamily::sloane : HadamardFamily::paley);
+  TQ_CHECK(!p.sloane_hadamard, "internal error: Sloane's Hadamard order without stored signs");
+  return std::make_unique<Rotation>(static_cast<int>(cols), p.rotation_block, p.seed);
+}
+
 void validate_tq_view(const WeightView& w, const char* what) {
   const TqParams& p = w.tq;
   TQ_CHECK(valid_group(p.group_size), what, ": ", dtype_name(w.dtype), " group size ", p.group_size,
@@ -173,7 +185,7 @@ void TqRowQuantizer::quantize(const float* row, uint8_t* codes, uint16_t* scales
 void tq_rotated_row(const WeightView& w, int64_t r, float* out) {
   const int bits = tq_bits(w.dtype);
   const size_t cols = static_cast<size_t>(w.cols);
-  const float* levels = tq_levels(bits, w.tq.group_size, w.tq.codebook);
+  const float* levels = tq_view_levels(w);
   std::vector<uint8_t> idx(cols);
   tq_unpack_row(bits, w.row_bytes(r), cols, idx.data());
   const uint8_t* sp = w.scale_row(r);
@@ -186,7 +198,7 @@ void tq_rotated_row(const WeightView& w, int64_t r, float* out) {
 
 void tq_weight_row(const WeightView& w, int64_t r, float* out) {
   tq_rotated_row(w, r, out);
-  Rotation(static_cast<int>(w.cols), w.tq.rotation_block, w.tq.seed).inverse(out);
+  tq_rotation(w.cols, w.tq)->inverse(out);
 }
 
 // ------------------------------------------------------------------ activations
@@ -197,10 +209,22 @@ TqInput::TqInput(int64_t cols, int rotation_block, uint64_t seed)
   TQ_CHECK(cols % 8 == 0, "TurboQuant activations have whole chunks of 8 columns, got ", cols);
 }
 
+TqInput::TqInput(int64_t cols, const TqParams& params)
+    : cols_(cols), block_(params.rotation_block), seed_(params.signs ? 0 : params.seed), sloane_(params.sloane_hadamard),
+      rotation_(tq_rotation(cols, params)) {
+  TQ_CHECK(cols % 8 == 0, "TurboQuant activations have whole chunks of 8 columns, got ", cols);
+  if (params.signs != nullptr) stored_signs_.assign(params.signs, params.signs + cols);
+}
+
 TqInput::~TqInput() = default;
 
 bool TqInput::serves(const WeightView& w) const {
-  return is_tq(w.dtype) && w.cols == cols_ && w.tq.rotation_block == block_ && w.tq.seed == seed_;
+  if (!is_tq(w.dtype) || w.cols != cols_ || w.tq.rotation_block != block_) return false;
+  if (w.tq.signs == nullptr) return stored_signs_.empty() && w.tq.seed == seed_;
+  // Stored signs: the same rotation when the signs and the Hadamard family are (q/k/v of a reference-system
+  // folder each carry their own signs; equal ones share the rotated activation).
+  return !stored_signs_.empty() && w.tq.sloane_hadamard == sloane_ &&
+         std::memcmp(stored_signs_.data(), w.tq.signs, stored_signs_.size() * sizeof(float)) == 0;
 }
 
 size_t TqInput::stride() const {
@@ -260,7 +284,7 @@ void tq_matmul_parts(std::span<const LinearPart> parts, const TqPrepared& x, Thr
       if (b >= e) continue;
       const LinearPart& p = parts[i];
       const size_t rows = static_cast<size_t>(p.w.rows);
-      const float* levels = tq_levels(tq_bits(p.w.dtype), p.w.tq.group_size, p.w.tq.codebook);
+      const float* levels = tq_view_levels(p.w);
       kernels::tq_matmul_rows(p.w, levels, x.data, x.stride, x.n, p.y, p.y_stride == 0 ? rows : p.y_stride,
                               (b - first[i]) * kRowGroup, std::min(rows, (e - first[i]) * kRowGroup), p.bias);
     }
@@ -275,11 +299,11 @@ namespace ref {
 void tq_matmul(const WeightView& w, const float* x, size_t n, float* y, const float* bias) {
   w.validate("reference tq_matmul");
   const size_t cols = static_cast<size_t>(w.cols);
-  Rotation rotation(static_cast<int>(cols), w.tq.rotation_block, w.tq.seed);
+  const std::unique_ptr<Rotation> rotation = tq_rotation(w.cols, w.tq);
   std::vector<float> xr(cols), wr(cols);  // [cols] each
   for (size_t t = 0; t < n; ++t) {
     std::copy(x + t * cols, x + (t + 1) * cols, xr.begin());
-    scalar::rotate_forward(rotation.plan(), xr.data());
+    scalar::rotate_forward(rotation->plan(), xr.data());
     for (int64_t r = 0; r < w.rows; ++r) {
       tq_rotated_row(w, r, wr.data());
       double sum = 0;

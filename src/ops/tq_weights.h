@@ -39,6 +39,10 @@ DType tq_dtype(int bits);  // TQ2, TQ3 or TQ4; throws for other bit counts
 
 // The level table of the codes, ascending, [2^bits]; valid for the life of the process.
 const float* tq_levels(int bits, int group_size, TqCodebook codebook);
+// The levels a view's codes index: its own table (TqParams::levels) or tq_levels of its codebook.
+const float* tq_view_levels(const WeightView& w);
+// The rotation of a view's columns: its stored signs and Hadamard family, or the seed's signs.
+std::unique_ptr<Rotation> tq_rotation(int64_t cols, const TqParams& params);
 
 // Checks the TQ-specific parts of a view (WeightView::validate calls it): a group size of 32, 64 or 128
 // dividing cols, a rotation block that is a supported Hadamard size dividing cols, the scale plane.
@@ -91,6 +95,8 @@ void tq_weight_row(const WeightView& w, int64_t r, float* out);
 class TqInput {
  public:
   TqInput(int64_t cols, int rotation_block, uint64_t seed);
+  // The rotation of matrices with these parameters (stored signs and Hadamard family when params.signs is set).
+  TqInput(int64_t cols, const TqParams& params);
   ~TqInput();
   int64_t cols() const { return cols_; }
   int rotation_block() const { return block_; }
@@ -106,6 +112,8 @@ class TqInput {
   int64_t cols_;
   int block_;
   uint64_t seed_;
+  std::vector<float> stored_signs_;  // [cols] when built from stored signs (compared by value), else empty
+  bool sloane_ = false;
   std::unique_ptr<Rotation> rotation_;
 };
 

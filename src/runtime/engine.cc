@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "runtime/memory_plan.h"
 
 namespace tq {
 
@@ -24,11 +25,7 @@ std::string Model::weights_dtype() const {
 
 ModelFingerprint Model::fingerprint() const { return model_fingerprint(architecture_name(config().arch), layer_specs()); }
 
-int64_t Model::file_weight_bytes() const {
-  int64_t bytes = 0;
-  for (const TensorView& t : files_->tensors().all()) bytes += static_cast<int64_t>(t.nbytes);
-  return bytes;
-}
+int64_t Model::file_weight_bytes() const { return file_tensor_bytes(files_->tensors()); }
 
 // ------------------------------------------------------------------ Engine
 
@@ -52,25 +49,10 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   TQ_CHECK(ctx_ <= model.position_limit(), "a context of ", ctx_, " positions is longer than the model's ", model.position_limit());
 
   const std::vector<LayerSpec> specs = model.layer_specs();
-  const KVCacheOptions full = options.kv.cache_options(dev.default_block_tokens(), dev.kv_centring());
-  std::vector<KVCacheOptions> layer_options;
-  int64_t bytes_per_position = 0;  // main tiers of all layers
-  for (const LayerSpec& l : specs) {
-    if (l.kind == LayerKind::linear_attention) {
-      // A recurrent layer's state has a fixed size per sequence: nothing per position in the pool.
-      layer_options.emplace_back();
-      continue;
-    }
-    const KVCacheOptions o =
-        l.kind == LayerKind::sliding_attention ? options.kv.sliding_cache_options(l.window, dev.default_block_tokens(), dev.kv_centring()) : full;
-    const VectorFormat k(l.head_dim, o.k), v(l.head_dim, o.v);
-    bytes_per_position += static_cast<int64_t>(l.n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
-    // Centring: each run's binary16 means, per position (rounded up).
-    if (o.centred())
-      bytes_per_position += (static_cast<int64_t>(l.n_kv_heads) * (o.center_k + o.center_v) * 2 * l.head_dim + o.center_run() - 1) /
-                            o.center_run();
-    layer_options.push_back(o);
-  }
+  // The memory plan computes a run's caches from the same options and sizes (runtime/memory_plan.h); the
+  // default --kv-center centres only where the device's caches implement it.
+  std::vector<KVCacheOptions> layer_options = engine_cache_options(specs, options.kv, dev.default_block_tokens(), dev.kv_centring());
+  const int64_t bytes_per_position = kv_bytes_per_position(specs, layer_options);  // main tiers of all layers, the means counted
   // The pool: the same number of positions in every layer.
   CacheCapacity capacity;
   capacity.max_sequences = options.max_sequences;
@@ -92,9 +74,8 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
     if (capacity.max_tokens > 0) {
       // Whole blocks: the positions asked for wherever the sequences end (each may leave a block partly
       // filled), so that the pool holds them in any split among its sequences.
-      const int64_t T = o.block_tokens;
-      o.max_blocks = (capacity.max_tokens + (static_cast<int64_t>(options.max_sequences) - 1) * (T - 1) + T - 1) / T;
-      layer_capacity.max_tokens = o.max_blocks * T;
+      o.max_blocks = pool_blocks(capacity.max_tokens, options.max_sequences, o.block_tokens);
+      layer_capacity.max_tokens = o.max_blocks * o.block_tokens;
     }
     // A dense rotating cache attends on the fused path whatever the flag; a compressed one (--kv-swa-compress)
     // follows it like the full layers.

@@ -103,13 +103,18 @@ std::vector<QualityReport> measure_quality(Model& model, std::span<const int32_t
                                            const PerplexityOptions& options, const std::function<void(int, int)>& progress) {
   // One engine per configuration (and the FP16 baseline), built on first use; every window is a new sequence.
   std::map<std::string, std::unique_ptr<Engine>> engines;
-  auto run = [&](std::span<const int32_t> window, const KVSettings& kv, int chunk, std::vector<float>& out) {
-    std::unique_ptr<Engine>& engine = engines[kv.describe() + "/bt" + std::to_string(kv.block_tokens)];
+  Model& base_model = options.base_model != nullptr ? *options.base_model : model;
+  TQ_CHECK(base_model.vocab_size() == model.vocab_size(), "the base model's vocabulary (", base_model.vocab_size(),
+           ") differs from the model's (", model.vocab_size(), ")");
+  auto run = [&](std::span<const int32_t> window, const KVSettings& kv, int chunk, std::vector<float>& out,
+                 bool base = false) {
+    std::unique_ptr<Engine>& engine =
+        engines[(base ? "base/" : "") + kv.describe() + "/bt" + std::to_string(kv.block_tokens)];
     if (!engine) {
       EngineOptions eo;
       eo.kv = kv;
       eo.ctx_size = static_cast<int64_t>(window.size());
-      engine = std::make_unique<Engine>(model, eo);
+      engine = std::make_unique<Engine>(base ? base_model : model, eo);
     }
     window_logits(*engine, window, chunk, out);
   };
@@ -136,7 +141,7 @@ std::vector<QualityReport> measure_quality(Model& model, std::span<const int32_t
   for (int w = 0; w < windows; ++w) {
     const auto window = tokens.subspan(static_cast<size_t>(w) * options.ctx, options.ctx);
     if (options.kl_divergence) {
-      run(window, base_kv, options.chunk, base_logits);
+      run(window, base_kv, options.chunk, base_logits, true);
       for (int i = 0; i + 1 < options.ctx; ++i) {
         log_softmax(base_logits.data() + static_cast<size_t>(i) * V, V, lp_base);
         nll_base_sum[0] -= lp_base[window[i + 1]];

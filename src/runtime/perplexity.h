@@ -23,6 +23,9 @@ struct PerplexityOptions {
   int chunks = 0;       // windows to score; 0: as many as the text has
   int chunk = 256;      // tokens per forward pass inside a window
   bool kl_divergence = false;
+  // With kl_divergence: the baseline is this model with an FP16 cache instead of `model`'s own (weight formats
+  // against their source model: same vocabulary, same tokens). Not owned; nullptr: `model`.
+  Model* base_model = nullptr;
 };
 
 struct QualityReport {

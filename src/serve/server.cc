@@ -12,6 +12,7 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "runtime/generate.h"
+#include "runtime/memory_plan.h"
 #include "serve/api.h"
 
 namespace tq::serve {
@@ -179,6 +180,30 @@ void Server::load(std::unique_ptr<Device> device) {
     const int64_t ctx = options_.ctx_size > 0 ? options_.ctx_size : model_->position_limit();
     eo.kv_pool_tokens = static_cast<int64_t>(options_.parallel) * ctx;
   }
+  // Up front: the pool full (every slot at its context, or the --kv-pool-mb budget split among the slots)
+  // must fit with the weights and the workspace, before any request fills it halfway.
+  int64_t positions = options_.ctx_size > 0 ? options_.ctx_size : model_->position_limit();
+  if (options_.kv_pool_bytes > 0) {
+    const std::vector<LayerSpec> specs = model_->layer_specs();
+    const int64_t per_position =
+        std::max<int64_t>(1, kv_bytes_per_position(specs, engine_cache_options(specs, options_.kv, model_->device().default_block_tokens(), model_->device().kv_centring())));
+    positions = std::min(positions, std::max<int64_t>(1, options_.kv_pool_bytes / per_position / options_.parallel));
+  }
+  FitCheck check;
+  check.positions = positions;
+  check.parallel = options_.parallel;
+  check.max_sequences = eo.max_sequences;
+  check.kv_pool_tokens = eo.kv_pool_tokens;
+  check.prefill_chunk = options_.batch_tokens;
+  check.budget_bytes = options_.memory_budget_bytes;
+  if (model_->device().is_cuda()) {
+    check.cuda = true;
+    if (check.budget_bytes == 0) {
+      check.budget_bytes = options_.device_free_bytes;
+      check.budget_source = "the GPU's free memory before loading (cudaMemGetInfo)";
+    }
+  }
+  if (check.budget_bytes > 0 || !check.cuda) refuse_unless_fits(model_->files(), options_.kv, check);
   engine_ = std::make_unique<Engine>(*model_, eo);
 
   SchedulerOptions so;

@@ -46,6 +46,12 @@ struct ServerOptions {
   int parallel = 4;                   // sequences decoding at once
   int64_t ctx_size = 0;               // positions per sequence (0: the model's)
   int64_t kv_pool_bytes = 0;          // all layers' KV budget (0: room for `parallel` sequences of ctx_size)
+  // The up-front memory check (runtime/memory_plan.h): the weights, the KV pool full and the workspace must
+  // fit in this many bytes (0: MemAvailable), else the server refuses to start, saying what would fit.
+  int64_t memory_budget_bytes = 0;
+  // On CUDA: the GPU's free memory before the weights go up (turboquant-serve asks cudaMemGetInfo); the
+  // check is then made against it (memory_budget_bytes, when given, wins). 0 there: no check on the GPU.
+  int64_t device_free_bytes = 0;
   KVSettings kv;                      // resolved
   int batch_tokens = 512;             // tokens per forward call
   bool prefix_cache = true;

@@ -24,6 +24,8 @@
 #include "model/writer.h"
 #include "serve/chat_page.h"
 #include "serve/server.h"
+#include "model/architecture.h"
+#include "runtime/memory_plan.h"
 
 namespace tq::serve {
 namespace {
@@ -688,6 +690,39 @@ TEST(Serve, AFullKvPoolQueuesRequestsAndEveryOneIsAnsweredExactly) {
   // The demo model has full-attention layers only: its prefix cache is on as asked (a model with
   // sliding-window or recurrent layers reports "off (asked for, but ...)").
   EXPECT_EQ(props["prefix_cache_state"], props["prefix_cache"].get<bool>() ? "on" : "off");
+}
+
+// The up-front memory check on both sides of a budget set to the plan's own total: the same options load
+// with that budget and are refused, naming the numbers, with one byte less (runtime/memory_plan.h).
+TEST(Serve, RefusesUpFrontARunThatDoesNotFitTheMemoryBudget) {
+  const ModelFiles headers = open_model_headers(kDemo);
+  PlanRequest r;
+  r.layers = layer_specs_for(headers.config);
+  r.config = headers.config;
+  r.weight_bytes = file_tensor_bytes(headers.tensors());
+  r.kv.resolve();
+  r.context = 256;
+  r.parallel = 2;
+  r.prefill_chunk = 512;  // ServerOptions::batch_tokens
+  const int64_t total = plan_memory(r).total_bytes();
+  for (const int64_t budget : {total, total - 1}) {
+    ServerOptions o;
+    o.parallel = 2;
+    o.ctx_size = 256;
+    o.memory_budget_bytes = budget;
+    TestServer s(o, /*load_now=*/false);
+    if (budget == total) {
+      EXPECT_NO_THROW(s.load());
+    } else {
+      try {
+        s.load();
+        ADD_FAILURE() << "a budget one byte below the plan's " << total << " bytes was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("more than the"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(std::to_string(budget) + " bytes"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

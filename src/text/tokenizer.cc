@@ -172,6 +172,8 @@ class AddedTokenMatcher {
   std::array<std::vector<uint32_t>, 256> by_first_byte_;  // entries by first byte, longest first
 };
 
+constexpr int32_t kMaxTokenId = 1 << 22;
+
 class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(TokenizerSpec spec) : spec_(std::move(spec)) {
@@ -181,6 +183,12 @@ class BpeTokenizer final : public Tokenizer {
     for (const AddedToken& t : spec_.added_tokens) {
       TQ_CHECK(t.id >= 0, spec_.source, ": added token '", t.content, "' has a negative id ", t.id);
       TQ_CHECK(!t.content.empty(), spec_.source, ": added token ", t.id, " has no content");
+      // Every id below the largest gets a slot in the tables below (about 40 bytes each): an id no vocabulary
+      // reaches (a corrupt file's 2000000000) would size them by it (found by fuzz/fuzz_tokenizer_json). Ids may
+      // be sparse (the gpt-oss fixture keeps o200k's 199998.. over a vocabulary of 1536), so the bound is on the
+      // id: 2^22, 16 times the largest vocabularies (Gemma's 262144, o200k's 201088).
+      TQ_CHECK(t.id < kMaxTokenId, spec_.source, ": added token '", t.content, "' has id ", t.id, ", more than the ", kMaxTokenId,
+               " ids any vocabulary has");
       size = std::max(size, t.id + 1);
     }
     vocab_size_ = size;

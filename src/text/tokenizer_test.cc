@@ -889,6 +889,11 @@ TEST(Errors, MalformedFilesNameTheFileAndTheProblem) {
   expect_error([&] { load_tokenizer_json(bad_merge); }, {"merge.json", "merge 1", "'zz' is not in the vocabulary"});
   const std::string bad_merge_form = dir.write("merge2.json", small_byte_level_json(R"(["a b c"])", R"("a")"));
   expect_error([&] { load_tokenizer_json(bad_merge_form); }, {"merge2.json", "merges[0]"});
+  // An added token's id no vocabulary has is refused before the id tables are sized by it (it ran out
+  // of memory: fuzz/corpus/fuzz_tokenizer_json/regression-added-token-id-2e9.json).
+  std::string far_id = small_byte_level_json("[]", R"(" ?[a-z]+")");
+  far_id.replace(far_id.find(R"({"id": 262)"), 10, R"({"id": 2000000000)");
+  expect_error([&] { load_tokenizer_json(dir.write("far.json", far_id)); }, {"far.json", "added token '<w>' has id 2000000000", "more than the 4194304 ids"});
   const std::string lookbehind = dir.write("re.json", small_byte_level_json("[]", R"("(?<=a)b")"));
   expect_error([&] { load_tokenizer_json(lookbehind); }, {"re.json", "lookbehind"});
 

@@ -53,6 +53,9 @@ int run_attention(const AttentionArgs& args);
 struct ModelBenchArgs {
   std::string model;
   int prompt = 512, gen = 128;
+  // Prompt tokens per forward pass of the pp test and of the fill to the depth (llama-bench's -ub); 0: the
+  // pp prompt in one pass and the depth in passes of 512. A long prompt's activations need slices on the GPU.
+  int ubatch = 0;
   std::vector<int> depths = {0};
   std::vector<std::string> kv = {"f16", "k8v3", "k4v4", "q8_0/q8_0", "q4_0/q4_0"};
   bool standard = true;

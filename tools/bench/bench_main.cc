@@ -90,6 +90,9 @@ int main(int argc, char** argv) {
   auto* mo = app.add_subcommand("model", "llama-bench style: prompt processing and generation at depth, per KV configuration");
   mo->add_option("-m,--model", mb.model, "model folder or .gguf")->required();
   mo->add_option("-p,--prompt", mb.prompt, "prompt tokens per pp test (0: none)")->check(CLI::Range(0, 1 << 22));
+  mo->add_option("--ubatch", mb.ubatch,
+                 "prompt tokens per forward pass, for the pp test and the fill to the depth (0: pp in one pass, the depth in passes of 512)")
+      ->check(CLI::Range(0, 1 << 22));
   mo->add_option("-n,--gen", mb.gen, "generated tokens per tg test (0: none)")->check(CLI::Range(0, 1 << 22));
   mo->add_option("-d,--depth", mb.depths, "context depths")->delimiter(',')->check(CLI::Range(0, 1 << 22));
   mo->add_option("--kv", mb.kv, "KV configurations: f16, k8v3, k4v4, q8_0/q4_0, k8v3+mt128, ...")->delimiter(',');

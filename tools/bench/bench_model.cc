@@ -2,7 +2,7 @@
 // of context, for a list of KV cache configurations and batch sizes, side by side in one process, on the
 // CPU or the GPU (the same engine and model code on either).
 //
-// Per KV configuration and path, per depth: sequence 0 is filled to the depth (prompt chunks of 512, not
+// Per KV configuration and path, per depth: sequence 0 is filled to the depth (prompt chunks of 512 or --ubatch, not
 // timed); for a batch of B, sequences 1 .. B-1 are copies of its cache (forked with their own blocks, so
 // each sequence reads memory of its own), and the B sequences decode together, one token each per step.
 // Every repetition starts from the depth again (the sequences are truncated back to it; for models with
@@ -89,7 +89,7 @@ int run_model(const ModelBenchArgs& a) {
         const int base = engine.add_sequence();  // filled to the depth; itself the batch's first sequence unless recurrent
         int seq0 = base;
         for (int done = 0; done < depth;) {  // the context, in chunks as a prompt would be (not timed)
-          const int n = std::min(512, depth - done);
+          const int n = std::min(a.ubatch > 0 ? a.ubatch : 512, depth - done);
           const BatchEntry e{base, std::span<const int32_t>(tokens.data() + done, static_cast<size_t>(n)), -1, Logits::none};
           engine.forward({&e, 1});
           done += n;
@@ -135,9 +135,14 @@ int run_model(const ModelBenchArgs& a) {
           const StepStats warm = engine.step_stats();
           for (int rep = 0; rep < a.reps; ++rep) {
             if (a.prompt > 0 && batch == 1) {
-              const BatchEntry e{seq0, std::span<const int32_t>(tokens.data() + depth, static_cast<size_t>(a.prompt)), -1, Logits::last};
+              const int slice = a.ubatch > 0 ? a.ubatch : a.prompt;
               const auto t0 = clock::now();
-              engine.forward({&e, 1});
+              for (int done = 0; done < a.prompt; done += slice) {  // the prompt's slices, the last one's logits
+                const int n = std::min(slice, a.prompt - done);
+                const BatchEntry e{seq0, std::span<const int32_t>(tokens.data() + depth + done, static_cast<size_t>(n)), -1,
+                                   done + n == a.prompt ? Logits::last : Logits::none};
+                engine.forward({&e, 1});
+              }
               (void)engine.argmax();  // waits for the device
               pp.push_back(a.prompt / std::chrono::duration<double>(clock::now() - t0).count());
               rewind();

@@ -20,9 +20,13 @@
 #include "core/error.h"
 #include "core/read_file.h"
 #include "device_flags.h"
+#ifdef TQ_HAVE_CUDA_MODEL
+#include "cuda/cuda_backend.h"
+#endif
 #include "kv_flags.h"
 #include "progress.h"
 #include "runtime/generate.h"
+#include "runtime/memory_plan.h"
 
 namespace {
 
@@ -78,6 +82,11 @@ int main(int argc, char** argv) {
   app.add_option("--ctx-size", ctx_size, "context length (default: the model's)")->check(CLI::Range(0, 1 << 30));
   cli::add_device_flags(app, device_flags);
   cli::add_kv_flags(app, kv);
+  int64_t memory_budget_mb = 0;
+  app.add_option("--memory-budget-mb", memory_budget_mb,
+                 "refuse up front a run whose weights, KV cache and workspace need more than this, MiB (0: MemAvailable; "
+                 "--device cuda: the GPU's free memory)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -92,6 +101,15 @@ int main(int argc, char** argv) {
     const std::unique_ptr<Device> device = cli::make_device(device_flags, threads, "turboquant-generate");
     cli::Progress progress(3);
     progress.step("reading " + model_path);
+    // The GPU's free memory before the weights go up, for the up-front check below (0: unknown).
+    int64_t gpu_free_before_load = 0;
+#ifdef TQ_HAVE_CUDA_MODEL
+    if (device->is_cuda()) {
+      int64_t total_bytes = 0;
+      std::string why;
+      if (!cuda::device_memory(&gpu_free_before_load, &total_bytes, &why)) gpu_free_before_load = 0;
+    }
+#endif
     const auto model = Model::open(model_path, *device);
     progress.step("tokenizer");
     const auto tokenizer = load_model_tokenizer(model->files());
@@ -135,6 +153,26 @@ int main(int argc, char** argv) {
     go.sampling.repetition_window = rep_ctx;
     go.sampling.seed = seed;
     go.sampling.validate();
+
+    // Up front, before any cache grows: the positions this run can reach (the prompt and what it generates,
+    // within the context) must fit with the weights and the workspace (runtime/memory_plan.h).
+    const int64_t ctx = ctx_size > 0 ? ctx_size : model->position_limit();
+    const int64_t reach = std::min<int64_t>(ctx, static_cast<int64_t>(ids.size()) + max_tokens);
+    FitCheck check;
+    check.positions = reach;
+    check.max_sequences = 1;
+    check.kv_pool_tokens = static_cast<int64_t>(ids.size()) + max_tokens + 1;  // the engine's pool below
+    check.prefill_chunk = go.prefill_chunk;
+    check.budget_bytes = memory_budget_mb << 20;
+    check.cuda = device->is_cuda();
+    if (check.cuda && check.budget_bytes == 0) {
+      check.budget_bytes = gpu_free_before_load;
+      check.budget_source = "the GPU's free memory before loading (cudaMemGetInfo)";
+    }
+    if (check.budget_bytes > 0 || !check.cuda)
+      refuse_unless_fits(model->files(), kv, check);
+    else
+      std::fprintf(stderr, "memory check: the GPU's free memory is unknown, no check made (give --memory-budget-mb)\n");
 
     EngineOptions eo;
     eo.kv = kv;

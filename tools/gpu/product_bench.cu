@@ -9,10 +9,15 @@
 //
 // With --moe, the mixture-of-experts call (moe_kernels::moe) instead, at GPT-OSS-20B's layer (32 MXFP4
 // experts of 2880 x 2880, top 4) and Qwen3.6-35B-A3B's (256 BF16 experts, hidden 2048, intermediate 512,
-// top 8), for each --rows (default 1,8), on every path (decode, the legacy decode kernels, grouped): us per
-// call and the chosen experts' bytes over that time (each distinct chosen expert counted once).
+// top 8), for each --rows (default 1,8), on every path (decode, the legacy decode kernels, grouped, and
+// grouped_mma on tensor cores): us per call, the chosen experts' bytes over that time (each distinct
+// chosen expert counted once), the products' TFLOP/s (2 rows k 3 H I flops a call) and the output's rms
+// difference from the grouped FP32 path's over its rms (0 for the FP32 paths). Prompt sizes (more
+// than 256 rows) run only the grouped paths, one call per graph and at most 5 repetitions (the FP32
+// grouped path takes ~1 s a call at 16384 rows of GPT-OSS-20B), and count every expert as chosen.
 //
 //   tq-product-bench --moe [--rows 1,8,16] [--reps 30]
+//   tq-product-bench --moe --rows 512,4096,16384 --reps 5     (prompts: grouped against grouped_mma)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -142,10 +147,13 @@ void bench_moe(const MoeShape& m, const std::vector<int64_t>& batch_rows, int re
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   for (const int64_t n : batch_rows) {
+    const bool prompt = n > 256;
     // The distinct experts the n rows choose (float logits on the host; a near-tie decided otherwise on the
-    // device moves the count by one at most).
+    // device moves the count by one at most). Prompts: all of them (counted as such, not computed).
     std::set<int> distinct;
-    for (int64_t r = 0; r < n; ++r) {
+    if (prompt)
+      for (int e = 0; e < m.E; ++e) distinct.insert(e);
+    for (int64_t r = 0; r < (prompt ? 0 : n); ++r) {
       std::vector<std::pair<double, int>> logits;
       for (int64_t e = 0; e < E; ++e) {
         double s = 0;
@@ -158,19 +166,50 @@ void bench_moe(const MoeShape& m, const std::vector<int64_t>& batch_rows, int re
     const double bytes = expert_bytes * static_cast<double>(distinct.size());
     void* scratch = nullptr;
     CHECK_CUDA(cudaMalloc(&scratch, mk::scratch_bytes(layers[0], static_cast<int>(n), m.k)));
-    const int calls = std::max(copies, 8);
-    for (const mk::Path path : {mk::Path::decode, mk::Path::legacy_decode, mk::Path::grouped}) {
-      const Timing t = time_graph(stream, calls, reps, [&] {
+    const int calls = prompt ? 1 : std::max(copies, 8);
+    const bool tensor_cores = mk::device_has_tensor_cores();
+    std::vector<mk::Path> paths;
+    if (!prompt) paths = {mk::Path::decode, mk::Path::legacy_decode};
+    paths.push_back(mk::Path::grouped);
+    if (tensor_cores) paths.push_back(mk::Path::grouped_mma);
+    const double flops = 2.0 * static_cast<double>(n) * m.k * 3.0 * static_cast<double>(H) * static_cast<double>(I);
+    // GPT-OSS's clamped SwiGLU for the MXFP4 layer, Qwen's plain one for the BF16 layer.
+    const float limit = m.mxfp4 ? 7.0f : INFINITY, alpha = m.mxfp4 ? 1.702f : 1.0f, up_offset = m.mxfp4 ? 1.0f : 0.0f;
+    // Each path's output once (out = the layer, not accumulated), against the grouped FP32 path's: the rms
+    // difference over the rms output (grouped_mma: the BF16 activations; this x is not BF16-exact, so x's
+    // rounding counts too).
+    const size_t out_values = static_cast<size_t>(n * H);
+    const auto run_once = [&](mk::Path path) {
+      mk::moe(layers[0], d_x, false, H, static_cast<int>(n), d_out, H, m.k, limit, alpha, up_offset, false, scratch, stream, path);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      std::vector<float> host(out_values);
+      CHECK_CUDA(cudaMemcpy(host.data(), d_out, out_values * 4, cudaMemcpyDeviceToHost));
+      return host;
+    };
+    const std::vector<float> reference = run_once(mk::Path::grouped);
+    for (const mk::Path path : paths) {
+      const std::vector<float> got = run_once(path);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < out_values; ++i) {
+        const double d = static_cast<double>(got[i]) - reference[i];
+        num += d * d;
+        den += static_cast<double>(reference[i]) * reference[i];
+      }
+      const double rms_diff = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      const Timing t = time_graph(stream, calls, prompt ? std::min(reps, 5) : reps, [&] {
         for (int c = 0; c < calls; ++c)
-          mk::moe(layers[static_cast<size_t>(c % copies)], d_x, false, H, static_cast<int>(n), d_out, H, m.k, m.mxfp4 ? 7.0f : INFINITY,
-                  m.mxfp4 ? 1.702f : 1.0f, m.mxfp4 ? 1.0f : 0.0f, true, scratch, stream, path);
+          mk::moe(layers[static_cast<size_t>(c % copies)], d_x, false, H, static_cast<int>(n), d_out, H, m.k, limit, alpha, up_offset, true, scratch,
+                  stream, path);
       });
       const double gbps = bytes / (t.median_us * 1e-6) / 1e9;
-      const char* name = path == mk::Path::decode ? "decode" : path == mk::Path::grouped ? "grouped" : "legacy decode";
-      const bool automatic = mk::automatic_path(static_cast<int>(n), m.k) == path;
-      std::printf("| %s | %d x %dx%d %s, top %d | %lld | %zu | %s%s | %.2f | %.2f | %.0f | %.0f%% |\n", m.name, m.E, m.H, m.I,
+      const char* name = path == mk::Path::decode          ? "decode"
+                         : path == mk::Path::grouped       ? "grouped"
+                         : path == mk::Path::grouped_mma   ? "grouped_mma"
+                                                           : "legacy decode";
+      const bool automatic = mk::automatic_path(static_cast<int>(n), m.k, tensor_cores) == path;
+      std::printf("| %s | %d x %dx%d %s, top %d | %lld | %zu | %s%s | %.2f | %.2f | %.0f | %.0f%% | %.1f | %.1e |\n", m.name, m.E, m.H, m.I,
                   m.mxfp4 ? "MXFP4" : "BF16", m.k, static_cast<long long>(n), distinct.size(), name, automatic ? " (chosen)" : "", t.median_us,
-                  t.min_us, gbps, 100.0 * gbps / (read_tbps * 1e3));
+                  t.min_us, gbps, 100.0 * gbps / (read_tbps * 1e3), flops / (t.median_us * 1e-6) * 1e-12, rms_diff);
       std::fflush(stdout);
     }
     CHECK_CUDA(cudaFree(scratch));
@@ -251,8 +290,8 @@ int main(int argc, char** argv) {
   std::printf("%s, %d SMs, read bandwidth %.2f TB/s (sum of 4 GiB)\n\n", dev.name.c_str(), dev.sm_count, read_tbps);
   if (moe) {
     if (!rows_given) batch_rows = {1, 8};
-    std::printf("| layer | shape | rows | experts chosen | path | us (median) | us (min) | GB/s of chosen experts | of read bw |\n"
-                "|---|---|---:|---:|---|---:|---:|---:|---:|\n");
+    std::printf("| layer | shape | rows | experts chosen | path | us (median) | us (min) | GB/s of chosen experts | of read bw | TFLOP/s | rms vs grouped |\n"
+                "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for (const MoeShape& m : {MoeShape{"GPT-OSS-20B", 32, 4, 2880, 2880, true}, MoeShape{"Qwen3.6-35B-A3B", 256, 8, 2048, 512, false}})
       bench_moe(m, batch_rows, reps, read_tbps, stream);
     cublasDestroy(cublas);

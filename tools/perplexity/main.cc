@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   app.add_flag("--add-bos", add_bos, "encode the text with the tokenizer's BOS (default: without)");
   app.add_option("--compare", compare, "more KV configurations, e.g. k8v4, k8v3+mt128, q8_0/q4_0_rot")->take_all();
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 256));
+  std::string base_model_path;
+  app.add_option("--base-model", base_model_path,
+                 "with --kl-divergence: the baseline is this model (FP16 cache), e.g. the BF16 source of a quantized model");
   cli::DeviceFlags device_flags;
   cli::add_device_flags(app, device_flags);
   app.add_flag("--json", json, "print JSON (an object, or an array with --compare)");
@@ -44,6 +47,12 @@ int main(int argc, char** argv) {
     kv.resolve();
     const std::unique_ptr<Device> device = cli::make_device(device_flags, threads, "turboquant-perplexity");
     const auto model = Model::open(model_path, *device);
+    std::unique_ptr<Model> base_model;
+    if (!base_model_path.empty()) {
+      TQ_CHECK(po.kl_divergence, "--base-model needs --kl-divergence");
+      base_model = Model::open(base_model_path, *device);
+      po.base_model = base_model.get();
+    }
     const auto tok = load_model_tokenizer(model->files());
     std::ifstream in(file, std::ios::binary);
     std::ostringstream text;

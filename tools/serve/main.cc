@@ -17,6 +17,9 @@
 #include "core/error.h"
 #include "core/read_file.h"
 #include "device_flags.h"
+#ifdef TQ_HAVE_CUDA_MODEL
+#include "cuda/cuda_backend.h"
+#endif
 #include "kv_flags.h"
 #include "serve/chat_page.h"
 #include "serve/server.h"
@@ -40,6 +43,10 @@ int main(int argc, char** argv) {
   app.add_option("--port", o.port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--parallel", o.parallel, "sequences decoding at once (more requests queue)")->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--ctx-size,-c", o.ctx_size, "positions per sequence (0: the model's)")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  int64_t memory_budget_mb = 0;
+  app.add_option("--memory-budget-mb", memory_budget_mb,
+                 "refuse to start when the weights, the full KV pool and the workspace need more than this, MiB (0: MemAvailable)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--kv-pool-mb", kv_pool_mb, "KV budget of all layers and sequences in MiB (0: room for --parallel sequences of --ctx-size)")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
@@ -81,6 +88,7 @@ int main(int argc, char** argv) {
     o.kv.block_tokens = block_tokens;
     o.kv.resolve();
     o.kv_pool_bytes = static_cast<int64_t>(kv_pool_mb) << 20;
+    o.memory_budget_bytes = memory_budget_mb << 20;
     if (!chat_template_file.empty()) {
       o.chat_template = read_whole_file(chat_template_file);
       TQ_CHECK(!o.chat_template.empty(), "--chat-template: '", chat_template_file, "' is empty");
@@ -107,6 +115,16 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // inherited by every thread started below
 
   try {
+    if (device_flags.device == "cuda" && o.memory_budget_bytes == 0) {
+      // The up-front check on the GPU needs its free memory before the weights go up.
+#ifdef TQ_HAVE_CUDA_MODEL
+      int64_t free_bytes = 0, total_bytes = 0;
+      std::string why;
+      if (cuda::device_memory(&free_bytes, &total_bytes, &why)) o.device_free_bytes = free_bytes;
+#endif
+      if (o.device_free_bytes == 0)
+        std::fprintf(stderr, "turboquant-serve: memory check: the GPU's free memory is unknown, no check made (give --memory-budget-mb)\n");
+    }
     serve::Server server(o);
     const int port = server.bind();
     std::thread http([&] { server.listen(); });
