@@ -9,6 +9,7 @@
 #include "attn/kernels.h"
 #include "core/aligned.h"
 #include "core/error.h"
+#include "core/half.h"
 
 namespace tq {
 
@@ -110,10 +111,34 @@ void attend_standard_head(const KVCache& cache, const AttentionRequest& r, const
   AlignedVector<float> keys(static_cast<size_t>(total) * dim), values(keys.size());  // [total][dim]
   std::vector<int> positions(total);
   int n = 0;
+  // Centred segments: a run's mean taken to the original domain once per run (the rotation is linear:
+  // R^-1 (y + mu) = R^-1 y + R^-1 mu), then added to each position decoded as if uncentred. Converting the
+  // binary16 mean at every position instead cost the standard path 14-40% of its time.
+  std::vector<float> k_mean(static_cast<size_t>(dim)), v_mean(k_mean.size());  // [dim] original domain, the current run's
+  auto mean_orig = [dim](const uint16_t* m, const VectorFormat& f, float* out) {
+    for (int j = 0; j < dim; ++j) out[j] = f16_bits_to_f32(m[j]);
+    if (f.rotated()) f.rotation()->inverse(out);
+  };
+  auto add = [dim](float* __restrict x, const float* __restrict m) {  // restrict: the compiler vectorizes it
+    for (int j = 0; j < dim; ++j) x[j] += m[j];
+  };
   for (const auto& g : segs) {
+    Segment plain = g;  // the records alone, the means added below
+    plain.k_mean = plain.v_mean = nullptr;
+    const uint16_t *k_run = nullptr, *v_run = nullptr;
     for (int t = 0; t < g.n_tokens; ++t, ++n) {
-      g.decode_k(h, t, keys.data() + static_cast<size_t>(n) * dim);
-      g.decode_v(h, t, values.data() + static_cast<size_t>(n) * dim);
+      float* kx = keys.data() + static_cast<size_t>(n) * dim;
+      float* vx = values.data() + static_cast<size_t>(n) * dim;
+      plain.decode_k(h, t, kx);
+      plain.decode_v(h, t, vx);
+      if (const uint16_t* m = g.k_mean_of(h, t)) {
+        if (m != k_run) mean_orig(k_run = m, *g.k_format, k_mean.data());
+        add(kx, k_mean.data());
+      }
+      if (const uint16_t* m = g.v_mean_of(h, t)) {
+        if (m != v_run) mean_orig(v_run = m, *g.v_format, v_mean.data());
+        add(vx, v_mean.data());
+      }
       positions[n] = g.first_pos + t;
     }
   }
