@@ -910,6 +910,13 @@ HWY_INLINE void OnlineSoftmax(const tq::attn_kernels::BlockJob& J, int n16, floa
   constexpr int N = static_cast<int>(hn::MaxLanes(D16()));
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const auto lowest = hn::Set(d, -87.0f);  // below this exp underflows
+  // Centring: each run's q.mean_k, one add per score (runs are whole vectors: multiples of 16 positions).
+  if (J.score_bias != nullptr)
+    for (int r = 0; r < kRows; ++r)
+      for (int t = 0; t < n16; t += N) {
+        float* sr = s + r * kBlockTokens + t;
+        hn::Store(hn::Add(hn::Load(d, sr), hn::Set(d, J.score_bias[r * tq::attn_kernels::kMaxRuns + t / J.center_tokens])), d, sr);
+      }
   bool live[kRows];
   for (int r = 0; r < kRows; ++r) {
     float* sr = s + r * kBlockTokens;
@@ -954,6 +961,24 @@ HWY_INLINE void OnlineSoftmax(const tq::attn_kernels::BlockJob& J, int n16, floa
       sum[r] = hn::Add(sum[r], e);
       hn::Store(e, d, sr);
     }
+  // Centring: the weight sum of each run (one run: the row's sum; else one more pass over the weights).
+  if (J.run_weights != nullptr) {
+    const int C = J.center_tokens, runs = C >= n16 ? 1 : (n16 + C - 1) / C;
+    for (int r = 0; r < kRows; ++r) {
+      float* out = J.run_weights + r * tq::attn_kernels::kMaxRuns;
+      if (!live[r]) {
+        for (int i = 0; i < runs; ++i) out[i] = 0.0f;
+      } else if (runs == 1) {
+        out[0] = hn::GetLane(hn::SumOfLanes(d, sum[r]));
+      } else {
+        for (int i = 0; i < runs; ++i) {
+          auto acc = hn::Zero(d);
+          for (int t = i * C; t < std::min(n16, (i + 1) * C); t += N) acc = hn::Add(acc, hn::Load(d, s + r * kBlockTokens + t));
+          out[i] = hn::GetLane(hn::SumOfLanes(d, acc));
+        }
+      }
+    }
+  }
   for (int r = 0; r < kRows; ++r) {
     if (!live[r]) {  // this row sees none of the block: its state stays, its weights are zero
       float* sr = s + r * kBlockTokens;
@@ -1193,6 +1218,16 @@ void unpermute_values(float* acc, int rows, int dim) {
       for (int v = 0; v < 4; ++v)
         for (int i = 0; i < 16; ++i) chunk[4 * i + v] = x[16 * v + i];
       std::memcpy(x, chunk, sizeof(chunk));
+    }
+}
+void permute_values(float* x, int rows, int dim) {
+  float chunk[64];
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c + 64 <= dim; c += 64) {
+      float* y = x + static_cast<size_t>(r) * dim + c;
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 16; ++i) chunk[16 * v + i] = y[4 * i + v];
+      std::memcpy(y, chunk, sizeof(chunk));
     }
 }
 size_t block_work_floats(int dim) {

@@ -34,6 +34,9 @@ struct Case {
   int block_tokens = kDefaultBlockTokens;
   float q_scale = 1.0f;            // > 1: sharper softmax
   float q_outlier = 1.0f;          // dimension 5 of every query scaled by this
+  bool center_k = false, center_v = false;  // block-mean centring
+  int center_tokens = 0;
+  float offset = 0.0f;             // > 0: keys and values carry a per-channel offset that drifts along the sequence
 };
 
 std::string name(const Case& c) {
@@ -41,7 +44,20 @@ std::string name(const Case& c) {
                   "/" + std::to_string(c.n_kv) + " dim " + std::to_string(c.dim) + " len";
   for (int l : c.lengths) s += " " + std::to_string(l);
   return s + " min_tokens " + std::to_string(c.min_tokens) + " window " + std::to_string(c.window) +
-         (c.sinks ? " sinks" : "") + " n_q " + std::to_string(c.n_q) + " block " + std::to_string(c.block_tokens);
+         (c.sinks ? " sinks" : "") + " n_q " + std::to_string(c.n_q) + " block " + std::to_string(c.block_tokens) +
+         (c.center_k || c.center_v ? std::string(" centred ") + (c.center_k ? "K" : "") + (c.center_v ? "V" : "") + " per " +
+                                         std::to_string(c.center_tokens)
+                                   : "");
+}
+
+// Adds to x [n][heads][dim] an offset per channel that drifts along the positions (what real models' keys
+// carry, and what block-mean centring removes).
+void add_drifting_offset(std::vector<float>& x, int n, int heads, int dim, float size, int first_pos = 0) {
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int j = 0; j < dim; ++j)
+        x[(static_cast<size_t>(t) * heads + h) * dim + j] +=
+            size * std::sin(0.37f * j + 0.5f * h) + 0.5f * size * std::sin(0.01f * (first_pos + t) + j);
 }
 
 // Fills a cache, runs all three paths on the same codes and compares them.
@@ -53,13 +69,20 @@ void check_case(const Case& c, ThreadPool& pool) {
   o.v_bits = c.v_bits;
   o.min_tokens_before_quant = c.min_tokens;
   o.block_tokens = c.block_tokens;
+  o.center_k = c.center_k;
+  o.center_v = c.center_v;
+  o.center_tokens = c.center_tokens;
   KVCache cache(c.n_kv, c.dim, turboquant_cache_options(o, 0));
   std::vector<int> seqs;
   for (int len : c.lengths) {
     const int seq = cache.add_sequence();
     seqs.push_back(seq);
-    const auto k = gaussian(static_cast<size_t>(len) * c.n_kv * c.dim, rng, 1.5f);
-    const auto v = gaussian(k.size(), rng);
+    auto k = gaussian(static_cast<size_t>(len) * c.n_kv * c.dim, rng, 1.5f);
+    auto v = gaussian(k.size(), rng);
+    if (c.offset > 0) {
+      add_drifting_offset(k, len, c.n_kv, c.dim, c.offset);
+      add_drifting_offset(v, len, c.n_kv, c.dim, c.offset);
+    }
     cache.append(seq, k.data(), v.data(), len);
   }
   const auto sinks = gaussian(c.n_heads, rng, 2.0f);
@@ -187,6 +210,67 @@ TEST(Attention, CausalBlockOfSixteenQueries) {
       c.min_tokens = 20;
       check_case(c, pool);
     }
+}
+
+// Block-mean centring: every path adds the means back (q.mean per run to the scores, the run's weight
+// sum times mean to the values), for every bit pair and shape, K, V or both, runs of 16 to a whole block,
+// with the filling FP16 run, the sink tier, sliding windows, learned sinks and blocks of queries.
+TEST(Attention, CentredCachesAgreeOnEveryPath) {
+  ThreadPool pool(2);
+  int i = 0;
+  const bool kv_modes[][2] = {{true, false}, {false, true}, {true, true}};
+  for (const auto& b : kBits)
+    for (const auto& sh : kShapes)
+      for (const auto& mode : kv_modes) {
+        Case c{b[0], b[1], sh.n_heads, sh.n_kv, sh.dim};
+        c.center_k = mode[0];
+        c.center_v = mode[1];
+        const int variant = i++;
+        c.block_tokens = kBlockSizes[variant % 4];
+        const int runs[] = {0, 16, 64, c.block_tokens / 2};
+        c.center_tokens = runs[(variant / 4) % 4];
+        c.lengths = {variant % 3 == 0 ? 700 : 333, 37};  // the last run of each still filling (FP16)
+        c.offset = variant % 2 ? 3.0f : 0.0f;
+        c.min_tokens = variant % 5 == 0 ? 20 : 0;
+        c.sinks = variant % 3 == 1;
+        c.window = variant % 7 == 2 ? 150 : 0;
+        c.n_q = variant % 4 == 3 ? 16 : 1;
+        check_case(c, pool);
+      }
+}
+
+// A large drifting per-channel offset: centred K and V stay close to the uncompressed attention, where
+// the uncentred cache is visibly worse.
+TEST(Attention, CentringRemovesADriftingOffset) {
+  ThreadPool pool(2);
+  const int n_kv = 2, n_heads = 8, dim = 128, len = 1024;
+  SplitMix64 rng(77);
+  auto k = gaussian(static_cast<size_t>(len) * n_kv * dim, rng, 1.0f), v = gaussian(k.size(), rng);
+  add_drifting_offset(k, len, n_kv, dim, 4.0f);
+  add_drifting_offset(v, len, n_kv, dim, 4.0f);
+  const auto q = gaussian(static_cast<size_t>(n_heads) * dim, rng, 1.0f);
+  AttentionParams p;
+  p.n_heads = n_heads;
+  auto attend_with = [&](const KVCacheOptions& o) {
+    KVCache cache(n_kv, dim, o);
+    const int seq = cache.add_sequence();
+    cache.append(seq, k.data(), v.data(), len);
+    std::vector<float> out(q.size());
+    const AttentionRequest r{seq, q.data(), 1, len - 1, out.data()};
+    attend(cache, {&r, 1}, p, AttentionPath::fused, pool);
+    return out;
+  };
+  KVCacheOptions dense;
+  dense.k.type = dense.v.type = KVType::f32;
+  const auto exact = attend_with(dense);
+  TurboQuantCacheOptions t;
+  t.k_bits = t.v_bits = 3;
+  const auto plain = attend_with(turboquant_cache_options(t, 0));
+  t.center_k = t.center_v = true;
+  t.center_tokens = 64;
+  const auto centred = attend_with(turboquant_cache_options(t, 0));
+  const double e_plain = max_row_error(plain, exact, dim), e_centred = max_row_error(centred, exact, dim);
+  EXPECT_LT(e_centred, 0.5 * e_plain) << "centred " << e_centred << ", plain " << e_plain;
 }
 
 TEST(Attention, EveryCacheFormatAgreesWithTheReference) {
@@ -483,6 +567,11 @@ std::optional<RandomCase> draw_case(SplitMix64& rng) {
       t.block_tokens = pick({7, 16, 64, 128, 256, 256, 512});
       t.k_grid_8bit = rng.next() % 4 == 0 ? Grid::lloyd_max : Grid::uniform;
       t.scale_fit = rng.next() % 3 == 0 ? ScaleFit::plain : ScaleFit::norm_correction;
+      if (rng.next() % 2) {  // block-mean centring (invalid runs for the block are rejected and drawn again)
+        t.center_k = rng.next() % 3 != 0;
+        t.center_v = !t.center_k || rng.next() % 2;
+        t.center_tokens = pick({0, 16, 32, 64, 128});
+      }
       c.options = turboquant_cache_options(t, 0);
     } else {
       const KVType types[] = {KVType::f32, KVType::f16, KVType::bf16, KVType::q8_0, KVType::q4_0};
@@ -597,6 +686,29 @@ TEST_P(BlockTargets, RandomConfigurationsAgree) {
 // now starts at the oldest held position), then decoded further: all paths agree.
 // An element's exp does not depend on where it falls in the row (the standard path's rows are as long as
 // the sequence, so a tail computed another way made a prompt's logits depend on its chunking).
+// Centring on every SIMD target (the block kernel's score bias and run weight sums, the value
+// accumulators in each target's order): the bit pairs whose keys and values the kernel decodes itself.
+TEST_P(BlockTargets, CentredCachesAgree) {
+  ThreadPool pool(2);
+  const int bits[][2] = {{8, 3}, {4, 4}, {3, 4}, {2, 2}};
+  int i = 0;
+  for (const auto& b : bits)
+    for (const Shape3& sh : {Shape3{8, 2, 64}, Shape3{16, 8, 128}}) {
+      Case c{b[0], b[1], sh.n_heads, sh.n_kv, sh.dim};
+      c.center_k = true;
+      c.center_v = i % 3 != 2;
+      c.block_tokens = i % 2 ? 256 : 128;
+      c.center_tokens = i % 2 ? 64 : 0;
+      c.lengths = {600, 21};
+      c.offset = 3.0f;
+      c.sinks = i % 2 == 0;
+      c.n_q = i % 4 == 1 ? 16 : 1;
+      c.reference = i % 2 == 0;
+      ++i;
+      check_case(c, pool);
+    }
+}
+
 TEST_P(BlockTargets, ExpShiftedDoesNotDependOnTheRowLength) {
   SplitMix64 rng(5);
   std::vector<float> base(64);

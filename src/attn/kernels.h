@@ -41,6 +41,7 @@ void scale(float* x, int n, float a);
 
 constexpr int kBlockRows = 4;
 constexpr int kBlockTokens = 256;
+constexpr int kMaxRuns = kBlockTokens / 16;  // centring runs in one block call (runs of at least 16 positions)
 
 enum class BlockKeys : int {
   u8_columns,   // uniform 8-bit TurboQuant column region (codes [dim][T], scales [dim/group][T] binary16)
@@ -94,6 +95,14 @@ struct BlockJob {
   const uint8_t* prefetch_v = nullptr;
   size_t prefetch_v_bytes = 0;
 
+  // Block-mean centring (kv/cache.h): the block's positions are runs of center_tokens (a multiple of 16;
+  // the block starts a run; 0: not centred). score_bias[r][i] (q.mean_k of run i) is added to the scores of
+  // run i (nullptr: none); the sum of run i's weights p_t (in the scale of the updated m, so that the caller
+  // adds run_weights[r][i] * mean_v to acc afterwards) goes to run_weights[r][i] (nullptr: not wanted).
+  int center_tokens = 0;
+  const float* score_bias = nullptr;  // [kBlockRows][kMaxRuns]
+  float* run_weights = nullptr;       // [kBlockRows][kMaxRuns]
+
   float* scores = nullptr;  // [kBlockRows][kBlockTokens]; the input for keys == scores
   float* work = nullptr;    // [block_work_floats(dim)]
 };
@@ -108,6 +117,8 @@ void attend_block(const BlockJob& job);
 // 4i + v); then unpermute_values(acc, rows, dim) restores the order of the finished accumulators.
 bool block_permutes_values(int v_group);
 void unpermute_values(float* acc, int rows, int dim);
+// The inverse: natural order -> the permuted order (a value vector added to such accumulators).
+void permute_values(float* x, int rows, int dim);
 
 // The SIMD target the kernels dispatch to now (Highway's name: "AVX3_DL", "AVX2", ...).
 const char* kernel_target();

@@ -36,6 +36,10 @@ inline int64_t rotating_pages_per_sequence(int window, int page_tokens, int appe
 // holds beside each sequence's window.
 inline constexpr int kDefaultRotatingAppendTokens = 1024;
 
+// Whether DeviceKVCache implements block-mean centring (CudaDevice::kv_centring answers this, and the
+// plan takes the same default --kv-center from it).
+inline constexpr bool kDeviceKVCentring = false;
+
 struct DeviceKVLayerSize {
   TileFormat main_tile, sink_tile;
   int page_tokens = 0, tiles_per_page = 0, sink_tiles = 0;

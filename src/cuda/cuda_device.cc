@@ -344,6 +344,7 @@ class CudaDevice final : public Device {
   // The attention kernels were tuned with 64-position pages (the CPU's default, kDefaultBlockTokens, is its
   // block kernel's).
   int default_block_tokens() const override { return 64; }
+  bool kv_centring() const override { return kDeviceKVCentring; }  // cuda/cache_size.h
   bool preallocates_caches() const override { return true; }
 
   void run_step(const StepLayout& step, const std::function<void()>& forward) override;

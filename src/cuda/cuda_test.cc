@@ -547,6 +547,10 @@ TEST_F(Cuda, BadOptionsSayWhatIsWrong) {
   KVCacheOptions odd_grid = turboquant_cache_options(o, 0);
   odd_grid.v.quantizer.grid = static_cast<Grid>(7);  // a grid the append kernel does not implement
   EXPECT_NE(message([&] { DeviceKVCache c(2, 128, odd_grid, {1, 64}); }).find("grid"), std::string::npos);
+  // Block-mean centring (kv/cache.h) has no device kernels yet: a centred cache is refused, not attended wrongly.
+  KVCacheOptions centred = turboquant_cache_options(o, 0);
+  centred.center_k = true;
+  EXPECT_NE(message([&] { DeviceKVCache c(2, 128, centred, {1, 64}); }).find("centring"), std::string::npos);
   DeviceKVCache c(2, 128, turboquant_cache_options(o, 0), {1, 64});
   const int s = c.add_sequence();
   EXPECT_NE(message([&] { c.add_sequence(); }).find("at most 1"), std::string::npos);

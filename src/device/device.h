@@ -171,6 +171,9 @@ class Device {
   virtual std::unique_ptr<RecurrentStateCache> state_cache(const StateShape& shape, const CacheCapacity& capacity) = 0;
   // The block size a KV cache gets when the settings do not say (the backend's kernels are tuned for it).
   virtual int default_block_tokens() const = 0;
+  // Whether its KV caches implement block-mean centring (KVCacheOptions::center_k): the default
+  // --kv-center applies only where they do (an explicit one elsewhere is refused by the cache).
+  virtual bool kv_centring() const { return true; }
   // Whether caches take their whole capacity when built (device memory) rather than growing.
   virtual bool preallocates_caches() const { return false; }
 

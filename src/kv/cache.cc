@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "kv/json_field.h"
 
 namespace tq {
@@ -31,6 +32,15 @@ const KVCacheOptions& checked(int n_kv_heads, int head_dim, const KVCacheOptions
   TQ_CHECK(options.max_blocks >= 0, "a KV cache's block bound must not be negative, got ", options.max_blocks);
   TQ_CHECK(is_dense(options.sink_type), "the sink tier must be a dense type (f16, bf16 or f32), got ",
            to_string(options.sink_type));
+  if (options.centred()) {
+    const int C = options.center_run(), T = options.block_tokens;
+    TQ_CHECK(C >= 16 && (C & (C - 1)) == 0 && C <= T && T % C == 0, "block-mean centring needs runs of a power of two of at least 16 "
+             "positions that divide the block of ", T, ", got ", C);
+    TQ_CHECK(!options.center_k || !is_dense(options.k.type), "block-mean centring of K needs a quantized K type (got ",
+             to_string(options.k.type), ": a dense cache has nothing to gain)");
+    TQ_CHECK(!options.center_v || !is_dense(options.v.type), "block-mean centring of V needs a quantized V type (got ",
+             to_string(options.v.type), ": a dense cache has nothing to gain)");
+  }
   return options;
 }
 }  // namespace
@@ -52,8 +62,18 @@ KVLayerSize kv_layer_size(int n_kv_heads, int head_dim, const KVCacheOptions& op
   z.main_bytes_per_token = static_cast<int64_t>(n_kv_heads) * static_cast<int64_t>(k.record_bytes() + v.record_bytes());
   z.sink_bytes_per_token = static_cast<int64_t>(n_kv_heads) * 2 * static_cast<int64_t>(sink.record_bytes());
   z.sink_reserved_bytes = z.sink_bytes_per_token * options.min_tokens;
-  // A block: for each head, block_tokens K records (or a column region of the same size), then as many V records.
-  const size_t block = static_cast<size_t>(n_kv_heads) * static_cast<size_t>(options.block_tokens) * (k.record_bytes() + v.record_bytes());
+  if (options.centred()) {
+    z.center_tokens = options.center_run();
+    z.mean_bytes_per_run = static_cast<int64_t>(n_kv_heads) * (options.center_k + options.center_v) * 2 * static_cast<int64_t>(head_dim);
+    const VectorFormat tail(head_dim, VectorFormatSpec{KVType::f16, {}, false, 0});
+    z.tail_reserved_bytes = int64_t{2} * n_kv_heads * z.center_tokens * static_cast<int64_t>(tail.record_bytes());
+  }
+  // A block: for each head, block_tokens K records (or a column region of the same size), then as many V
+  // records, then (centred) the K and/or V means of its block_tokens / center_tokens runs.
+  const size_t block =
+      static_cast<size_t>(n_kv_heads) * (static_cast<size_t>(options.block_tokens) * (k.record_bytes() + v.record_bytes()) +
+                                         static_cast<size_t>(z.center_tokens > 0 ? options.block_tokens / z.center_tokens : 0) *
+                                             static_cast<size_t>(z.mean_bytes_per_run / n_kv_heads));
   z.block_bytes = static_cast<int64_t>(BlockPool::rounded_block_bytes(block));
   // A first chunk of about 1024 positions whatever the block size (4 blocks at the default 256), so that the
   // memory a short sequence reserves does not grow with the block size; later chunks fill huge pages (BlockPool).
@@ -78,8 +98,10 @@ KVCache::KVCache(int n_kv_heads, int head_dim, const KVCacheOptions& options)
       k_format_(std::make_unique<VectorFormat>(head_dim, options.k)),
       v_format_(std::make_unique<VectorFormat>(head_dim, options.v)),
       sink_format_(std::make_unique<VectorFormat>(head_dim, VectorFormatSpec{options.sink_type, {}, false, 0})),
-      block_head_bytes_(static_cast<size_t>(options.block_tokens) *
-                        (k_format_->record_bytes() + v_format_->record_bytes())),
+      tail_format_(std::make_unique<VectorFormat>(head_dim, VectorFormatSpec{KVType::f16, {}, false, 0})),
+      block_head_bytes_(static_cast<size_t>(options.block_tokens) * (k_format_->record_bytes() + v_format_->record_bytes()) +
+                        static_cast<size_t>(options.centred() ? options.block_tokens / options.center_run() : 0) *
+                            (options.center_k + options.center_v) * 2 * static_cast<size_t>(head_dim)),
       k_columns_(k_format_->supports_columns() && options.block_tokens % 16 == 0),
       size_(kv_layer_size(n_kv_heads, head_dim, options)),
       pool_(block_head_bytes_ * static_cast<size_t>(n_kv_heads), size_.first_chunk_blocks, options.max_blocks) {
@@ -90,7 +112,16 @@ std::string KVCache::describe() const {
   if (options_.window > 0) os << "rotating(window " << options_.window << ") ";
   os << k_format_->describe() << "/" << v_format_->describe();
   if (options_.min_tokens > 0) os << " + " << options_.min_tokens << " sink tokens in " << to_string(options_.sink_type);
+  if (options_.centred())
+    os << ", " << (options_.center_k && options_.center_v ? "K and V" : options_.center_k ? "K" : "V") << " centred per "
+       << options_.center_run() << " positions";
   return os.str();
+}
+
+double KVCache::main_bits_per_value() const {
+  const double per_token = static_cast<double>(main_bytes_per_token()) +
+                           (options_.centred() ? static_cast<double>(mean_bytes_per_run()) / options_.center_run() : 0.0);
+  return 8.0 * per_token / (2.0 * n_kv_heads_ * head_dim_);
 }
 
 int KVCache::add_sequence() {
@@ -180,6 +211,9 @@ void KVCache::truncate(int seq, int length) {
   }
   // Back inside the sink tier with every block gone: the main tier's grid starts again at min_tokens.
   if (s.block_table.empty() && length <= M) s.first_block_pos = M;
+  // The filling run's positions are all gone: none is filling. A run already encoded that `length` falls
+  // inside keeps its means; the positions appended into it again are encoded around them.
+  if (s.tail_pos >= 0 && length <= s.tail_pos) s.tail_pos = -1;
   s.length = length;
 }
 
@@ -263,20 +297,31 @@ uint8_t* KVCache::main_v_record(Sequence& s, int pos, int head) {
          static_cast<size_t>(t) * v_format_->record_bytes();
 }
 
+namespace {
+void add_mean(const uint16_t* mean, int dim, float* y) {
+  if (mean)
+    for (int j = 0; j < dim; ++j) y[j] += f16_bits_to_f32(mean[j]);
+}
+}  // namespace
+
 void Segment::decode_k_stored(int head, int t, float* y) const {
   if (k_columns) {
     k_format->decode_column_stored(k_region(head), block_tokens, t, y);
   } else {
     k_format->decode_stored(k_record(head, t), y);
   }
+  add_mean(k_mean_of(head, t), k_format->dim(), y);
 }
 
 void Segment::decode_k(int head, int t, float* x) const {
-  if (k_columns) {
-    k_format->decode_column(k_region(head), block_tokens, t, x);
-  } else {
-    k_format->decode(k_record(head, t), x);
-  }
+  decode_k_stored(head, t, x);
+  if (k_format->rotated()) k_format->rotation()->inverse(x);
+}
+
+void Segment::decode_v(int head, int t, float* x) const {
+  v_format->decode_stored(v_record(head, t), x);
+  add_mean(v_mean_of(head, t), v_format->dim(), x);
+  if (v_format->rotated()) v_format->rotation()->inverse(x);
 }
 
 void KVCache::append(int seq, const float* k, const float* v, int n, size_t k_stride, size_t v_stride) {
@@ -304,6 +349,31 @@ void KVCache::append(int seq, const float* k, const float* v, int n, size_t k_st
         const size_t off = (static_cast<size_t>(h) * M + pos) * sink_rec;
         sink_format_->encode(kh, s.sink_k.data() + off);
         sink_format_->encode(vh, s.sink_v.data() + off);
+      } else if (options_.centred()) {
+        const int C = options_.center_run();
+        const int rel = pos - s.first_block_pos;
+        uint8_t* block = main_block(s, pos);  // held (and made this sequence's own) while its run fills too
+        if (h == 0 && s.tail_pos < 0 && rel % C == 0) {
+          s.tail_pos = pos;  // a new run: FP16 until it is complete
+          if (s.tail_k.empty()) {
+            s.tail_k.resize(static_cast<size_t>(n_kv_heads_) * C * tail_format_->record_bytes());
+            s.tail_v.resize(s.tail_k.size());
+          }
+        }
+        if (s.tail_pos >= 0) {
+          const size_t head_off = static_cast<size_t>(h) * C * tail_format_->record_bytes();
+          tail_format_->encode_column(kh, s.tail_k.data() + head_off, C, pos - s.tail_pos);
+          tail_format_->encode(vh, s.tail_v.data() + head_off + static_cast<size_t>(pos - s.tail_pos) * tail_format_->record_bytes());
+        } else {
+          // A run completed before a truncation: encoded around its means, from binary16 like every
+          // centred position (so that appending again what was truncated gives the codes it had).
+          std::vector<float> k16(kh, kh + head_dim_), v16(vh, vh + head_dim_);  // [head_dim] each
+          for (int j = 0; j < head_dim_; ++j) {
+            k16[j] = round_to_f16(k16[j]);
+            v16[j] = round_to_f16(v16[j]);
+          }
+          put_centred(block, h, rel % options_.block_tokens, k16.data(), v16.data());
+        }
       } else {
         const int T = options_.block_tokens;
         const int t = (pos - s.first_block_pos) % T;
@@ -317,7 +387,69 @@ void KVCache::append(int seq, const float* k, const float* v, int n, size_t k_st
       }
     }
     ++s.length;
+    if (s.tail_pos >= 0 && s.length - s.tail_pos == options_.center_run()) finish_tail(s);
   }
+}
+
+void KVCache::put_centred(uint8_t* block, int h, int t, const float* k, const float* v) {
+  const int T = options_.block_tokens, C = options_.center_run(), D = head_dim_;
+  uint8_t* head = block + static_cast<size_t>(h) * block_head_bytes_;
+  const auto* means = reinterpret_cast<const uint16_t*>(head + mean_offset());  // [K runs][D] then [V runs][D]
+  const int runs = T / C;
+  std::vector<float> y(static_cast<size_t>(D));  // [D] stored domain
+  k_format_->to_stored(k, y.data());
+  if (options_.center_k)
+    for (int j = 0; j < D; ++j) y[j] -= f16_bits_to_f32(means[static_cast<size_t>(t / C) * D + j]);
+  if (k_columns_) {
+    k_format_->encode_column_stored(y.data(), head, T, t);
+  } else {
+    k_format_->encode_stored(y.data(), head + static_cast<size_t>(t) * k_format_->record_bytes());
+  }
+  v_format_->to_stored(v, y.data());
+  if (options_.center_v) {
+    const uint16_t* vm = means + (options_.center_k ? static_cast<size_t>(runs) * D : 0) + static_cast<size_t>(t / C) * D;
+    for (int j = 0; j < D; ++j) y[j] -= f16_bits_to_f32(vm[j]);
+  }
+  v_format_->encode_stored(y.data(), head + static_cast<size_t>(T) * k_format_->record_bytes() + static_cast<size_t>(t) * v_format_->record_bytes());
+}
+
+void KVCache::finish_tail(Sequence& s) {
+  const int T = options_.block_tokens, C = options_.center_run(), D = head_dim_;
+  const int rel = s.tail_pos - s.first_block_pos;
+  uint8_t* block = main_block(s, s.tail_pos);
+  const int run = (rel % T) / C, runs = T / C;
+  const size_t rec = tail_format_->record_bytes();
+  std::vector<float> k(static_cast<size_t>(C) * D), v(k.size());  // [C][D] original domain (from FP16)
+  std::vector<double> sum(static_cast<size_t>(D));                 // [D]
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    const size_t head_off = static_cast<size_t>(h) * C * rec;
+    auto* means = reinterpret_cast<uint16_t*>(block + static_cast<size_t>(h) * block_head_bytes_ + mean_offset());
+    // The means go into the block first: put_centred encodes each position around them.
+    for (int tensor = 0; tensor < 2; ++tensor) {
+      const bool centre = tensor == 0 ? options_.center_k : options_.center_v;
+      const VectorFormat& f = tensor == 0 ? *k_format_ : *v_format_;
+      float* x = tensor == 0 ? k.data() : v.data();
+      for (int t = 0; t < C; ++t) {
+        if (tensor == 0) {
+          tail_format_->decode_column(s.tail_k.data() + head_off, C, t, x + static_cast<size_t>(t) * D);
+        } else {
+          tail_format_->decode(s.tail_v.data() + head_off + static_cast<size_t>(t) * rec, x + static_cast<size_t>(t) * D);
+        }
+      }
+      if (!centre) continue;
+      // The mean of the stored-domain vectors: the rotation is linear, so it is the rotated mean.
+      std::fill(sum.begin(), sum.end(), 0.0);
+      std::vector<float> y(static_cast<size_t>(D));
+      for (int t = 0; t < C; ++t) {
+        f.to_stored(x + static_cast<size_t>(t) * D, y.data());
+        for (int j = 0; j < D; ++j) sum[j] += y[j];
+      }
+      uint16_t* m = means + (tensor == 1 && options_.center_k ? static_cast<size_t>(runs) * D : 0) + static_cast<size_t>(run) * D;
+      for (int j = 0; j < D; ++j) m[j] = f32_to_f16_bits(static_cast<float>(sum[j] / C));
+    }
+    for (int t = 0; t < C; ++t) put_centred(block, h, rel % T + t, k.data() + static_cast<size_t>(t) * D, v.data() + static_cast<size_t>(t) * D);
+  }
+  s.tail_pos = -1;
 }
 
 void KVCache::segments(int seq, std::vector<Segment>& out) const {
@@ -340,19 +472,45 @@ void KVCache::segments(int seq, std::vector<Segment>& out) const {
   for (size_t b = 0; b < s.block_table.size(); ++b) {
     const int first = s.first_block_pos + static_cast<int>(b) * T;
     if (first >= s.length) break;
-    Segment g;
-    g.first_pos = first;
-    g.n_tokens = std::min(T, s.length - first);
-    g.k_format = k_format_.get();
-    g.v_format = v_format_.get();
-    g.k = pool_.data(s.block_table[b]);
-    g.v = g.k + static_cast<size_t>(T) * k_format_->record_bytes();
-    g.head_stride = block_head_bytes_;
-    g.k_stride = k_format_->record_bytes();
-    g.v_stride = v_format_->record_bytes();
-    g.k_columns = k_columns_;
-    g.block_tokens = T;
-    out.push_back(g);
+    // With centring the run that is still filling comes from the FP16 tail, after the block's encoded part.
+    const bool tail_here = s.tail_pos >= first && s.tail_pos < first + T;
+    const int encoded_end = tail_here ? s.tail_pos : std::min(first + T, s.length);
+    if (encoded_end > first) {
+      Segment g;
+      g.first_pos = first;
+      g.n_tokens = encoded_end - first;
+      g.k_format = k_format_.get();
+      g.v_format = v_format_.get();
+      g.k = pool_.data(s.block_table[b]);
+      g.v = g.k + static_cast<size_t>(T) * k_format_->record_bytes();
+      g.head_stride = block_head_bytes_;
+      g.k_stride = k_format_->record_bytes();
+      g.v_stride = v_format_->record_bytes();
+      g.k_columns = k_columns_;
+      g.block_tokens = T;
+      if (options_.centred()) {
+        g.center_tokens = options_.center_run();
+        const auto* means = reinterpret_cast<const uint16_t*>(g.k + mean_offset());
+        if (options_.center_k) g.k_mean = means;
+        if (options_.center_v) g.v_mean = means + (options_.center_k ? static_cast<size_t>(T / g.center_tokens) * head_dim_ : 0);
+      }
+      out.push_back(g);
+    }
+    if (tail_here) {
+      const int C = options_.center_run();
+      const size_t rec = tail_format_->record_bytes();
+      Segment g;
+      g.first_pos = s.tail_pos;
+      g.n_tokens = s.length - s.tail_pos;
+      g.k_format = g.v_format = tail_format_.get();
+      g.k = s.tail_k.data();
+      g.v = s.tail_v.data();
+      g.head_stride = static_cast<size_t>(C) * rec;
+      g.k_stride = g.v_stride = rec;
+      g.k_columns = true;
+      g.block_tokens = C;
+      out.push_back(g);
+    }
   }
 }
 
@@ -373,10 +531,10 @@ void KVCache::read(int seq, int pos, float* k, float* v) const {
   std::vector<Segment> segs;
   segments(seq, segs);
   for (const Segment& g : segs) {
-    if (g.k_format != k_format_.get() || pos < g.first_pos || pos >= g.first_pos + g.n_tokens) continue;
+    if (pos < g.first_pos || pos >= g.first_pos + g.n_tokens) continue;  // (the sink tier holds no pos >= M)
     for (int h = 0; h < n_kv_heads_; ++h) {
       g.decode_k(h, pos - g.first_pos, k + static_cast<size_t>(h) * head_dim_);
-      v_format_->decode(g.v_record(h, pos - g.first_pos), v + static_cast<size_t>(h) * head_dim_);
+      g.decode_v(h, pos - g.first_pos, v + static_cast<size_t>(h) * head_dim_);
     }
   }
 }
@@ -404,10 +562,11 @@ MemoryUsage KVCache::memory() const {
   for (const auto& [id, s] : seqs_) {
     m.sink_tokens += std::min(s.length, M);
     m.main_tokens += std::max(0, s.length - std::max(M, s.first_block_pos));
-    m.allocated_bytes += static_cast<int64_t>(s.sink_k.size() + s.sink_v.size());
+    m.allocated_bytes += static_cast<int64_t>(s.sink_k.size() + s.sink_v.size() + s.tail_k.size() + s.tail_v.size());
   }
   m.sink_bytes = m.sink_tokens * size_.sink_bytes_per_token;
-  m.main_bytes = m.main_tokens * size_.main_bytes_per_token;
+  // Per sequence: its main-tier positions from the start of its grid (the means of every run they reach).
+  for (const auto& [id, s] : seqs_) m.main_bytes += size_.main_bytes(std::max(0, s.length - std::max(M, s.first_block_pos)));
   m.allocated_bytes += static_cast<int64_t>(pool_.bytes_allocated());
   m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(n_kv_heads_) * head_dim_;
   return m;
@@ -431,7 +590,10 @@ uint64_t fnv1a(const uint8_t* p, size_t n) {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'Q', 'K', 'V', 'C', 'A', 'C', 'H'};
-constexpr uint32_t kVersion = 1;
+// Version 2 added block-mean centring (the header's center_* fields, the means inside each block, and per
+// sequence its filling run, tail_pos and the FP16 tail after its blocks); version 1 files still load.
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kOldestVersion = 1;
 
 nlohmann::json spec_json(const VectorFormatSpec& s) {
   const auto& q = s.quantizer;
@@ -469,7 +631,8 @@ VectorFormatSpec spec_from_json(const nlohmann::json& j) {
 
 // File: magic[8] "TQKVCACH", u32 version, u32 header length L, L bytes of JSON (options and sequence
 // lengths), then per sequence in header order: sink K and V [n_kv_heads][min(length, min_tokens)][record],
-// then each held main-tier block in order, whole (the block layout of cache.h); last, the u64
+// then each held main-tier block in order, whole (the block layout of cache.h, means included), then
+// (version 2, a sequence whose tail_pos >= 0) the FP16 tail K and V, whole: [n_kv_heads][C][record] each; last, the u64
 // FNV-1a hash of every byte before it. All integers little-endian.
 std::vector<uint8_t> KVCache::to_bytes() const {
   nlohmann::json header = {{"n_kv_heads", n_kv_heads_},
@@ -480,9 +643,13 @@ std::vector<uint8_t> KVCache::to_bytes() const {
                            {"sink_type", to_string(options_.sink_type)},
                            {"window", options_.window},
                            {"block_tokens", options_.block_tokens},
+                           {"center_k", options_.center_k},
+                           {"center_v", options_.center_v},
+                           {"center_tokens", options_.center_tokens},
                            {"fused", fused_}};
   nlohmann::json seqs = nlohmann::json::array();
-  for (const auto& [id, s] : seqs_) seqs.push_back({{"id", id}, {"length", s.length}, {"first_main", std::max(s.first_block_pos, options_.min_tokens)}});
+  for (const auto& [id, s] : seqs_)
+    seqs.push_back({{"id", id}, {"length", s.length}, {"first_main", std::max(s.first_block_pos, options_.min_tokens)}, {"tail_pos", s.tail_pos}});
   header["sequences"] = seqs;
   const std::string text = header.dump();
 
@@ -500,6 +667,10 @@ std::vector<uint8_t> KVCache::to_bytes() const {
     const int T = options_.block_tokens;
     for (size_t b = 0; b < s.block_table.size() && s.first_block_pos + static_cast<int>(b) * T < s.length; ++b) {
       put(pool_.data(s.block_table[b]), block_head_bytes_ * static_cast<size_t>(n_kv_heads_));
+    }
+    if (s.tail_pos >= 0) {
+      put(s.tail_k.data(), s.tail_k.size());
+      put(s.tail_v.data(), s.tail_v.size());
     }
   }
   const uint64_t hash = fnv1a(bytes.data(), bytes.size());
@@ -523,7 +694,8 @@ std::unique_ptr<KVCache> KVCache::load(const std::string& path) {
 }
 
 std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, const std::string& name) {
-  const std::string header_text = framed_header_text(bytes, kMagic, kVersion, name, "KV cache");
+  uint32_t version = 0;
+  const std::string header_text = framed_header_text(bytes, kMagic, kVersion, name, "KV cache", kOldestVersion, &version);
   const size_t len = header_text.size();
   nlohmann::json header;
   std::unique_ptr<KVCache> cache;
@@ -536,6 +708,11 @@ std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, con
     o.sink_type = parse_kv_type(header.at("sink_type").get<std::string>());
     o.window = integer_field<int>(header, "window");
     o.block_tokens = integer_field<int>(header, "block_tokens");
+    if (version >= 2) {
+      o.center_k = header.at("center_k").get<bool>();
+      o.center_v = header.at("center_v").get<bool>();
+      o.center_tokens = integer_field<int>(header, "center_tokens");
+    }
     cache = std::make_unique<KVCache>(integer_field<int>(header, "n_kv_heads"), integer_field<int>(header, "head_dim"), o);
     cache->fused_ = header.at("fused").get<bool>();
   } catch (const nlohmann::json::exception& e) {
@@ -555,12 +732,13 @@ std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, con
   const int H = cache->n_kv_heads_;
   const size_t sink_rec = cache->sink_format_->record_bytes();
   struct SavedSequence {
-    int id, length, first_main;
+    int id, length, first_main, tail_pos;
   };
   std::vector<SavedSequence> saved;
   try {
     for (const auto& js : header.at("sequences"))
-      saved.push_back({integer_field<int>(js, "id"), integer_field<int>(js, "length"), integer_field<int>(js, "first_main")});
+      saved.push_back({integer_field<int>(js, "id"), integer_field<int>(js, "length"), integer_field<int>(js, "first_main"),
+                       version >= 2 ? integer_field<int>(js, "tail_pos") : -1});
   } catch (const nlohmann::json::exception& e) {
     fail(name, " has a malformed sequence list: ", e.what());
   } catch (const Error& e) {
@@ -568,15 +746,21 @@ std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, con
   }
   const int T = cache->options_.block_tokens;
   const size_t block_bytes = cache->block_head_bytes_ * static_cast<size_t>(H);
-  for (const auto& [id, length, first_main] : saved) {
+  const int C = cache->options_.center_run();
+  const size_t tail_bytes = cache->options_.centred() ? static_cast<size_t>(H) * C * cache->tail_format_->record_bytes() : 0;
+  for (const auto& [id, length, first_main, tail_pos] : saved) {
     TQ_CHECK(length >= 0 && first_main >= M && first_main <= std::max(length, M), name,
              " has an inconsistent sequence ", id);
+    // The filling run: none, or one that starts on the run grid and holds 1..C-1 of the last positions.
+    TQ_CHECK(tail_pos == -1 || (cache->options_.centred() && tail_pos >= first_main && (tail_pos - first_main) % C == 0 &&
+                                tail_pos < length && length - tail_pos < C),
+             name, " has an inconsistent filling run (tail_pos ", tail_pos, ") in sequence ", id);
     const int n_sink = std::min(length, M);
     // The sequence's bytes must be in the payload before anything is allocated for them: a header that
     // lies about the sizes would otherwise allocate whatever it names. In 128 bits: no product overflows.
     using u128 = unsigned __int128;
     const u128 main_blocks = length > first_main ? (static_cast<u128>(length - first_main) + T - 1) / T : 0;
-    const u128 need = static_cast<u128>(2) * H * n_sink * sink_rec + main_blocks * block_bytes;
+    const u128 need = static_cast<u128>(2) * H * n_sink * sink_rec + main_blocks * block_bytes + (tail_pos >= 0 ? 2 * tail_bytes : 0);
     cache->add_sequence_with_id(id);  // first: a repeated id is named as such
     TQ_CHECK(need <= end - off, name, " is truncated (payload shorter than its header says)");
     Sequence& s = cache->seqs_.at(id);
@@ -596,6 +780,13 @@ std::unique_ptr<KVCache> KVCache::from_bytes(std::span<const uint8_t> bytes, con
       s.first_block_pos = first_main;
       for (int64_t pos = s.first_block_pos; pos < length; pos += T)
         std::memcpy(cache->main_block(s, static_cast<int>(pos)), take(block_bytes), block_bytes);
+      if (tail_pos >= 0) {
+        s.tail_k.resize(tail_bytes);
+        s.tail_v.resize(tail_bytes);
+        std::memcpy(s.tail_k.data(), take(tail_bytes), tail_bytes);
+        std::memcpy(s.tail_v.data(), take(tail_bytes), tail_bytes);
+        s.tail_pos = tail_pos;
+      }
     } catch (const std::bad_alloc&) {
       fail(name, ": sequence ", id, " needs more memory than can be allocated (", H, " KV heads, ", M,
            " sink positions, blocks of ", block_bytes, " bytes)");
@@ -792,6 +983,9 @@ KVCacheOptions turboquant_cache_options(const TurboQuantCacheOptions& o, int win
   c.min_tokens = o.min_tokens_before_quant;
   c.window = window;
   c.block_tokens = o.block_tokens;
+  c.center_k = o.center_k;
+  c.center_v = o.center_v;
+  c.center_tokens = o.center_tokens;
   return c;
 }
 
@@ -825,7 +1019,7 @@ int convert_cache_to_turboquant(PromptCache& caches, const TurboQuantCacheOption
           for (int h = 0; h < H; ++h) {
             const size_t at = (static_cast<size_t>(t) * H + h) * D;
             g.decode_k(h, t, k.data() + at);
-            g.v_format->decode(g.v_record(h, t), v.data() + at);
+            g.decode_v(h, t, v.data() + at);
           }
         tq->append(seq, k.data(), v.data(), g.n_tokens);
       }

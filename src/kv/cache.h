@@ -9,7 +9,8 @@
 //   StateCache  convolution and recurrent state of a linear-attention layer.
 //
 // Block layout (bytes): for each KV head h: [K region: block_tokens x k_record][V records:
-// block_tokens x v_record]. The K region is in column (dimension-major) layout when the K format has
+// block_tokens x v_record][K means: runs x dim binary16, when K is centred][V means: likewise], with
+// runs = block_tokens / center_tokens (block-mean centring, KVCacheOptions::center_k). The K region is in column (dimension-major) layout when the K format has
 // one (dense and TurboQuant; see VectorFormat::encode_column), else block_tokens records. Memory
 // formulas: docs/FORMATS.md ("KV cache").
 #pragma once
@@ -49,12 +50,29 @@ struct Segment {
   size_t v_stride = 0;
   bool k_columns = false;      // K is a column region of `block_tokens` tokens (first_pos at column 0)
   int block_tokens = 0;
+  // Block-mean centring: a record holds y - mean, y the stored-domain (rotated) vector and mean the
+  // binary16 mean of the run of center_tokens positions it belongs to (first_pos starts a run). k_mean /
+  // v_mean: head 0's means [runs][dim], head h's head_stride bytes further; nullptr when not centred.
+  const uint16_t* k_mean = nullptr;
+  const uint16_t* v_mean = nullptr;
+  int center_tokens = 0;
+  // The mean of token t's run for head h ([dim] binary16), or nullptr.
+  const uint16_t* k_mean_of(int head, int t) const { return k_mean ? mean_at(k_mean, head, t) : nullptr; }
+  const uint16_t* v_mean_of(int head, int t) const { return v_mean ? mean_at(v_mean, head, t) : nullptr; }
   const uint8_t* k_region(int head) const { return k + head * head_stride; }
   const uint8_t* k_record(int head, int t) const { return k + head * head_stride + static_cast<size_t>(t) * k_stride; }
   const uint8_t* v_record(int head, int t) const { return v + head * head_stride + static_cast<size_t>(t) * v_stride; }
   // Token t's key (either layout) as floats: original domain / stored domain.
+  // Means included.
   void decode_k(int head, int t, float* x) const;
   void decode_k_stored(int head, int t, float* y) const;
+  void decode_v(int head, int t, float* x) const;
+
+ private:
+  const uint16_t* mean_at(const uint16_t* head0, int head, int t) const {
+    const auto* base = reinterpret_cast<const uint8_t*>(head0) + static_cast<size_t>(head) * head_stride;
+    return reinterpret_cast<const uint16_t*>(base) + static_cast<size_t>(t / center_tokens) * k_format->dim();
+  }
 };
 
 struct MemoryUsage {
@@ -124,6 +142,14 @@ struct KVCacheOptions {
   int window = 0;                 // > 0: rotating cache keeping at least the last `window` positions
   int block_tokens = kDefaultBlockTokens;
   int64_t max_blocks = 0;         // main-tier blocks the cache may hold at once (0: no bound)
+  // Block-mean centring of the main tier (docs/FORMATS.md): each run of center_tokens positions of a
+  // block is quantized around its own binary16 mean (stored domain, per head), stored beside the block;
+  // the run that is still filling is held in FP16 (the tail) until it is complete. Attention adds the
+  // mean back exactly: q.mean per run to the scores, (the run's weight sum) x mean to the values.
+  bool center_k = false, center_v = false;
+  int center_tokens = 0;          // positions per mean: a power of two, 16..block_tokens; 0: block_tokens
+  bool centred() const { return center_k || center_v; }
+  int center_run() const { return center_tokens > 0 ? center_tokens : block_tokens; }
 };
 
 // The bytes of one layer's KV cache, from its shape and options alone. KVCache sizes its records, blocks
@@ -137,11 +163,27 @@ struct KVLayerSize {
   int64_t main_bytes_per_token = 0;  // all KV heads, K and V records of the main tier
   int64_t sink_bytes_per_token = 0;  // all KV heads, K and V records of the sink tier
   int64_t sink_reserved_bytes = 0;   // one sequence's sink buffers, reserved at its first position: [K, V][heads][min_tokens][record]
-  int64_t block_bytes = 0;           // one main-tier block of all heads, as the pool stores it (rounded up to 64 bytes)
+  int64_t block_bytes = 0;           // one main-tier block of all heads, as the pool stores it (rounded up to 64 bytes),
+                                     // the centring means inside it
+  // Block-mean centring (KVCacheOptions::center_k): 0 when not centred.
+  int center_tokens = 0;             // positions per mean (KVCacheOptions::center_run)
+  int64_t mean_bytes_per_run = 0;    // all KV heads, K and/or V binary16 means of one run
+  int64_t tail_reserved_bytes = 0;   // one sequence's FP16 filling run, reserved at its first main-tier position:
+                                     // [K, V][heads][center_tokens][f16 record]
   int first_chunk_blocks = 0;        // the pool's first chunk (about 1024 positions), then chunks of later_chunk_blocks
   int later_chunk_blocks = 0;
   // Bytes the pool holds once `blocks` blocks were in use at once at most (whole chunks).
   int64_t pool_bytes(int64_t blocks) const;
+  // Main-tier bytes of `tokens` positions from the start of the main tier's grid: the records and, centred,
+  // the means of every run they reach into (the filling run's too: its block holds them).
+  int64_t main_bytes(int64_t tokens) const {
+    return tokens * main_bytes_per_token + (center_tokens > 0 ? (tokens + center_tokens - 1) / center_tokens * mean_bytes_per_run : 0);
+  }
+  // What one position takes in the pool, the means spread over their runs (rounded up): what a KV pool in
+  // bytes divides by.
+  int64_t pool_bytes_per_token() const {
+    return main_bytes_per_token + (center_tokens > 0 ? (mean_bytes_per_run + center_tokens - 1) / center_tokens : 0);
+  }
 };
 KVLayerSize kv_layer_size(int n_kv_heads, int head_dim, const KVCacheOptions& options);
 // A rotating cache's blocks at the start of an append at `next_pos`: how many of the sequence's `blocks`
@@ -193,6 +235,10 @@ class KVCache final : public LayerCache {
   size_t main_bytes_per_token() const { return static_cast<size_t>(size_.main_bytes_per_token); }
   size_t sink_bytes_per_token() const { return static_cast<size_t>(size_.sink_bytes_per_token); }
   const KVLayerSize& size() const { return size_; }
+  // Bytes of the means of one run of center_tokens positions (all KV heads, K and V), 0 without centring.
+  size_t mean_bytes_per_run() const { return static_cast<size_t>(size_.mean_bytes_per_run); }
+  // Bits per cached K and V value of the main tier, the means counted.
+  double main_bits_per_value() const;
 
   bool is_plain_dense_growing() const;
   bool fused() const { return fused_; }
@@ -212,6 +258,10 @@ class KVCache final : public LayerCache {
     int first_block_pos = 0;               // position of the first token of block_table[0]
     std::vector<uint8_t> sink_k, sink_v;   // [n_kv_heads][min_tokens][sink record]
     std::vector<int> block_table;          // main-tier blocks, oldest first
+    // Centring: the run that is still filling, FP16 until it is complete. K [n_kv_heads][dim][C] (column
+    // layout), V [n_kv_heads][C][dim], C = center_tokens; tail_pos its first position, -1 when none.
+    std::vector<uint8_t> tail_k, tail_v;
+    int tail_pos = -1;
   };
   Sequence& seq_ref(int seq);
   const Sequence& seq_ref(int seq) const;
@@ -221,10 +271,15 @@ class KVCache final : public LayerCache {
   uint8_t* main_v_record(Sequence& s, int pos, int head);
   bool k_columns() const { return k_columns_; }
   void drop_out_of_window(Sequence& s, int next_pos);
+  // Centring: one head's position at block offset t into the block (a run already encoded: its mean),
+  // and the tail's run encoded around its new means once it is complete.
+  void put_centred(uint8_t* block, int h, int t, const float* k, const float* v);
+  void finish_tail(Sequence& s);
+  size_t mean_offset() const { return static_cast<size_t>(options_.block_tokens) * (k_format_->record_bytes() + v_format_->record_bytes()); }
 
   int n_kv_heads_, head_dim_;
   KVCacheOptions options_;
-  std::unique_ptr<VectorFormat> k_format_, v_format_, sink_format_;
+  std::unique_ptr<VectorFormat> k_format_, v_format_, sink_format_, tail_format_;  // tail: FP16
   size_t block_head_bytes_;  // K and V records of one head in one block
   bool k_columns_;
   KVLayerSize size_;  // the byte arithmetic the memory plan shares
@@ -345,6 +400,8 @@ struct TurboQuantCacheOptions {
   Grid k_grid_8bit = Grid::uniform;
   bool compress_rotating = false;  // also convert sliding-window caches (long windows)
   int block_tokens = kDefaultBlockTokens;
+  bool center_k = false, center_v = false;  // block-mean centring (KVCacheOptions)
+  int center_tokens = 0;
   QuantizerOptions k_quantizer() const;
   QuantizerOptions v_quantizer() const;
 };

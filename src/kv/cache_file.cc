@@ -15,7 +15,10 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'Q', 'P', 'R', 'O', 'M', 'P', 'T'};
 constexpr char kKVCacheMagic[8] = {'T', 'Q', 'K', 'V', 'C', 'A', 'C', 'H'};  // KVCache::save's
-constexpr uint32_t kVersion = 1;
+// Version 2: its layers may be centred KV caches (KV cache file version 2, kv/cache.cc); version 1 files,
+// whose layers are version 1, still load.
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kPreamble = 16;  // magic, version, header length
 constexpr size_t kTrailer = 8;    // the checksum
 
@@ -269,7 +272,7 @@ LoadedPromptCache load_prompt_cache(const std::string& path, const ModelFingerpr
   const std::string name = "prompt cache file '" + path + "'";
   TQ_CHECK(bytes.size() < 8 || std::memcmp(bytes.data(), kKVCacheMagic, 8) != 0, name,
            " is a single layer's KV cache file (KVCache::save), not a prompt cache");
-  const std::string header_text = framed_header_text(bytes, kMagic, kVersion, name, "prompt cache file");
+  const std::string header_text = framed_header_text(bytes, kMagic, kVersion, name, "prompt cache file", kOldestVersion);
   const size_t len = header_text.size();
 
   LoadedPromptCache out;

@@ -238,8 +238,8 @@ TEST(PromptCacheFile, CorruptAndTruncatedFilesGiveClearErrors) {
   b[1] ^= 0x20;
   expect_load_error(b, "is not a turboquant prompt cache file (bad magic)");
   b = bytes;
-  b[8] = 2;
-  expect_load_error(b, "has version 2; this build reads version 1");
+  b[8] = 3;
+  expect_load_error(b, "has version 3; this build reads version 1 to 2");
   b = bytes;
   b[bytes.size() / 2] ^= 0x01;
   expect_load_error(b, "checksum mismatch");

@@ -53,15 +53,19 @@ uint64_t fnv1a(const uint8_t* p, size_t n);
 
 // The header text of a whole cache file framed by framed_header and ending in the u64 fnv1a of what precedes
 // it, after checking its size, magic ("is not a turboquant <kind> (bad magic)"), version, checksum and header
-// length; `name` names the file in the messages.
+// length; `name` names the file in the messages. Versions oldest..version are read (oldest 0: version only);
+// the file's goes to *stored_version_out.
 inline std::string framed_header_text(std::span<const uint8_t> bytes, const char* magic, uint32_t version, const std::string& name,
-                                      const char* kind) {
+                                      const char* kind, uint32_t oldest = 0, uint32_t* stored_version_out = nullptr) {
   TQ_CHECK(bytes.size() >= 24, name, " is truncated (", bytes.size(), " bytes)");
   TQ_CHECK(std::memcmp(bytes.data(), magic, 8) == 0, name, " is not a turboquant ", kind, " (bad magic)");
   uint32_t stored_version, len;
   std::memcpy(&stored_version, bytes.data() + 8, 4);
   std::memcpy(&len, bytes.data() + 12, 4);
-  TQ_CHECK(stored_version == version, name, " has version ", stored_version, "; this build reads version ", version);
+  if (oldest == 0) oldest = version;
+  TQ_CHECK(stored_version >= oldest && stored_version <= version, name, " has version ", stored_version, "; this build reads version ",
+           oldest == version ? std::to_string(version) : std::to_string(oldest) + " to " + std::to_string(version));
+  if (stored_version_out) *stored_version_out = stored_version;
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
   TQ_CHECK(fnv1a(bytes.data(), bytes.size() - 8) == stored, name, " is corrupt or truncated (checksum mismatch)");

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/rng.h"
 #include "hwy/tests/hwy_gtest.h"
 #include "core/aligned.h"
@@ -701,6 +702,216 @@ TEST(StateCache, SnapshotRestoreGoesBackAndTruncateStaysRefused) {
   const int u = d.add_sequence();
   expect_error_mentioning([&] { d.restore(u, snap); }, "cannot restore a snapshot of a state of conv 5x4, recurrent 2x3x4");
   expect_error_mentioning([&] { c.snapshot(99); }, "no sequence 99");
+}
+
+// ------------------------------------------------------------------ block-mean centring
+
+KVCacheOptions centred_options(int k_bits, int v_bits, bool ck, bool cv, int run, int block, int min_tokens = 0, int window = 0) {
+  TurboQuantCacheOptions o;
+  o.k_bits = k_bits;
+  o.v_bits = v_bits;
+  o.min_tokens_before_quant = min_tokens;
+  o.block_tokens = block;
+  o.center_k = ck;
+  o.center_v = cv;
+  o.center_tokens = run;
+  return turboquant_cache_options(o, window);
+}
+
+// x [n][H][D] plus a per-channel offset that drifts along the positions.
+std::vector<float> drifting(int n, int H, int D, float size, uint64_t seed) {
+  auto x = gaussian(static_cast<size_t>(n) * H * D, seed);
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < D; ++j)
+        x[(static_cast<size_t>(t) * H + h) * D + j] += size * std::sin(0.37f * j + h) + 0.5f * size * std::sin(0.01f * t + j);
+  return x;
+}
+
+double read_back_mse(const KVCache& c, int seq, const std::vector<float>& k, const std::vector<float>& v) {
+  const size_t per = static_cast<size_t>(c.n_kv_heads()) * c.head_dim();
+  std::vector<float> rk(per), rv(per);
+  double err = 0;
+  for (int p = 0; p < c.length(seq); ++p) {
+    c.read(seq, p, rk.data(), rv.data());
+    for (size_t j = 0; j < per; ++j) {
+      err += (rk[j] - k[p * per + j]) * (rk[j] - k[p * per + j]);
+      err += (rv[j] - v[p * per + j]) * (rv[j] - v[p * per + j]);
+    }
+  }
+  return err / (2.0 * c.length(seq) * per);
+}
+
+// The run still filling is FP16 (read back exactly as binary16), the completed ones are quantized around
+// their means (closer than without centring when the data carries a drifting offset), and the memory
+// report counts the means.
+TEST(KVCache, CentringKeepsTheFillingRunInFP16AndCountsTheMeans) {
+  const int H = 2, D = 64, T = 128, C = 32, M = 3, n = M + 2 * T + 45;  // the last run holds 13 positions
+  const auto k = drifting(n, H, D, 4.0f, 1), v = drifting(n, H, D, 4.0f, 2);
+  KVCache plain(H, D, centred_options(3, 3, false, false, 0, T, M));
+  KVCache centred(H, D, centred_options(3, 3, true, true, C, T, M));
+  const int a = plain.add_sequence(), b = centred.add_sequence();
+  plain.append(a, k.data(), v.data(), n);
+  // In uneven pieces: runs complete inside an append and across appends.
+  for (int done = 0, step = 1; done < n; step = step * 3 % 71 + 1) {
+    const int m = std::min(step, n - done);
+    centred.append(b, k.data() + static_cast<size_t>(done) * H * D, v.data() + static_cast<size_t>(done) * H * D, m);
+    done += m;
+  }
+  const int filling_from = n - (n - M) % C;
+  std::vector<float> rk(H * D), rv(H * D);
+  for (int p = filling_from; p < n; ++p) {
+    centred.read(b, p, rk.data(), rv.data());
+    for (int j = 0; j < H * D; ++j) {
+      ASSERT_EQ(rk[j], round_to_f16(k[static_cast<size_t>(p) * H * D + j])) << "position " << p;
+      ASSERT_EQ(rv[j], round_to_f16(v[static_cast<size_t>(p) * H * D + j])) << "position " << p;
+    }
+  }
+  std::vector<Segment> segs;
+  centred.segments(b, segs);
+  ASSERT_EQ(segs.size(), 5u);  // sink, block 0, block 1's encoded runs, block 2's encoded run, the filling run
+  EXPECT_EQ(segs.back().first_pos, filling_from);
+  EXPECT_EQ(segs.back().k_format->type(), KVType::f16);
+  EXPECT_NE(segs[1].k_mean, nullptr);
+  EXPECT_NE(segs[1].v_mean, nullptr);
+  // The drifting offset: centred runs read back much closer (the filling run aside, which is exact).
+  EXPECT_LT(read_back_mse(centred, b, k, v), 0.5 * read_back_mse(plain, a, k, v));
+  // Memory: the runs' means (K and V, binary16, every KV head) beside the records.
+  const int runs = (n - M + C - 1) / C;
+  EXPECT_EQ(centred.memory().main_bytes, plain.memory().main_bytes + static_cast<int64_t>(runs) * H * 2 * D * 2);
+  EXPECT_DOUBLE_EQ(centred.main_bits_per_value(), plain.main_bits_per_value() + 16.0 / C);
+  EXPECT_NE(centred.describe().find("K and V centred per 32 positions"), std::string::npos) << centred.describe();
+}
+
+// Truncating inside the filling run, or at a run's start, then appending equals never having appended;
+// truncating into a completed run keeps its means (the positions appended again are encoded around them).
+TEST(KVCache, CentredTruncateForkSaveAndLoad) {
+  const int H = 2, D = 64, T = 64, C = 16;
+  const auto k = drifting(200, H, D, 2.0f, 3), v = drifting(200, H, D, 2.0f, 4), other = gaussian(200 * H * D, 5);
+  for (const bool ck : {true, false}) {
+    const KVCacheOptions o = centred_options(4, 3, ck, true, C, T, 2);
+    KVCache once(H, D, o), again(H, D, o);
+    const int a = once.add_sequence(), b = again.add_sequence();
+    once.append(a, k.data(), v.data(), 150);
+    again.append(b, k.data(), v.data(), 40);  // runs [2,18) [18,34) done, [34,50) filling
+    again.append(b, other.data(), other.data(), 5);
+    again.truncate(b, 40);  // inside the filling run
+    again.append(b, k.data() + 40 * H * D, v.data() + 40 * H * D, 110);
+    EXPECT_EQ(read_all(again, b), read_all(once, a));
+    again.truncate(b, 66);  // a run's start
+    again.append(b, other.data(), other.data(), 20);
+    again.truncate(b, 66);
+    again.append(b, k.data() + 66 * H * D, v.data() + 66 * H * D, 84);
+    EXPECT_EQ(read_all(again, b), read_all(once, a));
+    again.truncate(b, 60);  // inside the completed run [50, 66)
+    again.append(b, k.data() + 60 * H * D, v.data() + 60 * H * D, 90);
+    // The run's means came from these same positions, so encoding them again around those means (one
+    // position at a time) gives the codes the completed run had.
+    EXPECT_EQ(read_all(again, b), read_all(once, a));
+
+    // A fork shares the filling run's block and copies its FP16 run; both continue on their own.
+    once.fork_sequence(a, 9);
+    once.append(9, other.data(), other.data() + 1, 30);
+    once.append(a, k.data() + 150 * H * D, v.data() + 150 * H * D, 30);
+    const auto pa = read_all(once, a), p9 = read_all(once, 9);
+    // The completed runs are the same; the run that was filling at the fork, [146, 162), was completed with
+    // other positions in each, so each has its own means.
+    EXPECT_TRUE(std::equal(pa.begin(), pa.begin() + 146 * 2 * H * D, p9.begin()));
+    KVCache direct(H, D, o);
+    const int d = direct.add_sequence();
+    direct.append(d, k.data(), v.data(), 180);
+    EXPECT_EQ(read_all(direct, d), pa);
+
+    // Save and load keep the means and the filling runs (both sequences have one).
+    const std::string path = temp_path("centred.tqkv");
+    once.save(path);
+    const auto loaded = KVCache::load(path);
+    EXPECT_EQ(loaded->describe(), once.describe());
+    EXPECT_EQ(read_all(*loaded, a), pa);
+    EXPECT_EQ(read_all(*loaded, 9), p9);
+    EXPECT_EQ(loaded->memory().bytes_in_use(), once.memory().bytes_in_use());
+    // And go on filling exactly as the original does.
+    loaded->append(9, k.data(), v.data(), 20);
+    once.append(9, k.data(), v.data(), 20);
+    EXPECT_EQ(read_all(*loaded, 9), read_all(once, 9));
+    std::remove(path.c_str());
+  }
+}
+
+// A version 1 file (before centring: no center_* fields, no tail_pos) still loads.
+TEST(KVCache, LoadsVersionOneFiles) {
+  const std::string path = temp_path("v2.tqkv");
+  KVCache cache(1, 64, tq_options(4, 3, 2));
+  const int s = cache.add_sequence();
+  const auto x = gaussian(40 * 64, 9);
+  cache.append(s, x.data(), x.data() + 64, 30);
+  auto bytes = cache.to_bytes();
+  uint32_t len;
+  std::memcpy(&len, bytes.data() + 12, 4);
+  nlohmann::json header = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(bytes.data() + 16), len));
+  for (const char* f : {"center_k", "center_v", "center_tokens"}) header.erase(f);
+  for (auto& js : header["sequences"]) js.erase("tail_pos");
+  const std::string text = header.dump();
+  std::vector<uint8_t> v1(16);
+  std::memcpy(v1.data(), bytes.data(), 8);
+  const uint32_t version = 1, text_len = static_cast<uint32_t>(text.size());
+  std::memcpy(v1.data() + 8, &version, 4);
+  std::memcpy(v1.data() + 12, &text_len, 4);
+  v1.insert(v1.end(), text.begin(), text.end());
+  v1.insert(v1.end(), bytes.begin() + 16 + len, bytes.end() - 8);
+  const uint64_t hash = fnv1a(v1.data(), v1.size());
+  v1.insert(v1.end(), reinterpret_cast<const uint8_t*>(&hash), reinterpret_cast<const uint8_t*>(&hash) + 8);
+  const auto loaded = KVCache::from_bytes(v1, "version 1 bytes");
+  EXPECT_EQ(read_all(*loaded, s), read_all(cache, s));
+  EXPECT_FALSE(loaded->options().centred());
+  // A tail_pos that is not on the run grid is named.
+  KVCache c2(1, 64, centred_options(4, 3, true, false, 16, 64));
+  const int s2 = c2.add_sequence();
+  c2.append(s2, x.data(), x.data() + 64, 20);
+  auto b2 = c2.to_bytes();
+  std::memcpy(&len, b2.data() + 12, 4);
+  std::string t2(reinterpret_cast<const char*>(b2.data() + 16), len);
+  const size_t at = t2.find("\"tail_pos\":16");
+  ASSERT_NE(at, std::string::npos) << t2;
+  t2[at + 12] = '7';  // 17: inside a run
+  std::memcpy(b2.data() + 16, t2.data(), len);
+  const uint64_t h2 = fnv1a(b2.data(), b2.size() - 8);
+  std::memcpy(b2.data() + b2.size() - 8, &h2, 8);
+  expect_error_mentioning([&] { KVCache::from_bytes(b2, "bad"); }, "inconsistent filling run");
+}
+
+// Converting an FP16 prompt cache to a centred TurboQuant one gives what filling it directly with the
+// same (binary16) values gives.
+TEST(PromptCache, ConvertsToACentredCache) {
+  const int H = 2, D = 64, n = 300;
+  PromptCache caches = make_prompt_cache({LayerSpec{LayerKind::full_attention, H, D, 0, StateShape{}}}, KVType::f16, 64);
+  auto* dense = dynamic_cast<KVCache*>(caches[0].get());
+  const int seq = dense->add_sequence();
+  auto k = drifting(n, H, D, 3.0f, 21), v = drifting(n, H, D, 3.0f, 22);
+  for (auto* x : {&k, &v})
+    for (float& f : *x) f = round_to_f16(f);
+  dense->append(seq, k.data(), v.data(), n);
+  TurboQuantCacheOptions o;
+  o.k_bits = o.v_bits = 4;
+  o.center_k = o.center_v = true;
+  o.center_tokens = 64;
+  o.block_tokens = 128;
+  ASSERT_EQ(convert_cache_to_turboquant(caches, o), 1);
+  auto* tq = dynamic_cast<KVCache*>(caches[0].get());
+  ASSERT_TRUE(tq->options().centred());
+  KVCache direct(H, D, turboquant_cache_options(o, 0));
+  direct.add_sequence_with_id(seq);
+  direct.append(seq, k.data(), v.data(), n);
+  EXPECT_EQ(read_all(*tq, seq), read_all(direct, seq));
+}
+
+TEST(KVCache, BadCentringOptionsSayWhatIsWrong) {
+  expect_error_mentioning([] { KVCache(1, 64, centred_options(4, 4, true, false, 48, 256)); }, "power of two");
+  expect_error_mentioning([] { KVCache(1, 64, centred_options(4, 4, true, false, 512, 256)); }, "divide the block");
+  expect_error_mentioning([] { KVCache(1, 64, centred_options(4, 4, true, false, 8, 256)); }, "at least 16");
+  KVCacheOptions dense;
+  dense.center_k = true;
+  expect_error_mentioning([&] { KVCache(1, 64, dense); }, "quantized K type");
 }
 
 TEST(KVCache, BadOptionsSayWhatIsWrong) {

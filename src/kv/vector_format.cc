@@ -80,6 +80,26 @@ std::string VectorFormat::describe() const {
   return os.str();
 }
 
+void VectorFormat::to_stored(const float* x, float* y) const {
+  std::memcpy(y, x, sizeof(float) * static_cast<size_t>(dim_));
+  if (rotation_) rotation_->forward(y);
+}
+
+void VectorFormat::encode_stored(const float* y, uint8_t* record) const {
+  switch (spec_.type) {
+    case KVType::turboquant:
+      quantizer_->quantize_rotated(y, 1, record, reinterpret_cast<f16*>(record + quantizer_->code_bytes()));
+      return;
+    case KVType::q8_0:
+      quantize_q8_0(y, dim_, reinterpret_cast<BlockQ8_0*>(record));
+      return;
+    case KVType::q4_0:
+      quantize_q4_0(y, dim_, reinterpret_cast<BlockQ4_0*>(record));
+      return;
+    default: encode(y, record); return;  // dense: the stored domain is the original one
+  }
+}
+
 void VectorFormat::encode(const float* x, uint8_t* record) const {
   switch (spec_.type) {
     case KVType::f32: std::memcpy(record, x, 4 * static_cast<size_t>(dim_)); return;
@@ -118,9 +138,15 @@ void VectorFormat::decode(const uint8_t* record, float* x) const {
 }
 
 void VectorFormat::encode_column(const float* x, uint8_t* region, int T, int t) const {
+  std::vector<float> y(static_cast<size_t>(dim_));  // [dim] stored domain
+  to_stored(x, y.data());
+  encode_column_stored(y.data(), region, T, t);
+}
+
+void VectorFormat::encode_column_stored(const float* y, uint8_t* region, int T, int t) const {
   TQ_CHECK(supports_columns(), to_string(spec_.type), " has no column layout");
   std::vector<uint8_t> rec(record_bytes_);
-  encode(x, rec.data());
+  encode_stored(y, rec.data());
   const size_t D = static_cast<size_t>(dim_);
   switch (spec_.type) {
     case KVType::f32:

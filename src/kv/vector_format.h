@@ -61,6 +61,11 @@ class VectorFormat {
 
   // x: [dim] in the original domain -> one record.
   void encode(const float* x, uint8_t* record) const;
+  // x: [dim] original domain -> y: [dim] stored domain (the forward rotation when rotated(), else a copy).
+  void to_stored(const float* x, float* y) const;
+  // y: [dim] in the stored domain -> one record (encode(x) == encode_stored(to_stored(x)), bit for bit).
+  // Block-mean centring encodes y - mean this way (kv/cache.h).
+  void encode_stored(const float* y, uint8_t* record) const;
   // record -> [dim] in the original domain (undoes the rotation).
   void decode(const uint8_t* record, float* x) const;
   // record -> [dim] in the stored domain (rotated when rotated()).
@@ -73,6 +78,7 @@ class VectorFormat {
   //   plane bytes (bit t = token t), then scales [dim/group][T] binary16. T must be a multiple of 16.
   bool supports_columns() const { return spec_.type != KVType::q8_0 && spec_.type != KVType::q4_0; }
   void encode_column(const float* x, uint8_t* region, int T, int t) const;
+  void encode_column_stored(const float* y, uint8_t* region, int T, int t) const;  // y in the stored domain
   void decode_column_stored(const uint8_t* region, int T, int t, float* y) const;
   void decode_column(const uint8_t* region, int T, int t, float* x) const;
 

@@ -49,9 +49,10 @@ Engine::Engine(Model& model, const EngineOptions& options) : model_(model), opti
   TQ_CHECK(ctx_ <= model.position_limit(), "a context of ", ctx_, " positions is longer than the model's ", model.position_limit());
 
   const std::vector<LayerSpec> specs = model.layer_specs();
-  // The memory plan computes a run's caches from the same options and sizes (runtime/memory_plan.h).
-  std::vector<KVCacheOptions> layer_options = engine_cache_options(specs, options.kv, dev.default_block_tokens());
-  const int64_t bytes_per_position = kv_bytes_per_position(specs, layer_options);  // main tiers of all layers
+  // The memory plan computes a run's caches from the same options and sizes (runtime/memory_plan.h); the
+  // default --kv-center centres only where the device's caches implement it.
+  std::vector<KVCacheOptions> layer_options = engine_cache_options(specs, options.kv, dev.default_block_tokens(), dev.kv_centring());
+  const int64_t bytes_per_position = kv_bytes_per_position(specs, layer_options);  // main tiers of all layers, the means counted
   // The pool: the same number of positions in every layer.
   CacheCapacity capacity;
   capacity.max_sequences = options.max_sequences;

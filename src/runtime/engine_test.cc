@@ -73,7 +73,9 @@ TEST(Engine, GreedyTextIsTheSameAloneAndBatched) {
 
 TEST(Engine, RandomForksTruncatesAndRemovesMatchReplays) {
   CpuModel cpu(demo_model_dir(), 2);
-  for (const char* spec : {"f16", "k8v3+mt4+fused", "k4v4"}) {
+  // k4v4 uncentred: a centred cache truncated into a completed run keeps that run's means (taken with the
+  // positions truncated away), so it matches a replay only up to quantization (docs/FORMATS.md).
+  for (const char* spec : {"f16", "k8v3+mt4+fused", "k4v4+center=none"}) {
     KVSettings kv = parse_kv_spec(spec);
     kv.block_tokens = 16;  // blocks fill and get shared, copied and released within a short history
     const double e = testing_util::random_operations(*cpu.model, kv, 80, 9);

@@ -58,6 +58,15 @@ void KVSettings::resolve() {
   parse_distribution(codebook);
   if (!grid.empty()) parse_grid(grid);
   TQ_CHECK(!fused || compressed(), "--kv-fused needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
+  TQ_CHECK(center.empty() || center == "none" || center == "k" || center == "v" || center == "kv",
+           "--kv-center must be none, k, v or kv, got '", center, "'");
+  TQ_CHECK(center_tokens == 0 || (center_tokens >= 16 && (center_tokens & (center_tokens - 1)) == 0),
+           "--kv-center-block must be a power of two of at least 16 (or 0: the block size), got ", center_tokens);
+  const std::string c = resolved_center();
+  TQ_CHECK(c.find('k') == std::string::npos || (k_type != "f16" && k_type != "bf16" && k_type != "f32"),
+           "--kv-center ", c, " centres K, which needs a quantized K type (got ", k_type, ")");
+  TQ_CHECK(c.find('v') == std::string::npos || (v_type != "f16" && v_type != "bf16" && v_type != "f32"),
+           "--kv-center ", c, " centres V, which needs a quantized V type (got ", v_type, ")");
   TQ_CHECK(!swa_compress || compressed(), "--kv-swa-compress needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
 }
 
@@ -76,6 +85,23 @@ static int type_bits(const std::string& t, int tq_bits) {
   if (t == "f32") return 32;
   return 16;
 }
+std::string KVSettings::resolved_center(bool default_centring) const {
+  if (!center.empty()) return center;
+  if (!default_centring) return "none";
+  // Measured (docs/BENCHMARKS.md, "Block-mean centring"): centring K per block of 256 lowers the KLD of
+  // K4/V4 by about 27%, K3/V4 35%, K4/V3 16% for 1-3% of attention time; 8-bit K gains nothing, and
+  // centring V gains 3-7% for 3-6% of time, so neither is a default. The q8_0/q4_0 baselines stay as
+  // llama.cpp stores them.
+  return resolved_k_type() == "turboquant" && k_bits < 8 ? "k" : "none";
+}
+
+double KVSettings::bits_per_value(int head_dim, int default_block_tokens) const {
+  const KVCacheOptions o = cache_options(default_block_tokens);
+  const VectorFormat k(head_dim, o.k), v(head_dim, o.v);
+  const double mean_bits = 16.0 * (o.center_k + o.center_v) / (o.centred() ? o.center_run() : 1);
+  return (8.0 * static_cast<double>(k.record_bytes() + v.record_bytes()) / head_dim + mean_bits) / 2.0;
+}
+
 int KVSettings::effective_k_bits() const { return type_bits(resolved_k_type(), k_bits); }
 int KVSettings::effective_v_bits() const { return type_bits(resolved_v_type(), v_bits); }
 
@@ -92,24 +118,37 @@ std::string KVSettings::describe() const {
   if (min_tokens) os << ", first " << min_tokens << " positions FP16";
   if (compressed()) os << (fused ? ", fused attention" : ", standard attention (expand, then attend)");
   if (swa_compress) os << ", sliding-window layers compressed";
+  if (const std::string c = resolved_center(); c != "none") {
+    os << ", " << (c == "kv" ? "K and V" : c == "k" ? "K" : "V") << " centred per ";
+    if (center_tokens) os << center_tokens << " positions"; else os << "block";
+  }
   return os.str();
 }
 
-KVCacheOptions KVSettings::cache_options(int default_block_tokens) const {
+KVCacheOptions KVSettings::cache_options(int default_block_tokens, bool default_centring) const {
   KVCacheOptions o;
   o.k = spec_for(resolved_k_type(), k_bits, *this, 0x4b4b4b4b);
   o.v = spec_for(resolved_v_type(), v_bits, *this, 0x56565656);
   o.min_tokens = compressed() ? min_tokens : 0;
   o.block_tokens = block_tokens > 0 ? block_tokens : default_block_tokens;
+  const std::string c = resolved_center(default_centring);
+  o.center_k = c.find('k') != std::string::npos;
+  o.center_v = c.find('v') != std::string::npos;
+  o.center_tokens = center_tokens;
   return o;
 }
 
-KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_tokens) const {
-  const KVCacheOptions full = cache_options(default_block_tokens);
+KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_tokens, bool default_centring) const {
+  const KVCacheOptions full = cache_options(default_block_tokens, default_centring);
   KVCacheOptions o;
   if (!compressed() || swa_compress) {
     o.k = full.k;
     o.v = full.v;
+  }
+  if (swa_compress) {
+    o.center_k = full.center_k;
+    o.center_v = full.center_v;
+    o.center_tokens = full.center_tokens;
   }
   o.window = window;
   o.block_tokens = full.block_tokens;

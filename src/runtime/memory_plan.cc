@@ -11,8 +11,9 @@
 
 namespace tq {
 
-std::vector<KVCacheOptions> engine_cache_options(const std::vector<LayerSpec>& specs, const KVSettings& kv, int default_block_tokens) {
-  const KVCacheOptions full = kv.cache_options(default_block_tokens);
+std::vector<KVCacheOptions> engine_cache_options(const std::vector<LayerSpec>& specs, const KVSettings& kv, int default_block_tokens,
+                                                 bool default_centring) {
+  const KVCacheOptions full = kv.cache_options(default_block_tokens, default_centring);
   std::vector<KVCacheOptions> options;
   options.reserve(specs.size());
   for (const LayerSpec& l : specs) {
@@ -20,7 +21,7 @@ std::vector<KVCacheOptions> engine_cache_options(const std::vector<LayerSpec>& s
       // A recurrent layer's state has a fixed size per sequence: nothing per position in the pool.
       options.emplace_back();
     } else if (l.kind == LayerKind::sliding_attention) {
-      options.push_back(kv.sliding_cache_options(l.window, default_block_tokens));
+      options.push_back(kv.sliding_cache_options(l.window, default_block_tokens, default_centring));
     } else {
       options.push_back(full);
     }
@@ -33,7 +34,7 @@ int64_t kv_bytes_per_position(const std::vector<LayerSpec>& specs, const std::ve
   int64_t bytes = 0;
   for (size_t l = 0; l < specs.size(); ++l) {
     if (specs[l].kind == LayerKind::linear_attention) continue;
-    bytes += kv_layer_size(specs[l].n_kv_heads, specs[l].head_dim, options[l]).main_bytes_per_token;
+    bytes += kv_layer_size(specs[l].n_kv_heads, specs[l].head_dim, options[l]).pool_bytes_per_token();
   }
   return bytes;
 }
@@ -82,9 +83,11 @@ MemoryUsage replay_kv_layer(const KVLayerSize& z, int sequences, const std::vect
     m.sink_tokens += std::min(s.length, M);
     m.main_tokens += std::max<int64_t>(0, s.length - std::max(M, s.first_block_pos));
     if (s.length > 0 && M > 0) m.allocated_bytes += z.sink_reserved_bytes;  // reserved at the first position
+    // Centred: the FP16 filling run, reserved at the first main-tier position (the grid starts a run there).
+    if (s.length > M) m.allocated_bytes += z.tail_reserved_bytes;
+    m.main_bytes += z.main_bytes(std::max<int64_t>(0, s.length - std::max(M, s.first_block_pos)));
   }
   m.sink_bytes = m.sink_tokens * z.sink_bytes_per_token;
-  m.main_bytes = m.main_tokens * z.main_bytes_per_token;
   m.allocated_bytes += z.pool_bytes(peak);
   m.fp16_bytes = (m.sink_tokens + m.main_tokens) * 2 * 2 * static_cast<int64_t>(z.n_kv_heads) * z.head_dim;
   return m;
@@ -140,7 +143,7 @@ MemoryPlan plan_cuda(const PlanRequest& r, MemoryPlan p) {
   constexpr int kCudaPageTokens = 64;  // CudaDevice::default_block_tokens
   const int max_sequences = r.max_sequences > 0 ? r.max_sequences : r.parallel;
   const int64_t pool_tokens = r.kv_pool_tokens > 0 ? r.kv_pool_tokens : static_cast<int64_t>(max_sequences) * p.context;
-  std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, kCudaPageTokens);
+  std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, kCudaPageTokens, cuda::kDeviceKVCentring);
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const LayerSpec& s = r.layers[l];
     MemoryUsage m;
@@ -222,7 +225,8 @@ MemoryPlan plan_memory(const PlanRequest& r) {
   p.parallel = r.parallel;
   p.weight_bytes = r.weight_bytes;
   if (r.cuda) return plan_cuda(r, p);
-  const std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, r.default_block_tokens);
+  const std::vector<KVCacheOptions> options = engine_cache_options(r.layers, r.kv, r.default_block_tokens,
+                                                                   /*default_centring=*/true);  // CpuDevice::kv_centring
   // The prompt in chunks: the most a rotating cache holds at once (its window and a chunk).
   std::vector<int64_t> appends;
   for (int64_t done = 0; done < p.context; done += r.prefill_chunk) appends.push_back(std::min<int64_t>(r.prefill_chunk, p.context - done));
@@ -236,7 +240,7 @@ MemoryPlan plan_memory(const PlanRequest& r) {
       k.state_bytes_per_sequence += s.state.bytes_per_sequence();
     } else {
       const KVLayerSize z = kv_layer_size(s.n_kv_heads, s.head_dim, options[l]);
-      k.main_bytes_per_token += z.main_bytes_per_token;
+      k.main_bytes_per_token += z.pool_bytes_per_token();  // the centring means counted
       k.sink_bytes_per_token += z.sink_bytes_per_token;
       k.tokens_held = std::max(k.tokens_held, p.layers[l].main_tokens / r.parallel);
     }

@@ -25,8 +25,11 @@ namespace tq {
 
 // The cache options of every layer as Engine builds them (full attention: the settings' types and sink
 // tier; sliding window: KVSettings::sliding_cache_options; recurrent layers: default options, unused).
-std::vector<KVCacheOptions> engine_cache_options(const std::vector<LayerSpec>& specs, const KVSettings& kv, int default_block_tokens);
-// Main-tier bytes of one position in every attention layer together (what a KV pool in bytes divides by).
+// default_centring: the device's Device::kv_centring (whether the default --kv-center centres there).
+std::vector<KVCacheOptions> engine_cache_options(const std::vector<LayerSpec>& specs, const KVSettings& kv, int default_block_tokens,
+                                                 bool default_centring);
+// Main-tier bytes of one position in every attention layer together, the centring means spread over their
+// runs (what a KV pool in bytes divides by).
 int64_t kv_bytes_per_position(const std::vector<LayerSpec>& specs, const std::vector<KVCacheOptions>& options);
 // Blocks of block_tokens positions a layer's pool needs so that `tokens` positions fit in any split among
 // max_sequences sequences (each may leave a block partly filled).

@@ -43,8 +43,11 @@ std::vector<std::string> every_model() {
   return all;
 }
 
-KVSettings settings(const std::string& k, const std::string& v, int k_bits, int v_bits, int min_tokens = 0, bool swa = false) {
+KVSettings settings(const std::string& k, const std::string& v, int k_bits, int v_bits, int min_tokens = 0, bool swa = false,
+                    const std::string& center = "", int center_tokens = 0) {
   KVSettings s;
+  s.center = center;
+  s.center_tokens = center_tokens;
   s.k_type = k;
   s.v_type = v;
   s.k_bits = k_bits;
@@ -80,11 +83,18 @@ TEST(MemoryPlan, EqualsWhatARealRunReportsOnEveryModel) {
       {"q8_0", settings("q8_0", "q8_0", 0, 0)},
       {"q4_0 + 5 sink", settings("q4_0", "q4_0", 0, 0, 5)},
       {"k8v3 + 16 sink", settings("turboquant", "turboquant", 8, 3, 16)},
-      {"k4v4 swa", settings("turboquant", "turboquant", 4, 4, 0, true)},
+      {"k4v4 swa (K centred by default)", settings("turboquant", "turboquant", 4, 4, 0, true)},
+      // Block-mean centring off and on: the means inside the blocks, the FP16 filling run of each sequence.
+      {"k4v4 centring off", settings("turboquant", "turboquant", 4, 4, 0, false, "none")},
+      {"k3v4 K and V centred per 16 + 3 sink", settings("turboquant", "turboquant", 3, 4, 3, false, "kv", 16)},
+      {"k4v3 V centred swa", settings("turboquant", "turboquant", 4, 3, 0, true, "v")},
   };
   formats[1].kv.block_tokens = 16;
   formats[2].kv.block_tokens = 32;
   formats[4].kv.block_tokens = 16;
+  formats[5].kv.block_tokens = 16;
+  formats[6].kv.block_tokens = 32;
+  formats[7].kv.block_tokens = 16;
   int ran = 0;
   for (const std::string& path : models) {
     const ModelFiles headers = open_model_headers(path);
@@ -111,7 +121,7 @@ TEST(MemoryPlan, EqualsWhatARealRunReportsOnEveryModel) {
       if (!made) {
         // A format the model's heads cannot take (q8_0 and head_dim 8): the plan refuses it with the same words.
         try {
-          predict_layer_memory(specs, engine_cache_options(specs, f.kv, cpu.device.default_block_tokens()), 2, appends);
+          predict_layer_memory(specs, engine_cache_options(specs, f.kv, cpu.device.default_block_tokens(), cpu.device.kv_centring()), 2, appends);
           ADD_FAILURE() << path << " " << f.name << ": the engine refused (" << refused << "), the plan did not";
         } catch (const Error& e) {
           EXPECT_EQ(std::string(e.what()), refused);
@@ -130,7 +140,7 @@ TEST(MemoryPlan, EqualsWhatARealRunReportsOnEveryModel) {
       }
       const std::vector<MemoryUsage> got = engine.layer_memory();
       const std::vector<MemoryUsage> want =
-          predict_layer_memory(specs, engine_cache_options(specs, f.kv, cpu.device.default_block_tokens()), 2, appends);
+          predict_layer_memory(specs, engine_cache_options(specs, f.kv, cpu.device.default_block_tokens(), cpu.device.kv_centring()), 2, appends);
       ASSERT_EQ(want.size(), got.size());
       for (size_t l = 0; l < got.size(); ++l) expect_same(want[l], got[l], path + " " + f.name + " layer " + std::to_string(l));
 
@@ -167,9 +177,20 @@ TEST(MemoryPlan, PoolBoundFollowsTheBytesPerPosition) {
   specs[2].kind = LayerKind::linear_attention;
   specs[2].state = StateShape{96, 4, 2, 16, 16};
   const KVSettings kv = settings("turboquant", "turboquant", 8, 3);
-  const auto options = engine_cache_options(specs, kv, kDefaultBlockTokens);
+  const auto options = engine_cache_options(specs, kv, kDefaultBlockTokens, true);
   // K8: 64 codes + 1 scale (2 bytes); V3: 24 code bytes + 2: per head 66 + 26, two heads; the sliding layer dense FP16.
   EXPECT_EQ(kv_bytes_per_position(specs, options), 2 * (66 + 26) + 2 * 2 * 128);
+  // Centring K and V per 32 positions: two heads' binary16 means of 64 values each, per 32 positions.
+  KVSettings centred = kv;
+  centred.center = "kv";
+  centred.center_tokens = 32;
+  centred.resolve();
+  EXPECT_EQ(kv_bytes_per_position(specs, engine_cache_options(specs, centred, kDefaultBlockTokens, true)),
+            2 * (66 + 26) + 2 * 2 * 64 * 2 / 32 + 2 * 2 * 128);
+  // A device whose caches do not centre gets no default centring (K4 would be centred on the CPU).
+  const KVSettings k4 = settings("turboquant", "turboquant", 4, 4);
+  EXPECT_TRUE(engine_cache_options(specs, k4, kDefaultBlockTokens, true)[0].center_k);
+  EXPECT_FALSE(engine_cache_options(specs, k4, kDefaultBlockTokens, false)[0].centred());
   EXPECT_EQ(pool_blocks(512, 1, 256), 2);
   EXPECT_EQ(pool_blocks(512, 2, 256), 3);  // each of two sequences may leave a block partly filled
   EXPECT_EQ(specs[2].state.bytes_per_sequence(), (96 * 3 + 2 * 16 * 16) * 4);

@@ -38,11 +38,7 @@ void window_logits(Engine& engine, std::span<const int32_t> window, int chunk, s
   engine.remove_sequence(seq);
 }
 
-double bits_per_value(const KVSettings& kv, int head_dim) {
-  const KVCacheOptions o = kv.cache_options();
-  const VectorFormat k(head_dim, o.k), v(head_dim, o.v);
-  return 8.0 * static_cast<double>(k.record_bytes() + v.record_bytes()) / (2.0 * head_dim);
-}
+double bits_per_value(const KVSettings& kv, int head_dim) { return kv.bits_per_value(head_dim); }
 
 }  // namespace
 
@@ -88,10 +84,14 @@ KVSettings parse_kv_spec(const std::string& spec) {
       kv.fused = true;
     } else if (key == "swa") {
       kv.swa_compress = true;
+    } else if (key == "center") {
+      kv.center = value;
+    } else if (key == "cblock") {
+      kv.center_tokens = parse_integer(value, "the cblock (centring run) of '" + spec + "'");
     } else if (key == "bt") {
       kv.block_tokens = parse_integer(value, "the bt (block size) of '" + spec + "'");
     } else {
-      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, fused, swa)");
+      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, center=none|k|v|kv, cblock=N, fused, swa)");
     }
   }
   kv.resolve();

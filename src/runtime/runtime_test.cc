@@ -124,6 +124,22 @@ TEST(KVSettings, CompactSpecsParseAndBadOnesSayWhy) {
   EXPECT_FALSE(a.fused);
   EXPECT_TRUE(parse_kv_spec("k4v4+fused").fused);
   EXPECT_FALSE(parse_kv_spec("f16").compressed());
+  // Block-mean centring: K by default below 8 bits (on devices whose caches centre), none for K8 and the
+  // baselines; explicit choices and the run length reach the cache options, and the means count in bits/value.
+  EXPECT_EQ(parse_kv_spec("k4v4").resolved_center(), "k");
+  EXPECT_EQ(parse_kv_spec("k4v4").resolved_center(false), "none");
+  EXPECT_FALSE(parse_kv_spec("k4v4").cache_options(64, false).centred());
+  EXPECT_EQ(parse_kv_spec("k8v3").resolved_center(), "none");
+  EXPECT_EQ(parse_kv_spec("q4_0/q4_0").resolved_center(), "none");
+  EXPECT_EQ(parse_kv_spec("k4v4+center=none").resolved_center(), "none");
+  const KVCacheOptions co = parse_kv_spec("k8v3+center=kv+cblock=64").cache_options();
+  EXPECT_TRUE(co.center_k && co.center_v);
+  EXPECT_EQ(co.center_run(), 64);
+  EXPECT_DOUBLE_EQ(parse_kv_spec("k8v3+center=kv+cblock=64").bits_per_value(128), 5.75 + 0.25);
+  EXPECT_DOUBLE_EQ(parse_kv_spec("k4v4").bits_per_value(128), 4.25 + 16.0 / 256 / 2);
+  EXPECT_THROW(parse_kv_spec("k4v4+center=q"), Error);
+  EXPECT_THROW(parse_kv_spec("k4v4+cblock=48"), Error);
+  EXPECT_THROW(parse_kv_spec("f16+center=k"), Error);
   try {
     parse_kv_spec("k8v3+pages=4");
     FAIL() << "an unknown option was accepted";

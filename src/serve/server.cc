@@ -186,7 +186,7 @@ void Server::load(std::unique_ptr<Device> device) {
   if (options_.kv_pool_bytes > 0) {
     const std::vector<LayerSpec> specs = model_->layer_specs();
     const int64_t per_position =
-        std::max<int64_t>(1, kv_bytes_per_position(specs, engine_cache_options(specs, options_.kv, model_->device().default_block_tokens())));
+        std::max<int64_t>(1, kv_bytes_per_position(specs, engine_cache_options(specs, options_.kv, model_->device().default_block_tokens(), model_->device().kv_centring())));
     positions = std::min(positions, std::max<int64_t>(1, options_.kv_pool_bytes / per_position / options_.parallel));
   }
   FitCheck check;

@@ -39,6 +39,9 @@ struct AttentionArgs {
   std::vector<int> contexts = {1024, 4096, 16384, 65536};
   std::vector<int> threads = {1, 2};
   std::vector<std::pair<int, int>> bit_pairs = {{8, 3}, {4, 4}};
+  std::vector<std::string> centers = {"none"};  // TurboQuant block-mean centring per method: none, k, v, kv
+  int center_tokens = 0;                        // positions per mean (0: the block size)
+  bool fastest_call = false;                    // time = the fastest single step of a round, not the mean
   bool standard = true;
   std::vector<std::string> methods = {"dense_f16", "fused", "standard", "q8_0", "q4_0"};
   double min_seconds = 0.2;

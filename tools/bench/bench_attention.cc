@@ -33,6 +33,7 @@ struct Method {
   int k_bits = 16, v_bits = 16;
   KVCacheOptions cache;
   AttentionPath path = AttentionPath::fused;
+  std::string center = "none";  // TurboQuant: which of K and V are centred
 };
 
 struct Row {
@@ -43,6 +44,7 @@ struct Row {
   double machine_gbps;
   bool cold;
   std::string fallback;  // fused: why the steps ran the standard path instead ("" when they did not)
+  std::string center;
 };
 
 std::vector<Method> methods(const AttentionArgs& a) {
@@ -58,16 +60,21 @@ std::vector<Method> methods(const AttentionArgs& a) {
     o.v_bits = vb;
     o.group_size = a.group_size;
     o.block_tokens = a.block_tokens;
-    for (AttentionPath path : {AttentionPath::fused, AttentionPath::standard}) {
-      Method t;
-      t.method = path == AttentionPath::fused ? "fused" : "standard";
-      t.k_bits = kb;
-      t.v_bits = vb;
-      t.cache = turboquant_cache_options(o);
-      t.path = path;
-      if (path == AttentionPath::standard && !a.standard) continue;
-      m.push_back(t);
-    }
+    for (const std::string& center : a.centers)
+      for (AttentionPath path : {AttentionPath::fused, AttentionPath::standard}) {
+        Method t;
+        t.method = path == AttentionPath::fused ? "fused" : "standard";
+        t.k_bits = kb;
+        t.v_bits = vb;
+        o.center_k = center.find('k') != std::string::npos;
+        o.center_v = center.find('v') != std::string::npos;
+        o.center_tokens = a.center_tokens;
+        t.cache = turboquant_cache_options(o);
+        t.center = center;
+        t.path = path;
+        if (path == AttentionPath::standard && !a.standard) continue;
+        m.push_back(t);
+      }
   }
   for (KVType t : {KVType::q8_0, KVType::q4_0}) {
     Method q;
@@ -144,7 +151,7 @@ int run_attention(const AttentionArgs& a) {
             c.next = c.next + 1 == c.copies.size() ? 0 : c.next + 1;
           };
           if (!a.cold) step();  // warm: the other methods' rounds evicted this cache
-          best[mi] = std::min(best[mi], seconds_per_call_in_round(step, a.min_seconds));
+          best[mi] = std::min(best[mi], a.fastest_call ? fastest_call_in_round(step, a.min_seconds) : seconds_per_call_in_round(step, a.min_seconds));
         }
       }
       std::optional<double> dense_ms;
@@ -152,7 +159,7 @@ int run_attention(const AttentionArgs& a) {
         const Method& m = ms[mi];
         const double sec = best[mi], bytes = caches[mi].bytes;
         Row row{m.method, m.k_bits, m.v_bits, context, threads, sec * 1e3, bytes, bytes / sec / 1e9, std::nullopt, machine,
-                caches[mi].cold, stats[mi].fused_fallbacks > 0 ? stats[mi].fallback_reason : ""};
+                caches[mi].cold, stats[mi].fused_fallbacks > 0 ? stats[mi].fallback_reason : "", m.center};
         if (m.method == "dense_f16") dense_ms = row.ms;
         if (dense_ms) row.ratio_vs_dense = *dense_ms / row.ms;
         rows.push_back(row);
@@ -172,7 +179,7 @@ int run_attention(const AttentionArgs& a) {
       nlohmann::json row = {{"method", r.method}, {"k_bits", r.k_bits}, {"v_bits", r.v_bits}, {"context", r.context},
                             {"threads", r.threads}, {"ms", r.ms}, {"bytes", r.bytes}, {"gbps", r.gbps},
                             {"ratio_vs_dense", nullptr}, {"machine_gbps", r.machine_gbps}, {"cold", r.cold},
-                            {"simd", simd}};
+                            {"simd", simd}, {"center", r.center}};
       if (r.ratio_vs_dense) row["ratio_vs_dense"] = *r.ratio_vs_dense;
       if (!r.fallback.empty()) row["fallback"] = r.fallback;
       out.push_back(row);
@@ -192,6 +199,7 @@ int run_attention(const AttentionArgs& a) {
   for (const auto& r : rows) {
     // Marks: (a) the steps ran the standard path, (w) not cold (the copies could not reach kColdBytes).
     std::string method = r.method;
+    if (r.center != "none") method += " centred " + r.center + (a.center_tokens ? "/" + std::to_string(a.center_tokens) : "");
     if (!r.fallback.empty()) method += " (a)";
     if (a.cold && !r.cold) method += " (w)";
     t.add({std::to_string(r.context), std::to_string(r.threads), method,

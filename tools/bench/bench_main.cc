@@ -70,6 +70,12 @@ int main(int argc, char** argv) {
                "steps cycle through copies of the cache larger than 256 MiB in all, so that each reads its cache "
                "from memory as a model's decode step does");
   at->add_flag("--no-standard", no_standard, "skip the (slow) standard path");
+  at->add_option("--center", attn.centers, "TurboQuant block-mean centring, one method each: none, k, v, kv (e.g. none,k)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "k", "v", "kv"}));
+  at->add_option("--center-block", attn.center_tokens, "positions per centring mean (0: the block size)");
+  at->add_flag("--fastest-call", attn.fastest_call,
+               "time each method by its fastest single step (a shared machine: the steps no other process preempted)");
   at->add_option("--methods", attn.methods, "subset of dense_f16,fused,standard,q8_0,q4_0")
       ->delimiter(',')
       ->check(CLI::IsMember({"dense_f16", "fused", "standard", "q8_0", "q4_0"}));

@@ -8,6 +8,21 @@
 
 namespace tq::bench {
 
+// The fastest single call of body() in one round of at least min_seconds: on a machine shared with
+// other processes, the calls that no other process preempted (a round's mean includes the time slices
+// others took).
+inline double fastest_call_in_round(const std::function<void()>& body, double min_seconds) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  double best = 1e300;
+  do {
+    const auto t0 = clock::now();
+    body();
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  } while (std::chrono::duration<double>(clock::now() - start).count() < min_seconds);
+  return best;
+}
+
 // Seconds per call of body() in one round: calls until min_seconds have passed.
 inline double seconds_per_call_in_round(const std::function<void()>& body, double min_seconds) {
   using clock = std::chrono::steady_clock;

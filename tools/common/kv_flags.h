@@ -21,6 +21,9 @@ inline void add_kv_flags(CLI::App& app, KVSettings& kv) {
   app.add_option("--kv-fit", kv.fit, "TurboQuant scale: plain, norm_correction, least_squares");
   app.add_option("--kv-rotation", kv.rotation, "TurboQuant rotation block: dim (the head) or group");
   app.add_option("--kv-codebook", kv.codebook, "TurboQuant codebook: gaussian or sphere");
+  app.add_option("--kv-center", kv.center,
+                 "block-mean centring of the quantized cache: none, k, v or kv (default: k for TurboQuant; none = the old format)");
+  app.add_option("--kv-center-block", kv.center_tokens, "positions per centring mean: a power of two, 16..block size (0: the block size)");
   app.add_option("--kv-grid", kv.grid, "TurboQuant levels below 8 bits: lloyd_max (RMS scale) or lloyd_absmax");
 }
 
