@@ -332,6 +332,7 @@ class CudaDevice final : public Device {
   bool is_cuda() const override { return true; }
   Linear linear(std::span<const ops::WeightView> parts, std::string_view what) override;
   Linear tq_linear(std::span<const ops::WeightView> parts, std::string_view what);
+  Linear keep(DeviceMatrix m);  // the matrix kept for the model's lifetime, as the handle matmul takes
   using Device::linear;
   DeviceVector vector(std::span<const float> values) override;
   int rope_table(const ops::RopeConfig& config) override;
@@ -493,6 +494,15 @@ CudaDevice::~CudaDevice() {
 
 // TurboQuant parts stay packed (weight_kernels.h), each with its own code width, group size and level
 // table; parts rotated alike share one rotation, so their input is rotated once per product.
+Linear CudaDevice::keep(DeviceMatrix m) {
+  Linear l;
+  l.id = static_cast<int>(matrices_.size());
+  l.rows = m.rows;
+  l.cols = m.cols;
+  matrices_.push_back(std::move(m));
+  return l;
+}
+
 Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string_view what) {
   const int64_t cols = parts[0].cols;
   // (The views' validation guarantees a group size of 32, 64 or 128 dividing cols: all the kernel needs.)
@@ -550,12 +560,7 @@ Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string
     m.tq_parts.push_back(std::move(part));
     row0 += w.rows;
   }
-  Linear l;
-  l.id = static_cast<int>(matrices_.size());
-  l.rows = m.rows;
-  l.cols = m.cols;
-  matrices_.push_back(std::move(m));
-  return l;
+  return keep(std::move(m));
 }
 
 Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_view what) {
@@ -588,12 +593,7 @@ Linear CudaDevice::linear(std::span<const ops::WeightView> parts, std::string_vi
   m.data.upload(bits.data(), bits.size() * sizeof(uint16_t));
   TQ_CUDA_CHECK(cudaDeviceSynchronize());  // `bits` goes out of scope
   weight_bytes_ += static_cast<int64_t>(m.data.bytes());
-  Linear l;
-  l.id = static_cast<int>(matrices_.size());
-  l.rows = m.rows;
-  l.cols = m.cols;
-  matrices_.push_back(std::move(m));
-  return l;
+  return keep(std::move(m));
 }
 
 DeviceVector CudaDevice::vector(std::span<const float> values) {
