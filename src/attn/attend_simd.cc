@@ -128,7 +128,10 @@ HWY_INLINE void ScoreGroupsBy16(const Keys& keys, const float* HWY_RESTRICT q, c
       for (int v = 0; v < V; ++v) acc[r][v] = hn::Zero(d);
     for (int j = g * group; j < (g + 1) * group; ++j) {
       hn::Vec<decltype(d)> k[V];
-      for (int v = 0; v < V; ++v) k[v] = keys.Load(j, v * N);
+      if constexpr (V == 2 && requires { keys.LoadPair(j, 0, k); })
+        keys.LoadPair(j, 0, k);  // both vectors from one widening load (PairCodes)
+      else
+        for (int v = 0; v < V; ++v) k[v] = keys.Load(j, v * N);
       for (int r = 0; r < kRows; ++r) {
         const auto qj = hn::Set(d, q[static_cast<size_t>(r) * dim + j]);
         for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(qj, k[v], acc[r][v]);
@@ -452,22 +455,110 @@ struct DecodedCodes {
 };
 
 #if HWY_TARGET == HWY_AVX2
+// Code bytes in pair order (PlaneCodeBytes32<kBits, true>: in each 16, byte 2i = element i, byte 2i + 1 =
+// element 8 + i), looked up 16 at a time: one widening load of the 16 bytes as 16-bit words puts elements
+// i and 8 + i in lane i (bits 0-7 and 8-15), and vpermps reads only bits [2:0] of an index, so the lane
+// itself and the lane shifted right by 8 index the levels of elements 0-7 and 8-15. One shuffle-pipe load
+// and two vpermps per 16 levels, where a widening load per 8 and a two-table lookup (two vpermps and a
+// blend) take six shuffles.
+//   Up to 8 levels: the table is the levels.
+//   16 levels symmetric about 0 (level[15 - c] = -level[c], as Lloyd-Max and uniform grids are): the
+//   codes were mapped by SymmetricCodeMap (c >= 8 -> c - 8; c < 8 -> 0x80 | (7 - c)) and the table is the
+//   upper half, level[8..15]: |level| by one vpermps, the sign from bit 7 of the byte, moved to bit 31
+//   (the sign-extending load does that for the odd bytes, a shift for the even ones) and XORed in.
+//   Negation is exact, so the levels are the table's bit for bit.
+struct PairLevels {
+  __m256 table;
+  bool symmetric16;
+};
+
+// Whether a 16-level table is symmetric about 0 bit for bit (the signed lookup then gives every level).
+HWY_INLINE bool SymmetricLevels(const float* levels, int count) {
+  if (count != 16) return false;
+  for (int c = 0; c < 8; ++c)
+    if (levels[c] != -levels[15 - c]) return false;
+  return true;
+}
+
+// The byte map of the symmetric 16-level lookup, for vpshufb (codes < 16).
+HWY_INLINE __m256i SymmetricCodeMap() {
+  return _mm256_setr_epi8(static_cast<char>(0x87), static_cast<char>(0x86), static_cast<char>(0x85), static_cast<char>(0x84),
+                          static_cast<char>(0x83), static_cast<char>(0x82), static_cast<char>(0x81), static_cast<char>(0x80),
+                          0, 1, 2, 3, 4, 5, 6, 7, static_cast<char>(0x87), static_cast<char>(0x86), static_cast<char>(0x85),
+                          static_cast<char>(0x84), static_cast<char>(0x83), static_cast<char>(0x82), static_cast<char>(0x81),
+                          static_cast<char>(0x80), 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+// The levels of 16 pair-ordered code bytes at p: x[0] = elements 0-7, x[1] = elements 8-15.
+HWY_INLINE void LookupPair(const PairLevels& L, const uint8_t* HWY_RESTRICT p, hn::Vec<D16> (&x)[2]) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (!L.symmetric16) {
+    const __m256i v = _mm256_cvtepu16_epi32(bytes);
+    x[0] = hn::Vec<D16>{_mm256_permutevar8x32_ps(L.table, v)};
+    x[1] = hn::Vec<D16>{_mm256_permutevar8x32_ps(L.table, _mm256_srli_epi32(v, 8))};
+    return;
+  }
+  const __m256i v = _mm256_cvtepi16_epi32(bytes);  // bit 31 = bit 7 of the odd byte
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256 s0 = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 24)), sign);
+  const __m256 s1 = _mm256_and_ps(_mm256_castsi256_ps(v), sign);
+  x[0] = hn::Vec<D16>{_mm256_xor_ps(_mm256_permutevar8x32_ps(L.table, v), s0)};
+  x[1] = hn::Vec<D16>{_mm256_xor_ps(_mm256_permutevar8x32_ps(L.table, _mm256_srli_epi32(v, 8)), s1)};
+}
+
+// Pair-ordered code bytes, row-major with ld bytes per row (ld and the 16-column groups aligned to 16
+// elements): LoadPair(row, col, x) = the levels of codes [col, col + 16) of the row, col a multiple of 16.
+struct PairCodes {
+  const uint8_t* codes;
+  size_t ld;
+  PairLevels levels;
+  HWY_INLINE void LoadPair(int row, int col, hn::Vec<D16> (&x)[2]) const { LookupPair(levels, codes + row * ld + col, x); }
+  // One vector (col a multiple of 8), for callers that take 8 columns at a time.
+  HWY_INLINE hn::Vec<D16> Load(int row, int col) const {
+    hn::Vec<D16> x[2];
+    LoadPair(row, col & ~15, x);
+    return x[(col / 8) & 1];
+  }
+};
+
+HWY_INLINE PairLevels MakePairLevels(const float* levels, int count) {
+  HWY_ALIGN float t[8] = {};
+  const bool sym = SymmetricLevels(levels, count);
+  for (int i = 0; i < 8 && i < count; ++i) t[i] = levels[sym ? 8 + i : i];
+  return PairLevels{_mm256_load_ps(t), sym};
+}
+
 // The value codes of a block's n positions as bytes, codes[t][j] = code of dimension j (records: kBits
 // planes of dim / 8 bytes). Decoded once per block, where the accumulation by 8 dimensions would decode
-// every position's planes again for each chunk of dimensions.
-template <int kBits>
+// every position's planes again for each chunk of dimensions. kPairs: pair order (dim a multiple of 16),
+// mapped by SymmetricCodeMap when kMap.
+template <int kBits, bool kPairs = false, bool kMap = false>
 HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* HWY_RESTRICT codes) {
   const int dim = J.dim;
   const size_t plane_bytes = static_cast<size_t>(dim) / 8;
   const uint8_t* HWY_RESTRICT rec = J.v;
+  const __m256i map = SymmetricCodeMap();
   for (int t = 0; t < J.n; ++t, rec += J.v_stride) {
     uint8_t* HWY_RESTRICT out = codes + static_cast<size_t>(t) * dim;
     int j = 0;
-    for (; j + 32 <= dim; j += 32)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), PlaneCodeBytes32<kBits>(rec + j / 8, plane_bytes));
-    for (; j < dim; j += 8) {  // dim is a multiple of 8
-      const uint64_t bytes = PlaneCodeBytes8<kBits>(rec + j / 8, plane_bytes);
-      std::memcpy(out + j, &bytes, 8);
+    for (; j + 32 <= dim; j += 32) {
+      __m256i c = PlaneCodeBytes32<kBits, kPairs>(rec + j / 8, plane_bytes);
+      if constexpr (kMap) c = _mm256_shuffle_epi8(map, c);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), c);
+    }
+    if constexpr (kPairs) {
+      for (; j < dim; j += 16) {  // dim is a multiple of 16: the last 16 dimensions, interleaved into pairs
+        const __m128i lo = _mm_cvtsi64_si128(static_cast<long long>(PlaneCodeBytes8<kBits>(rec + j / 8, plane_bytes)));
+        const __m128i hi = _mm_cvtsi64_si128(static_cast<long long>(PlaneCodeBytes8<kBits>(rec + j / 8 + 1, plane_bytes)));
+        __m128i c = _mm_unpacklo_epi8(lo, hi);
+        if constexpr (kMap) c = _mm_shuffle_epi8(_mm256_castsi256_si128(map), c);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), c);
+      }
+    } else {
+      for (; j < dim; j += 8) {  // dim is a multiple of 8
+        const uint64_t bytes = PlaneCodeBytes8<kBits>(rec + j / 8, plane_bytes);
+        std::memcpy(out + j, &bytes, 8);
+      }
     }
   }
 }
@@ -476,23 +567,33 @@ HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* H
 // binary16): the block's codes decoded once to bytes, codes[j][i] for positions t0 + i, i < n32 (n16
 // rounded up to 32; the extra positions read the region's following bytes and are masked), then 16
 // positions x kRows rows per step (ScoreGroupsBy16): s = sum_g scale_g * sum_{j in g} q_j level(code_j).
-template <int kBits, int kRows>
+// kPairs: the codes in pair order and looked up by PairCodes (up to 8 levels, or 16 symmetric ones, mapped
+// by SymmetricCodeMap when kMap); otherwise natural order and DecodedCodes.
+template <int kBits, int kRows, bool kPairs = false, bool kMap = false>
 HWY_INLINE void ScoreTqBytes(const tq::attn_kernels::BlockJob& J, int n16, uint8_t* HWY_RESTRICT codes, const LevelTable<D16>& L,
                              const Prefetch& pf) {
   const int dim = J.dim, group = J.k_group, n32 = (n16 + 31) / 32 * 32;
   const size_t plane = static_cast<size_t>(J.T) / 8;
+  const __m256i map = SymmetricCodeMap();
   for (int j = 0; j < dim; ++j) {
     const uint8_t* planes = J.k_region + static_cast<size_t>(j) * kBits * plane;
-    for (int i = 0; i < n32; i += 32)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + static_cast<size_t>(j) * n32 + i),
-                          PlaneCodeBytes32<kBits>(planes + (J.t0 + i) / 8, plane));
+    for (int i = 0; i < n32; i += 32) {
+      __m256i c = PlaneCodeBytes32<kBits, kPairs>(planes + (J.t0 + i) / 8, plane);
+      if constexpr (kMap) c = _mm256_shuffle_epi8(map, c);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + static_cast<size_t>(j) * n32 + i), c);
+    }
   }
   const auto* scales = reinterpret_cast<const hwy::float16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
   PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16));
+  const PairLevels P = MakePairLevels(L.table, L.count);
   for (int t = 0; t < n16; t += 16) {
     slices.Next();
-    ScoreGroupsBy16<kRows>(DecodedCodes{codes + t, static_cast<size_t>(n32), L}, J.q, nullptr, 0.0f, scales + J.t0 + t,
-                           static_cast<size_t>(J.T), dim, group, J.scores + t, kBlockTokens);
+    if constexpr (kPairs)
+      ScoreGroupsBy16<kRows>(PairCodes{codes + t, static_cast<size_t>(n32), P}, J.q, nullptr, 0.0f, scales + J.t0 + t,
+                             static_cast<size_t>(J.T), dim, group, J.scores + t, kBlockTokens);
+    else
+      ScoreGroupsBy16<kRows>(DecodedCodes{codes + t, static_cast<size_t>(n32), L}, J.q, nullptr, 0.0f, scales + J.t0 + t,
+                             static_cast<size_t>(J.T), dim, group, J.scores + t, kBlockTokens);
   }
 }
 #endif
@@ -516,7 +617,10 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
     for (int t = 0; t < n; ++t) {
       pf.Next();
       hn::Vec<D16> x[kV];
-      for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
+      if constexpr (kV == 2 && requires { src.LoadPair(t, j0, x); })
+        src.LoadPair(t, j0, x);  // both vectors from one widening load (PairCodes)
+      else
+        for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
       for (int r = 0; r < kRows; ++r) {
         const auto w0 = hn::Set(d, wv[0][r * kBlockTokens + t]);
         for (int v = 0; v < kV; ++v)
@@ -1044,12 +1148,16 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       for (int i = 0; i < count; ++i) lk[i] = J.k_levels[i];
       const LevelTable<D16> L{hn::Load(d, lk), hn::Load(d, lk + N), J.k_levels, count};
       uint8_t* codes = CodeBytesArea(w);  // [dim][n32]
+      // 16 levels not symmetric about 0 (no grid the caches make): the two-table lookup in natural order.
+      const bool symmetric = SymmetricLevels(J.k_levels, count);
       WithRows(rows, [&]<int R>() {
         switch (J.k_plan->bits) {
-          case 1: return ScoreTqBytes<1, R>(J, n16, codes, L, during_keys);
-          case 2: return ScoreTqBytes<2, R>(J, n16, codes, L, during_keys);
-          case 3: return ScoreTqBytes<3, R>(J, n16, codes, L, during_keys);
-          default: return ScoreTqBytes<4, R>(J, n16, codes, L, during_keys);
+          case 1: return ScoreTqBytes<1, R, true>(J, n16, codes, L, during_keys);
+          case 2: return ScoreTqBytes<2, R, true>(J, n16, codes, L, during_keys);
+          case 3: return ScoreTqBytes<3, R, true>(J, n16, codes, L, during_keys);
+          default:
+            if (symmetric) return ScoreTqBytes<4, R, true, true>(J, n16, codes, L, during_keys);
+            return ScoreTqBytes<4, R>(J, n16, codes, L, during_keys);
         }
       });
       done = true;
@@ -1124,13 +1232,20 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
 #if HWY_TARGET == HWY_AVX2
       {
         uint8_t* codes = CodeBytesArea(w);  // [n][dim]
-        switch (J.v_bits) {
-          case 1: DecodeValueCodes<1>(J, codes); break;
-          case 2: DecodeValueCodes<2>(J, codes); break;
-          case 3: DecodeValueCodes<3>(J, codes); break;
-          default: DecodeValueCodes<4>(J, codes); break;
+        // dim is a multiple of 16 here (attention.cc: values_in_registers). 16 levels not symmetric about 0
+        // (no grid the caches make): the two-table lookup in natural order.
+        if (J.v_bits == 4 && !SymmetricLevels(J.v_levels, count)) {
+          DecodeValueCodes<4>(J, codes);
+          return AccumulateAll(DecodedCodes{codes, static_cast<size_t>(dim), L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
         }
-        return AccumulateAll(DecodedCodes{codes, static_cast<size_t>(dim), L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
+        switch (J.v_bits) {
+          case 1: DecodeValueCodes<1, true>(J, codes); break;
+          case 2: DecodeValueCodes<2, true>(J, codes); break;
+          case 3: DecodeValueCodes<3, true>(J, codes); break;
+          default: DecodeValueCodes<4, true, true>(J, codes); break;
+        }
+        return AccumulateAll(PairCodes{codes, static_cast<size_t>(dim), MakePairLevels(J.v_levels, count)}, rows, n, dim, J.v_group, w,
+                             alpha, J.acc, during_values);
       }
 #endif
 #if TQ_PERMUTED_VALUES

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -14,6 +15,7 @@
 #include "core/test_util.h"
 #include "attn/kernels.h"
 #include "core/aligned.h"
+#include "core/half.h"
 #include "hwy/tests/hwy_gtest.h"
 
 namespace tq {
@@ -532,6 +534,94 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
             EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
           }
         }
+}
+
+// 16-level tables that are not symmetric about 0 (level[15 - c] != -level[c]) take another lookup on AVX2
+// (the caches' grids are all symmetric, so the test above never reaches it): the 4-bit keys' and values'
+// tables shifted by delta, against the reference on the stored values shifted by delta times each
+// group's scale.
+TEST_P(BlockTargets, AsymmetricFourBitTablesAgree) {
+  using attn_kernels::BlockJob;
+  using attn_kernels::BlockKeys;
+  using attn_kernels::BlockValues;
+  SplitMix64 rng(29);
+  for (int dim : {64, 128, 80}) {
+    const int group = dim == 80 ? 16 : 32, T = 256, n = 200, rows = 4;
+    const float delta = 0.3f;
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    VectorFormatSpec spec;
+    spec.type = KVType::turboquant;
+    spec.quantizer = QuantizerOptions::defaults(4);
+    spec.quantizer.group_size = group;
+    const VectorFormat kf(dim, spec), vf(dim, spec);
+    ASSERT_EQ(kf.plan().level_count, 16);
+    std::vector<uint8_t> region(kf.record_bytes() * T + 64, 0), records(vf.record_bytes() * n + 64, 0);
+    std::vector<float> keys(static_cast<size_t>(n) * dim), values(keys.size());
+    const auto kx = gaussian(keys.size(), rng), vx = gaussian(values.size(), rng);
+    const auto* k_scales = reinterpret_cast<const uint16_t*>(region.data() + static_cast<size_t>(T) * kf.plan().code_bytes);
+    for (int t = 0; t < n; ++t) {
+      kf.encode_column(kx.data() + static_cast<size_t>(t) * dim, region.data(), T, t);
+      kf.decode_column_stored(region.data(), T, t, keys.data() + static_cast<size_t>(t) * dim);
+      uint8_t* rec = records.data() + t * vf.record_bytes();
+      vf.encode(vx.data() + static_cast<size_t>(t) * dim, rec);
+      vf.decode_stored(rec, values.data() + static_cast<size_t>(t) * dim);
+      for (int j = 0; j < dim; ++j) {
+        uint16_t vs;
+        std::memcpy(&vs, rec + vf.plan().code_bytes + 2 * (j / group), 2);
+        keys[static_cast<size_t>(t) * dim + j] += delta * f16_bits_to_f32(k_scales[(j / group) * T + t]);
+        values[static_cast<size_t>(t) * dim + j] += delta * f16_bits_to_f32(vs);
+      }
+    }
+    float k_levels[16], v_levels[16];
+    for (int c = 0; c < 16; ++c) k_levels[c] = v_levels[c] = kf.plan().levels[c] + delta;
+    const auto q = gaussian(static_cast<size_t>(rows) * dim, rng, 0.15f);
+    std::vector<float> m(rows, -INFINITY), l(rows, 0.0f), acc(static_cast<size_t>(rows) * dim, 0.0f);
+    int lo[attn_kernels::kBlockRows] = {0, 0, n / 3, 0}, hi[attn_kernels::kBlockRows] = {n, (2 * n) / 3, n, n};
+    const BlockState want = reference_block(q, keys, values, rows, n, dim, lo, hi, m, l, acc);
+    AlignedVector<float> scores(attn_kernels::kBlockRows * attn_kernels::kBlockTokens), work(attn_kernels::block_work_floats(dim));
+    BlockJob job;
+    job.rows = rows;
+    job.dim = dim;
+    job.n = n;
+    for (int r = 0; r < rows; ++r) {
+      job.lo[r] = lo[r];
+      job.hi[r] = hi[r];
+    }
+    job.q = q.data();
+    job.keys = BlockKeys::tq_columns;
+    RecordPlan k_plan = kf.plan();  // the targets that decode keys to a tile take the plan's levels
+    k_plan.levels = k_levels;
+    job.k_plan = &k_plan;
+    job.k_levels = k_levels;
+    job.k_group = group;
+    job.k_region = region.data();
+    job.T = T;
+    job.values = BlockValues::turboquant_records;
+    job.v = records.data();
+    job.v_stride = vf.record_bytes();
+    job.v_bits = 4;
+    job.v_group = group;
+    job.v_code_bytes = vf.plan().code_bytes;
+    job.v_levels = v_levels;
+    job.m = m.data();
+    job.l = l.data();
+    job.acc = acc.data();
+    job.scores = scores.data();
+    job.work = work.data();
+    attn_kernels::attend_block(job);
+    if (attn_kernels::block_permutes_values(group)) attn_kernels::unpermute_values(acc.data(), rows, dim);
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
+      EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
+      double err = 0, ref = 0;
+      for (int j = 0; j < dim; ++j) {
+        const double w = want.acc[static_cast<size_t>(r) * dim + j];
+        err += (acc[r * dim + j] - w) * (acc[r * dim + j] - w);
+        ref += w * w;
+      }
+      EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
+    }
+  }
 }
 
 // ------------------------------------------------------------------ random configurations, every target

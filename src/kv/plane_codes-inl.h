@@ -35,12 +35,23 @@ HWY_INLINE uint64_t PlaneCodeBytes8(const uint8_t* HWY_RESTRICT p, size_t plane_
 // byte copied to the 8 bytes of its elements (vpshufb), and each of those tested against its own bit:
 // about 6 vector operations per plane for 32 codes, where PlaneCodeBytes8 takes one scalar pdep per plane
 // for 8.
-template <int kBits>
+//
+// kPairs: the bytes in pair order instead, for lookups that take two codes per 32-bit lane (a widening
+// load of 16-bit words): in each 16 bytes, byte 2i holds element i and byte 2i + 1 element 8 + i of those
+// 16 elements. Only the two constant vectors differ.
+template <int kBits, bool kPairs = false>
 HWY_INLINE __m256i PlaneCodeBytes32(const uint8_t* HWY_RESTRICT p, size_t plane_stride) {
-  // Byte b of the result takes plane byte b / 8; vpshufb works within 128-bit halves, and the broadcast
-  // puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  // Byte b of the result takes plane byte e / 8 for its element e; vpshufb works within 128-bit halves,
+  // and the broadcast puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
+  __m256i spread, bit_of_byte;
+  if constexpr (kPairs) {
+    spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    bit_of_byte = _mm256_setr_epi64x(0x0808040402020101ll, static_cast<long long>(0x8080404020201010ull), 0x0808040402020101ll,
+                                     static_cast<long long>(0x8080404020201010ull));
+  } else {
+    spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  }
   __m256i code = _mm256_setzero_si256();
   for (int k = 0; k < kBits; ++k) {
     int32_t word;

@@ -68,6 +68,16 @@ struct ModelBenchArgs {
 };
 int run_model(const ModelBenchArgs& args);
 
+// The fused block kernel's cycles per position, keys and values apart (bench_block.cc).
+struct BlockArgs {
+  int dim = 128, rows = 4, group_size = 64, positions = 256;
+  std::vector<std::pair<int, int>> bit_pairs = {{8, 3}, {4, 4}};
+  long iterations = 20000;
+  bool json = false;
+  std::string simd;  // as AttentionArgs::simd
+};
+int run_block(const BlockArgs& args);
+
 // Which 512-bit instructions share the multiply-add pipes (x86-64 with AVX-512 VNNI/VBMI/BF16/GFNI).
 struct PipesArgs {
   long iterations = 20000000;  // loop iterations per timing (each times 5 rounds, best kept)

@@ -111,6 +111,18 @@ int main(int argc, char** argv) {
   pi->add_option("--iterations", pipes.iterations, "loop iterations per timing")->check(CLI::Range(1000L, 1000000000L));
   pi->add_flag("--json", pipes.json, "print JSON instead of a Markdown table");
 
+  BlockArgs blk;
+  std::vector<std::string> blk_pairs = {"8,3", "4,4"};
+  auto* bl = app.add_subcommand("block", "cycles per position of the fused block kernel, key scoring and value accumulation apart");
+  bl->add_option("--kv", blk_pairs, "TurboQuant K,V bit pairs (keys 1-4 or 8, values 1-4), e.g. --kv 8,3 --kv 4,4")->expected(1, 16);
+  bl->add_option("--head-dim", blk.dim, "head dimension (a multiple of 16)")->check(CLI::Range(16, 1024));
+  bl->add_option("--rows", blk.rows, "query rows of the KV head (1..4)")->check(CLI::Range(1, 4));
+  bl->add_option("--group-size", blk.group_size, "TurboQuant group size (32, 64, 128)");
+  bl->add_option("--positions", blk.positions, "positions of the block (a multiple of 16, at most 256)");
+  bl->add_option("--iterations", blk.iterations, "calls per timing round")->check(CLI::Range(10L, 100000000L));
+  bl->add_flag("--json", blk.json, "print JSON instead of a Markdown table");
+  bl->add_option("--simd", simd, simd_help)->check(CLI::IsMember({"best", "avx2"}));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c->parsed()) {
@@ -136,6 +148,19 @@ int main(int argc, char** argv) {
       return run_attention(attn);
     }
     if (pi->parsed()) return run_pipes(pipes);
+    if (bl->parsed()) {
+      TQ_CHECK(blk.dim % 16 == 0, "--head-dim must be a multiple of 16, got ", blk.dim);
+      TQ_CHECK(blk.dim % blk.group_size == 0, "--group-size must divide --head-dim");
+      blk.bit_pairs.clear();
+      for (const auto& s : blk_pairs) {
+        const auto comma = s.find(',');
+        TQ_CHECK(comma != std::string::npos, "--kv takes K,V bit pairs like 8,3; got '", s, "'");
+        blk.bit_pairs.emplace_back(tq::parse_integer(std::string_view(s).substr(0, comma), "the K bits of --kv " + s),
+                                   tq::parse_integer(std::string_view(s).substr(comma + 1), "the V bits of --kv " + s));
+      }
+      blk.simd = select_simd(simd);
+      return run_block(blk);
+    }
     if (mo->parsed()) {
       mb.standard = !mb_no_standard;
       mb.simd = select_simd(simd);
