@@ -10,6 +10,7 @@
 #include "model/writer.h"
 #include "ops/dtype.h"
 #include "ops/kquant.h"
+#include "ops/q3_k.h"
 
 namespace tq {
 namespace {
@@ -225,9 +226,10 @@ void write_bpe_tokenizer(GgufWriter& w, const ModelFiles& hf) {
 }
 
 // One tensor, its values read as float (rows permuted for attn_q / attn_k when heads > 0), written as `type`
-// (or, with `dequantized`, as F32 holding the values `type` stores).
+// (or, with `dequantized`, as F32 holding the values `type` stores; with `q3_k`, as F32 holding the values
+// of Q3_K blocks, `type` unused).
 void add_llama_tensor(GgufWriter& w, const std::string& name, const TensorView* t, DType type, bool dequantized,
-                      int64_t heads = 0, int64_t head_dim = 0) {
+                      int64_t heads = 0, int64_t head_dim = 0, bool q3_k = false) {
   TQ_CHECK(t != nullptr, "GGUF export: no source tensor for '", name, "'");
   std::vector<float> v = read_tensor_f32(*t);  // [rows][cols] as float
   const int64_t cols = t->row_length(), rows = t->rows();
@@ -242,7 +244,15 @@ void add_llama_tensor(GgufWriter& w, const std::string& name, const TensorView* 
                       static_cast<size_t>(cols) * sizeof(float));
     v = std::move(p);
   }
-  if (is_kquant(type)) {
+  if (q3_k) {
+    TQ_CHECK(dequantized, "GGUF export: Q3_K matrices need dequantized (the engine has no Q3_K tensor type)");
+    TQ_CHECK(cols % static_cast<int64_t>(ops::kQ3_KBlockValues) == 0, "GGUF export: '", t->name, "' has rows of ", cols,
+             " values, not whole Q3_K blocks of 256");
+    std::vector<uint8_t> q(v.size() / ops::kQ3_KBlockValues * ops::kQ3_KBlockBytes);  // the rows as Q3_K blocks
+    ops::q3_k_quantize(v.data(), v.size(), q.data());
+    ops::q3_k_dequantize(q.data(), v.size(), v.data());
+    type = DType::f32;
+  } else if (is_kquant(type)) {
     const ops::DType ot = to_ops_kquant(type);
     TQ_CHECK(cols % static_cast<int64_t>(ops::block_values(ot)) == 0, "GGUF export: '", t->name, "' has rows of ", cols,
              " values, not whole ", dtype_name(type), " blocks of ", ops::block_values(ot));
@@ -265,6 +275,8 @@ std::vector<uint8_t> llama_gguf_bytes(const ModelFiles& hf, const LlamaGgufOptio
   TQ_CHECK(c.rope_scaling.type == RopeScalingType::none, "GGUF export: '", c.source,
            "': rope scaling is not written by the Llama export");
   TQ_CHECK(!c.qkv_bias && !c.o_bias && !c.qk_norm, "GGUF export: '", c.source, "': biases / q-k norms are not written");
+  TQ_CHECK(!o.matrices_q3_k || o.dequantized, "GGUF export: Q3_K matrices are written only dequantized (as F32 holding "
+           "their values): the engine has no Q3_K tensor type");
   GgufWriter w;
   const std::string p = "llama.";
   auto u32 = [&](const std::string& key, int64_t v) {
@@ -295,13 +307,14 @@ std::vector<uint8_t> llama_gguf_bytes(const ModelFiles& hf, const LlamaGgufOptio
     const std::string b = "blk." + std::to_string(l) + ".";
     add_llama_tensor(w, b + "attn_norm.weight", L.attn_norm, DType::f32, dq);
     add_llama_tensor(w, b + "ffn_norm.weight", L.ffn_norm, DType::f32, dq);
-    add_llama_tensor(w, b + "attn_q.weight", L.wq, o.matrices, dq, c.num_attention_heads, c.head_dim);
-    add_llama_tensor(w, b + "attn_k.weight", L.wk, o.matrices, dq, c.num_key_value_heads, c.head_dim);
-    add_llama_tensor(w, b + "attn_v.weight", L.wv, o.matrices, dq);
-    add_llama_tensor(w, b + "attn_output.weight", L.wo, o.matrices, dq);
-    add_llama_tensor(w, b + "ffn_gate.weight", L.w_gate, o.matrices, dq);
-    add_llama_tensor(w, b + "ffn_up.weight", L.w_up, o.matrices, dq);
-    add_llama_tensor(w, b + "ffn_down.weight", L.w_down, o.matrices, dq);
+    const bool q3 = o.matrices_q3_k;
+    add_llama_tensor(w, b + "attn_q.weight", L.wq, o.matrices, dq, c.num_attention_heads, c.head_dim, q3);
+    add_llama_tensor(w, b + "attn_k.weight", L.wk, o.matrices, dq, c.num_key_value_heads, c.head_dim, q3);
+    add_llama_tensor(w, b + "attn_v.weight", L.wv, o.matrices, dq, 0, 0, q3);
+    add_llama_tensor(w, b + "attn_output.weight", L.wo, o.matrices, dq, 0, 0, q3);
+    add_llama_tensor(w, b + "ffn_gate.weight", L.w_gate, o.matrices, dq, 0, 0, q3);
+    add_llama_tensor(w, b + "ffn_up.weight", L.w_up, o.matrices, dq, 0, 0, q3);
+    add_llama_tensor(w, b + "ffn_down.weight", L.w_down, o.matrices, dq, 0, 0, q3);
   }
   return w.bytes();
 }

@@ -45,6 +45,9 @@ struct LlamaGgufOptions {
   // Write every quantized tensor as F32 holding its dequantized values: the same model in float, so that a
   // test can tell the products' error from the format's.
   bool dequantized = false;
+  // The attention and MLP matrices as ggml Q3_K blocks (ops/q3_k.h) instead of `matrices`. The engine has no
+  // Q3_K type or product, so this needs `dequantized` (an error otherwise): the file holds Q3_K's values as F32.
+  bool matrices_q3_k = false;
 };
 std::vector<uint8_t> llama_gguf_bytes(const ModelFiles& hf, const LlamaGgufOptions& options);
 void write_llama_gguf(const ModelFiles& hf, const std::string& path, const LlamaGgufOptions& options);

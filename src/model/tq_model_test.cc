@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -111,6 +112,35 @@ TEST(TqModel, DemoModelConvertedLogitsStayNearTheOriginal) {
       EXPECT_LT(compare(stepped, got, vocab).rel_error, 1e-5);
     }
   }
+}
+
+// models/demo-tq4 (what scripts/demo runs) is exactly the conversion its documentation names
+// (turboquant-convert models/demo --bits 4 --group-size 64 --codebook lloyd_absmax --norm-correction), so the
+// quality table of docs/BENCHMARKS.md measured this file, and it stays near the F16 model's logits.
+TEST(TqModel, ShippedDemoTq4IsItsDocumentedConversion) {
+  const std::string shipped = std::string(TQ_SOURCE_DIR) + "/models/demo-tq4";
+  ScratchDir dir("tq_demo_shipped");
+  TqConvertOptions o;
+  o.bits = 4;
+  o.group_size = 64;
+  o.codebook = ops::TqCodebook::lloyd_absmax;
+  o.norm_correction = true;
+  ThreadPool pool(2);
+  const std::string out = dir.file("tq4");
+  convert_to_turboquant(kDemo, out, o, pool);
+  auto bytes = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_TRUE(bytes(out + "/model.safetensors") == bytes(shipped + "/model.safetensors"))
+      << "models/demo-tq4 is not the documented conversion of models/demo: re-make it";
+  EXPECT_EQ(nlohmann::json::parse(bytes(out + "/config.json")), nlohmann::json::parse(bytes(shipped + "/config.json")));
+  const size_t vocab = static_cast<size_t>(open_model(kDemo).config.vocab_size);
+  const std::vector<int32_t> ids = testing_util::random_tokens(24, 7, static_cast<int>(vocab));
+  const Compare c = compare(logits_of(shipped, ids, ids.size()), logits_of(kDemo, ids, ids.size()), vocab);
+  std::cout << "models/demo-tq4: logits rel error " << c.rel_error << ", top-1 agreement " << c.top1 << "\n";
+  EXPECT_LT(c.rel_error, 0.1);
+  EXPECT_GE(c.top1, 0.75);
 }
 
 TEST(TqModel, TinyRandomLlamaConvertsAllItsMatricesAndStaysNear) {
