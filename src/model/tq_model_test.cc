@@ -124,7 +124,7 @@ TEST(TqModel, ShippedDemoTq4IsItsDocumentedConversion) {
   o.bits = 4;
   o.group_size = 64;
   o.codebook = ops::TqCodebook::lloyd_absmax;
-  o.norm_correction = true;
+  o.scale_fit = ops::TqScaleFit::norm_correction;
   ThreadPool pool(2);
   const std::string out = dir.file("tq4");
   convert_to_turboquant(kDemo, out, o, pool);
