@@ -81,6 +81,7 @@ double tq_group_error(const TqLevelTable& t, const float* x, int n, float s, con
 }
 
 float tq_fit_group(const TqLevelTable& t, TqScaleFit fit, const float* x, int n, uint8_t* codes) {
+  TQ_CHECK(n > 0 && n <= 4096, "a scale fit over a group of ", n, " values");
   const float s0 = tq_plain_scale(t, x, n);
   nearest_codes(t, x, n, s0, codes);
   if (fit == TqScaleFit::plain) return s0;

@@ -56,7 +56,8 @@ float tq_fit_group(const TqLevelTable& t, TqScaleFit fit, const float* x, int n,
 // their weights meet only zero inputs, so GPTQ codes them as zeros (they cost nothing in the output).
 class TqGptqFactor {
  public:
-  // h [n][n], symmetric (only used through its upper triangle... it is read whole and symmetrised).
+  // h [n][n]: symmetric up to rounding (it is symmetrised, (h + h^T) / 2). Throws, naming the column, for a
+  // negative or non-finite diagonal or a damped H (or H^-1) that is not positive definite.
   TqGptqFactor(const std::vector<double>& h, int64_t n, double damp = 0.01);
   int64_t n() const { return n_; }
   const float* u() const { return u_.data(); }      // [n][n], row-major, zero below the diagonal

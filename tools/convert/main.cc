@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
   try {
     if (norm_correction && !scale_fit.empty() && scale_fit != "norm_correction")
       throw tq::Error("--norm-correction and --scale-fit " + scale_fit + " are two different scale fits: give one");
+    for (const char* flag : {"--calib-tokens", "--calib-ctx", "--gptq-damp"})
+      if (calibrate.empty() && app.count(flag) > 0)
+        throw tq::Error(std::string(flag) + " is a GPTQ setting: it needs --calibrate FILE");
     o.scale_fit = norm_correction ? tq::ops::TqScaleFit::norm_correction
                                   : tq::ops::parse_tq_scale_fit(scale_fit.empty() ? "plain" : scale_fit);
     tq::ThreadPool pool(threads);
