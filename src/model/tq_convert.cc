@@ -86,8 +86,8 @@ const char* safetensors_dtype(DType t) {
 // R H R^T for the rotation R of a matrix's columns: H of the rotated inputs R x, from H of the inputs x.
 std::vector<double> rotated_hessian(const std::vector<double>& h, int64_t cols, const Rotation& rotation) {
   const size_t n = static_cast<size_t>(cols);
-  std::vector<float> t(n * n), row(n);  // [n][n]: (R H)^T = H R^T (H symmetric), then R of its rows
-  for (size_t i = 0; i < n; ++i) {  // row i of H R^T = R (row i of H), H symmetric
+  std::vector<float> t(n * n), row(n);  // t [n][n] = H R^T; row [n]: one row or column being rotated
+  for (size_t i = 0; i < n; ++i) {  // row i of H R^T = R applied to row i of H
     for (size_t j = 0; j < n; ++j) row[j] = static_cast<float>(h[i * n + j]);
     rotation.forward(row.data());
     std::copy(row.begin(), row.end(), t.begin() + static_cast<std::ptrdiff_t>(i * n));
