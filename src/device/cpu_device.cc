@@ -155,6 +155,7 @@ void CpuDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, cons
            " x ", w.cols, " matrix into ", out.rows, " x ", out.cols);
   TQ_CHECK(bias.empty() || bias.size == w.rows, "a bias of ", bias.size, " values for a matrix of ", w.rows, " rows");
   TQ_CHECK(x.stride == x.cols, "the CPU matrix product reads rows side by side");
+  if (matmul_observer_) matmul_observer_(m.parts, x);
   const size_t n = static_cast<size_t>(x.rows);
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).data();
   // Every part in one parallel region (q/k/v, gate/up), each into its columns of `out`; a residual goes

@@ -3,7 +3,9 @@
 // attn/attend. Everything is float32; a step's products run as parallel regions on one thread pool.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/aligned.h"
@@ -19,6 +21,13 @@ class CpuDevice final : public Device {
   explicit CpuDevice(int threads);
   std::string name() const override;
   ThreadPool& pool() { return pool_; }
+
+  // Called at the start of every matmul() with the matrix's parts (the views linear() was given, so a caller
+  // can tell the matrices apart by their data) and the product's input x [rows][cols] (float32): what a
+  // calibration pass (runtime/calibrate.h) reads each linear layer's inputs through. Unset (the default) it
+  // costs one test of an empty std::function per product. Set it outside run_step.
+  using MatmulObserver = std::function<void(std::span<const ops::WeightView> parts, const Tensor& x)>;
+  void set_matmul_observer(MatmulObserver observer) { matmul_observer_ = std::move(observer); }
 
   Linear linear(std::span<const ops::WeightView> parts, std::string_view what) override;
   using Device::linear;
@@ -110,6 +119,7 @@ class CpuDevice final : public Device {
   int64_t weight_bytes_ = 0;
   Arena arena_;
   AlignedVector<float> product_;  // [rows][part rows]: a product whose output is a view or is added
+  MatmulObserver matmul_observer_;
   std::vector<ops::DeltaRuleScratch> delta_scratch_;  // [threads]: the chunked delta rule's working memory
   Tensor logits_;
 };

@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <regex>
 
 #include <nlohmann/json.hpp>
 
+#include "codec/rotation.h"
 #include "core/error.h"
 #include "core/read_file.h"
 #include "model/config.h"
@@ -81,6 +83,24 @@ const char* safetensors_dtype(DType t) {
   fail("a ", dtype_name(t), " tensor cannot be copied into safetensors");
 }
 
+// R H R^T for the rotation R of a matrix's columns: H of the rotated inputs R x, from H of the inputs x.
+std::vector<double> rotated_hessian(const std::vector<double>& h, int64_t cols, const Rotation& rotation) {
+  const size_t n = static_cast<size_t>(cols);
+  std::vector<float> t(n * n), row(n);  // t [n][n] = H R^T; row [n]: one row or column being rotated
+  for (size_t i = 0; i < n; ++i) {  // row i of H R^T = R applied to row i of H
+    for (size_t j = 0; j < n; ++j) row[j] = static_cast<float>(h[i * n + j]);
+    rotation.forward(row.data());
+    std::copy(row.begin(), row.end(), t.begin() + static_cast<std::ptrdiff_t>(i * n));
+  }
+  std::vector<double> out(n * n);
+  for (size_t j = 0; j < n; ++j) {  // column j of H R^T, rotated, is column j of R H R^T
+    for (size_t i = 0; i < n; ++i) row[i] = t[i * n + j];
+    rotation.forward(row.data());
+    for (size_t i = 0; i < n; ++i) out[i * n + j] = row[i];
+  }
+  return out;
+}
+
 }  // namespace
 
 TqConvertReport convert_to_turboquant(const std::string& input, const std::string& output, const TqConvertOptions& options,
@@ -114,7 +134,15 @@ TqConvertReport convert_to_turboquant(const std::string& input, const std::strin
   q.attn_bits = options.attn_bits ? options.attn_bits : options.bits;
   q.mlp_bits = options.mlp_bits ? options.mlp_bits : options.bits;
   q.codebook = options.codebook;
-  q.norm_correction = options.norm_correction;
+  q.norm_correction = options.scale_fit == ops::TqScaleFit::norm_correction;
+  q.scale_fit = ops::scale_fit_name(options.scale_fit);
+  if (options.calibration) {
+    TQ_CHECK(options.calibration->tokens > 0, "GPTQ calibration of no tokens");
+    TQ_CHECK(options.gptq_damp > 0 && options.gptq_damp < 1, "GPTQ damping ", options.gptq_damp, " is not in (0, 1)");
+    q.calibration_text = options.calibration->text;
+    q.calibration_tokens = options.calibration->tokens;
+    q.calibration_damp = options.gptq_damp;
+  }
   q.rotation_seed = options.rotation_seed;
   q.quantize_extras = options.quantize_extras;
   TqConvertReport report;
@@ -199,6 +227,8 @@ TqConvertReport convert_to_turboquant(const std::string& input, const std::strin
     f.write(&len, 8);
     f.write(header.data(), header.size());
     const uint64_t data_start = f.written();
+    std::map<std::string, std::unique_ptr<ops::TqGptqFactor>> factors;  // rotation key -> GPTQ factor, one layer's
+    int64_t factor_layer = -2;
 
     for (size_t i = 0; i < tensors.all().size(); ++i) {
       const TensorView& t = tensors.all()[i];
@@ -211,11 +241,31 @@ TqConvertReport convert_to_turboquant(const std::string& input, const std::strin
         qo.bits = e.bits;
         qo.group_size = e.group_size;
         qo.codebook = options.codebook;
-        qo.norm_correction = options.norm_correction;
+        qo.scale_fit = options.scale_fit;
         qo.seed = e.seed;
         const int64_t rows = t.shape[0], cols = t.shape[1];
         const ops::TqRowQuantizer quantizer(cols, qo);
         e.rotation_block = quantizer.params().rotation_block;
+        // GPTQ for the layer matrices when calibrated: the factor of this input's H in this rotation.
+        const ops::TqGptqFactor* factor = nullptr;
+        if (options.calibration && r.layer >= 0) {
+          const std::string key = tq_rotation_key(t.name);
+          if (factor_layer != r.layer) {
+            factors.clear();  // a layer's matrices are contiguous in the file: keep one layer's factors
+            factor_layer = r.layer;
+          }
+          auto it = factors.find(key);
+          if (it == factors.end()) {
+            const auto h = options.calibration->hessians.find(key);
+            TQ_CHECK(h != options.calibration->hessians.end(), "GPTQ: the calibration has no inputs of '", key, "' (for ", t.name, ")");
+            TQ_CHECK(h->second.size() == static_cast<size_t>(cols * cols), "GPTQ: the calibration's H of '", key, "' is not ", cols,
+                     " x ", cols);
+            it = factors.emplace(key, std::make_unique<ops::TqGptqFactor>(rotated_hessian(h->second, cols, quantizer.rotation()), cols,
+                                                                          options.gptq_damp)).first;
+          }
+          factor = it->second.get();
+          r.gptq = true;
+        }
         const size_t cb = quantizer.code_bytes(), groups = static_cast<size_t>(quantizer.groups());
         std::vector<uint16_t> scales(static_cast<size_t>(rows) * groups);  // [rows][groups]: written after the codes
         constexpr int64_t kBlock = 256;                                   // rows in memory at a time
@@ -230,7 +280,8 @@ TqConvertReport convert_to_turboquant(const std::string& input, const std::strin
               read_row_f32(t, row, w.data());
               uint8_t* c = codes.data() + k * cb;
               uint16_t* s = scales.data() + static_cast<size_t>(row) * groups;
-              quantizer.quantize(w.data(), c, s);
+              if (factor) quantizer.quantize_gptq(w.data(), *factor, c, s);
+              else quantizer.quantize(w.data(), c, s);
               const ops::WeightView one = ops::WeightView::turboquant(quantizer.dtype(), c, s, 1, cols, quantizer.params());
               ops::tq_weight_row(one, 0, back.data());
               double de = 0, dr = 0;

@@ -17,6 +17,8 @@
 #include "model/tq_convert.h"
 #include "model/tq_weights.h"
 #include "model/writer.h"
+#include "runtime/calibrate.h"
+#include "runtime/generate.h"
 #include "runtime/test_engine.h"
 
 namespace tq {
@@ -124,7 +126,7 @@ TEST(TqModel, ShippedDemoTq4IsItsDocumentedConversion) {
   o.bits = 4;
   o.group_size = 64;
   o.codebook = ops::TqCodebook::lloyd_absmax;
-  o.norm_correction = true;
+  o.scale_fit = ops::TqScaleFit::norm_correction;
   ThreadPool pool(2);
   const std::string out = dir.file("tq4");
   convert_to_turboquant(kDemo, out, o, pool);
@@ -182,6 +184,92 @@ TEST(TqModel, TinyRandomLlamaConvertsAllItsMatricesAndStaysNear) {
   std::cout << "tiny llama TQ4 vs its dequantized dense copy: logits rel error " << d.rel_error << "\n";
   EXPECT_LT(d.rel_error, 1e-5);
   EXPECT_EQ(d.top1, 1.0);
+}
+
+// ---- the converter's fits: the mse scale and GPTQ (ops/tq_fit.h), written, loaded and run
+
+// A calibration text of our own (the demo model was trained on English prose), long enough for a few windows.
+std::string write_calibration_text(const std::string& path) {
+  const char* sentences[] = {
+      "The morning was cold, and the lane that ran past the church was still white with frost when she set out. ",
+      "Her brother had promised to walk with her as far as the mill, but he had not come down to breakfast. ",
+      "She did not mind; the road was familiar, and she liked to think without being asked what she was thinking. ",
+      "At the bridge she stopped to watch the water, which was high after the rain and carried leaves and branches. ",
+      "A cart came slowly up the hill behind her, and the driver lifted his hat and said it would snow before night. ",
+      "She thanked him, though she did not believe it, and went on towards the house where her aunt was waiting. ",
+  };
+  std::ofstream out(path);
+  for (int round = 0; round < 12; ++round)
+    for (int i = 0; i < 6; ++i) out << sentences[(i + round) % 6];
+  return path;
+}
+
+TEST(TqModel, MseScaleFitAndGptqConversionsLoadRunAndLowerTheirErrors) {
+  ScratchDir dir("tq_fits");
+  ThreadPool pool(2);
+  auto run = [&](const std::string& name, ops::TqScaleFit fit, const TqCalibration* cal) {
+    TqConvertOptions o;
+    o.bits = 3;
+    o.group_size = 64;
+    o.scale_fit = fit;
+    o.calibration = cal;
+    const std::string out = dir.file(name);
+    return std::pair{out, convert_to_turboquant(kDemo, out, o, pool)};
+  };
+  const auto [plain, plain_report] = run("plain", ops::TqScaleFit::plain, nullptr);
+  const auto [mse, mse_report] = run("mse", ops::TqScaleFit::mse, nullptr);
+  // The mse fit never has more weight error than the plain scale (each group keeps the better of the two).
+  ASSERT_EQ(plain_report.tensors.size(), mse_report.tensors.size());
+  for (size_t i = 0; i < plain_report.tensors.size(); ++i) {
+    if (!plain_report.tensors[i].quantized) continue;
+    EXPECT_LE(mse_report.tensors[i].rel_error, plain_report.tensors[i].rel_error * (1 + 1e-6)) << plain_report.tensors[i].name;
+    EXPECT_FALSE(mse_report.tensors[i].gptq);
+  }
+  EXPECT_EQ(read_tq_quantization(mse)->scale_fit, "mse");
+  EXPECT_EQ(read_tq_quantization(plain)->scale_fit, "plain");
+  EXPECT_FALSE(nlohmann::json::parse(std::ifstream(plain + "/config.json"))["quantization"].contains("scale_fit"));
+
+  // GPTQ, calibrated on a text of our own.
+  CalibrationOptions co;
+  co.tokens = 1024;
+  co.ctx = 256;
+  const TqCalibration cal = calibrate_linear_inputs(kDemo, write_calibration_text(dir.file("calibration.txt")), co);
+  EXPECT_EQ(cal.tokens, 1024);
+  EXPECT_EQ(cal.hessians.count("model.layers.0.self_attn.qkv_proj"), 1u);
+  EXPECT_EQ(cal.hessians.count("model.layers.7.mlp.down_proj"), 1u);
+  EXPECT_EQ(cal.cols.at("model.layers.7.mlp.down_proj"), 768);
+  const auto [gptq, gptq_report] = run("gptq", ops::TqScaleFit::plain, &cal);
+  for (const TqTensorReport& t : gptq_report.tensors) EXPECT_EQ(t.gptq, t.quantized) << t.name;
+  const nlohmann::json q = nlohmann::json::parse(std::ifstream(gptq + "/config.json"))["quantization"];
+  EXPECT_EQ(q["calibration"]["method"], "gptq");
+  EXPECT_EQ(q["calibration"]["tokens"], 1024);
+
+  // Every folder loads and runs. GPTQ minimises the layers' output error on the calibration inputs, so on
+  // those tokens its logits are nearer the source model's than plain rounding's.
+  CpuModel src(kDemo, 1);
+  const auto tok = load_model_tokenizer(src.model->files());
+  EncodeOptions eo;
+  eo.add_special_tokens = false;
+  std::ifstream in(dir.file("calibration.txt"));
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::vector<int32_t> ids = tok->encode(text, eo);
+  ids.resize(128);
+  const size_t vocab = static_cast<size_t>(src.model->vocab_size());
+  const std::vector<float> base = logits_of(kDemo, ids, ids.size());
+  const Compare cp = compare(logits_of(plain, ids, ids.size()), base, vocab);
+  const Compare cm = compare(logits_of(mse, ids, ids.size()), base, vocab);
+  const Compare cg = compare(logits_of(gptq, ids, ids.size()), base, vocab);
+  std::cout << "demo TQ3 g64 on calibration tokens: logits rel error plain " << cp.rel_error << ", mse " << cm.rel_error << ", GPTQ "
+            << cg.rel_error << "; top-1 " << cp.top1 << " / " << cm.top1 << " / " << cg.top1 << "\n";
+  EXPECT_LT(cm.rel_error, 0.2);
+  EXPECT_LT(cg.rel_error, 0.8 * cp.rel_error);
+
+  // A calibration with nothing in it, or without a layer's input, is refused by name.
+  TqCalibration empty;
+  expect_error([&] { run("none", ops::TqScaleFit::plain, &empty); }, {"calibration of no tokens"});
+  TqCalibration partial = cal;
+  partial.hessians.erase("model.layers.3.mlp.down_proj");
+  expect_error([&] { run("partial", ops::TqScaleFit::plain, &partial); }, {"no inputs of 'model.layers.3.mlp.down_proj'"});
 }
 
 // ---- damaged folders

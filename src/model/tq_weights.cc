@@ -61,6 +61,11 @@ nlohmann::ordered_json tq_quantization_json(const TqQuantization& q) {
   j["codebook"] = ops::codebook_name(q.codebook);
   j["scale"] = q.codebook == ops::TqCodebook::lloyd_max ? "rms" : "absmax";
   j["norm_correction"] = q.norm_correction;
+  // Only the newer fits add keys, so the folders the plain and norm-corrected settings made stay as they were.
+  if (q.scale_fit == "mse") j["scale_fit"] = q.scale_fit;
+  if (q.calibration_tokens > 0)
+    j["calibration"] = {{"method", "gptq"}, {"text", q.calibration_text}, {"tokens", q.calibration_tokens},
+                        {"damp", q.calibration_damp}, {"block", 128}};
   j["rotation"] = "blockwise_hadamard";
   j["rotation_seed"] = q.rotation_seed;
   j["seed_scheme"] = "splitmix64_mix(rotation_seed ^ fnv1a64(rotation_key)) & (2^53 - 1)";
@@ -126,6 +131,14 @@ std::optional<TqQuantization> parse_tq_quantization(const json& config, const st
   if (j.contains("norm_correction")) {
     TQ_CHECK(j["norm_correction"].is_boolean(), "'", source, "': quantization.norm_correction must be true or false");
     q.norm_correction = j["norm_correction"].get<bool>();
+  }
+  if (j.contains("scale_fit")) {
+    const json& f = j["scale_fit"];
+    TQ_CHECK(f.is_string() && (f == "plain" || f == "norm_correction" || f == "mse"), "'", source, "': quantization.scale_fit is ",
+             f.dump(), ", expected \"plain\", \"norm_correction\" or \"mse\"");
+    q.scale_fit = f.get<std::string>();
+  } else {
+    q.scale_fit = q.norm_correction ? "norm_correction" : "plain";
   }
   const json& rot = field("rotation");
   TQ_CHECK(rot == "blockwise_hadamard", "'", source, "': quantization.rotation is ", rot.dump(), ", expected \"blockwise_hadamard\"");

@@ -33,6 +33,11 @@ struct TqQuantization {
   int bits = 4, group_size = 64, attn_bits = 4, mlp_bits = 4;  // the converter's settings (defaults per tensor)
   ops::TqCodebook codebook = ops::TqCodebook::lloyd_max;
   bool norm_correction = false;
+  std::string scale_fit = "plain";  // plain, norm_correction or mse (the key is written only for mse)
+  // GPTQ calibration, when the converter had one (written only then): the text, its tokens, the damping.
+  std::string calibration_text;
+  int64_t calibration_tokens = 0;
+  double calibration_damp = 0;
   uint64_t rotation_seed = 42;
   bool quantize_extras = false;
   std::vector<TqTensorEntry> tensors;  // every quantized matrix

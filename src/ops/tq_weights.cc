@@ -10,6 +10,7 @@
 
 #include "codec/codebook.h"
 #include "codec/group_quantizer.h"
+#include "codec/kernels.h"
 #include "codec/rotation.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -31,6 +32,7 @@ namespace {
 bool valid_group(int g) { return g == 32 || g == 64 || g == 128; }
 
 QuantizerOptions codec_options(int bits, int group_size, TqCodebook codebook, bool norm_correction, uint64_t seed) {
+  // (The mse fit and GPTQ use this quantizer only for its rotation and levels; ops/tq_fit.h chooses their codes.)
   QuantizerOptions o;
   o.bits = bits;
   o.group_size = group_size;
@@ -151,7 +153,8 @@ TqRowQuantizer::TqRowQuantizer(int64_t cols, const TqQuantizeOptions& options) :
            " columns");
   TQ_CHECK(cols <= (int64_t{1} << 30), "a row of ", cols, " columns is too long");
   impl_ = std::make_unique<Impl>(Impl{GroupQuantizer(
-      static_cast<int>(cols), codec_options(options.bits, options.group_size, options.codebook, options.norm_correction, options.seed))});
+      static_cast<int>(cols), codec_options(options.bits, options.group_size, options.codebook,
+                                       options.scale_fit == TqScaleFit::norm_correction, options.seed))});
 }
 
 TqRowQuantizer::~TqRowQuantizer() = default;
@@ -165,19 +168,62 @@ TqParams TqRowQuantizer::params() const {
   return p;
 }
 
+const Rotation& TqRowQuantizer::rotation() const { return *impl_->quantizer.rotation(); }
+
+TqLevelTable TqRowQuantizer::level_table() const {
+  const GroupQuantizer& q = impl_->quantizer;
+  return TqLevelTable{q.levels(), q.thresholds(), q.level_count(), options_.codebook};
+}
+
 void TqRowQuantizer::quantize(const float* row, uint8_t* codes, uint16_t* scales) const {
   const GroupQuantizer& q = impl_->quantizer;
-  std::vector<uint8_t> stream(q.code_bytes());
-  std::vector<f16> s(static_cast<size_t>(q.groups()));
-  q.quantize(row, 1, stream.data(), s.data());
-  std::vector<uint8_t> idx(static_cast<size_t>(cols_));
-  unpack_dense(stream.data(), idx.size(), options_.bits, idx.data());
-  tq_pack_row(options_.bits, idx.data(), idx.size(), codes);
   // The codec's level table must be ours: the files name the codebook, the kernels read tq_levels().
   const float* levels = tq_levels(options_.bits, options_.group_size, options_.codebook);
   for (int i = 0; i < (1 << options_.bits); ++i)
     TQ_CHECK(q.levels()[i] == levels[i], "internal error: the codec's level ", i, " differs from tq_levels");
-  for (size_t g = 0; g < s.size(); ++g) scales[g] = s[g].bits;
+  std::vector<uint8_t> idx(static_cast<size_t>(cols_));  // [cols]: one code a byte
+  if (options_.scale_fit != TqScaleFit::mse) {
+    // plain and norm_correction: the codec's own quantizer (the files these settings always made).
+    std::vector<uint8_t> stream(q.code_bytes());
+    std::vector<f16> s(static_cast<size_t>(q.groups()));
+    q.quantize(row, 1, stream.data(), s.data());
+    unpack_dense(stream.data(), idx.size(), options_.bits, idx.data());
+    tq_pack_row(options_.bits, idx.data(), idx.size(), codes);
+    for (size_t g = 0; g < s.size(); ++g) scales[g] = s[g].bits;
+    return;
+  }
+  // mse: per rotated group, the least-error candidate of tq_fit_group, with the codec's plain (and
+  // norm-corrected) result as candidates too, so it is never worse than either file.
+  const int G = options_.group_size;
+  std::vector<float> y(row, row + cols_);  // [cols]: the row rotated
+  q.rotation()->forward(y.data());
+  std::vector<uint8_t> plain(static_cast<size_t>(cols_));
+  std::vector<f16> plain_s(static_cast<size_t>(q.groups()));
+  tq::kernels::quantize_rotated(q.plan(), y.data(), plain.data(), plain_s.data());
+  const TqLevelTable t = level_table();
+  for (int64_t g = 0; g < groups(); ++g) {
+    const float* x = y.data() + g * G;
+    uint8_t* c = idx.data() + g * G;
+    float s = tq_fit_group(t, TqScaleFit::mse, x, G, c);
+    double e = tq_group_error(t, x, G, s, c);
+    const uint8_t* pc = plain.data() + g * G;
+    const float ps = plain_s[static_cast<size_t>(g)].to_float();
+    if (const double pe = tq_group_error(t, x, G, ps, pc); pe < e) {
+      std::copy(pc, pc + G, c);
+      s = ps;
+    }
+    scales[g] = f16(s).bits;
+  }
+  tq_pack_row(options_.bits, idx.data(), idx.size(), codes);
+}
+
+void TqRowQuantizer::quantize_gptq(const float* row, const TqGptqFactor& factor, uint8_t* codes, uint16_t* scales) const {
+  TQ_CHECK(factor.n() == cols_, "GPTQ: an inverse-Hessian factor of ", factor.n(), " columns for a row of ", cols_);
+  std::vector<float> y(row, row + cols_);  // [cols]: the row rotated, then updated by the error feedback
+  impl_->quantizer.rotation()->forward(y.data());
+  std::vector<uint8_t> idx(static_cast<size_t>(cols_));
+  tq_gptq_row(level_table(), options_.scale_fit, options_.group_size, factor, y.data(), idx.data(), scales);
+  tq_pack_row(options_.bits, idx.data(), idx.size(), codes);
 }
 
 // ------------------------------------------------------------------ rows

@@ -26,6 +26,7 @@
 
 #include "core/thread_pool.h"
 #include "ops/ops.h"
+#include "ops/tq_fit.h"
 
 namespace tq {
 class Rotation;
@@ -57,10 +58,12 @@ struct TqQuantizeOptions {
   int bits = 4;            // 2, 3 or 4
   int group_size = 64;     // 32, 64 or 128
   TqCodebook codebook = TqCodebook::lloyd_max;
-  // Rescales each group's scale so that the group's reconstruction has exactly the rotated row's L2 norm
-  // (s = ||w_g|| / ||level[codes]||, the codes chosen with the plain scale); the error then has no
-  // component that shrinks the weights on average. Off: the plain RMS (lloyd_max) or absmax (lloyd_absmax).
-  bool norm_correction = false;
+  // How each group's scale is chosen (ops/tq_fit.h). plain: the RMS (lloyd_max) or absmax (lloyd_absmax).
+  // norm_correction: rescaled so that the group's reconstruction has exactly the rotated group's L2 norm
+  // (s = ||w_g|| / ||level[codes]||, the codes chosen with the plain scale); the error then has no component
+  // that shrinks the weights on average. mse: the scale and codes of least squared error (never more error
+  // than plain or norm_correction).
+  TqScaleFit scale_fit = TqScaleFit::plain;
   uint64_t seed = 0;       // the rotation's sign seed
 };
 
@@ -75,6 +78,13 @@ class TqRowQuantizer {
   int64_t groups() const { return cols_ / options_.group_size; }
   // row [cols] floats -> codes [code_bytes()] in the row layout, scales [groups()] binary16 bits.
   void quantize(const float* row, uint8_t* codes, uint16_t* scales) const;
+  // The same with GPTQ's error feedback (ops/tq_fit.h) under `factor`, the inverse-Hessian factor of this
+  // matrix's rotated input ([cols] columns); group scales by options.scale_fit. Lazy blocks of 128 columns.
+  void quantize_gptq(const float* row, const TqGptqFactor& factor, uint8_t* codes, uint16_t* scales) const;
+  // The rotation of the columns (what the calibration rotates the inputs by) and the level table (valid while
+  // this quantizer lives).
+  const Rotation& rotation() const;
+  TqLevelTable level_table() const;
 
  private:
   struct Impl;

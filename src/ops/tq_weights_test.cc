@@ -36,7 +36,7 @@ TqMatrix make_matrix(int bits, int group, TqCodebook codebook, int64_t rows, int
   o.bits = bits;
   o.group_size = group;
   o.codebook = codebook;
-  o.norm_correction = nc;
+  o.scale_fit = nc ? TqScaleFit::norm_correction : TqScaleFit::plain;
   o.seed = seed * 7 + 1;
   const TqRowQuantizer q(cols, o);
   m.codes.resize(static_cast<size_t>(rows) * q.code_bytes());

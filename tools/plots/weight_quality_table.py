@@ -41,7 +41,9 @@ def describe(variant):
         bits, g = int(parts[0][2:]), int(parts[1][1:])
         book = "lloyd_absmax" if "absmax" in parts else "lloyd_max"
         nc = "nc" in parts
-        label = f"TQ{bits} g{g} {book}{' + norm corr.' if nc else ''}"
+        fit = " + norm corr." if nc else " + mse scale" if "mse" in parts else ""
+        gptq = " + GPTQ" if "gptq" in parts else ""
+        label = f"TQ{bits} g{g} {book}{fit}{gptq}"
         return label, bits + 16 / g, "as stored"
     return {
         "q6_k": ("Q6_K", 6.5625, "as stored (int8 activation)"),
@@ -68,8 +70,10 @@ def main():
                           if not (n.endswith(".weight") and n.split(".")[-2] in MATRICES))
         run_dir = os.path.join(out, "runs", name)
         variants = sorted(f[:-5] for f in os.listdir(run_dir) if f.endswith(".json"))
+        # Per bits and group: the older rows first (plain, then norm corrected), then the mse scale, then GPTQ.
         tq = sorted((v for v in variants if v.startswith("tq")),
-                    key=lambda v: (-int(v[2]), int(v.split("-")[1][1:]), "absmax" in v, v.endswith("-nc")))
+                    key=lambda v: (-int(v[2]), int(v.split("-")[1][1:]), "gptq" in v.split("-"), "absmax" in v,
+                                   "mse" in v.split("-"), "nc" in v.split("-")))
         kq = [v for v in ORDER_KQ if v in variants]
         base = None
         md.append(f"#### {name}: {params / 1e6:.2f} M parameters, {matrix_params / 1e6:.2f} M of them in the layer matrices\n")
