@@ -59,6 +59,27 @@ struct AttentionStats {
 // Why the fused path cannot run these shapes, or "" when it can.
 std::string fused_unsupported_reason(const KVCache& cache, const AttentionParams& params);
 
+// The int8-query scorer (KVCacheOptions::query_int8; opt-in, fused path only). The rotated query of each
+// row is rounded per key group g to q8_j = round(q_j / step_g), |q8_j| <= q_max, step_g = max_{j in g} |q_j| /
+// q_max, and the scores of the main tier's keys come from integer dot products of q8 with the keys' integer
+// levels: 8-bit uniform keys are their codes (level = code - 127, exact); 1-4 bit keys use the table
+// round(level * level_factor) (exact for uniform grids, level_factor 1). Values, the sink tier and the
+// centring means stay exact. Per score, against the exact one (y_j = the stored key, scale * level):
+//   |s_int8 - s_exact| <= sum_g [ step_g / 2 * sum_{j in g} |y_j|  +  scale_g * step_g / (2 level_factor) * sum_{j in g} |q8_j| ]
+// (the query's rounding, half a quantum per element times the key's absolute sum; then the table's).
+struct Int8QueryPlan {
+  int q_max = 0;             // bound of |q8|: kInt8QueryMaxU8Keys or kInt8QueryMaxTableKeys (attn/kernels.h)
+  float level_factor = 1.0f; // integer level = round(level * level_factor)
+  int offset = 0;            // what the kernel subtracts from every key byte (127, or kInt8LevelMax)
+  uint8_t level_bytes[16] = {};  // 1-4 bit keys: integer level + kInt8LevelMax per code
+};
+// Why a K format has no int8-query scorer ("" when it has one): TurboQuant keys of 1-4 bits (bit planes,
+// groups a multiple of 16) or 8 bits on the uniform grid, head dimension a multiple of 16.
+std::string int8_query_unsupported_reason(const RecordPlan& k, int head_dim);
+Int8QueryPlan int8_query_plan(const RecordPlan& k);  // throws for the formats above
+// q [dim] rounded per group of `group`: q8 [dim], step [dim / group] (the quantum), sum [dim / group] of q8.
+void quantize_query_int8(const float* q, int dim, int group, int q_max, int8_t* q8, float* step, int32_t* sum);
+
 void attend(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& params,
             AttentionPath path, ThreadPool& pool, AttentionStats* stats = nullptr);
 

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attn/attention.h"
 #include "attn/kernels.h"
 #include "bench.h"
 #include "core/aligned.h"
@@ -69,6 +70,12 @@ struct Block {
   std::vector<uint8_t> region, records;
   std::vector<float> q, qsum, m, l, acc;
   float k_levels[16] = {}, v_levels[16] = {};
+  // The int8-query scorer's inputs (TurboQuant keys of 1-4 or 8 bits): q rounded per key group.
+  bool has_int8 = false;
+  Int8QueryPlan q8_plan;
+  std::vector<int8_t> q8;
+  std::vector<float> q8_scale;
+  std::vector<int32_t> q8_sum;
   AlignedVector<float> scores, work;
 
   static VectorFormatSpec spec(int bits, int group) {
@@ -106,9 +113,21 @@ struct Block {
       for (int c = 0; c < (1 << kp.bits); ++c) k_levels[c] = kp.uniform ? static_cast<float>(c) - kp.uniform_max : kp.levels[c];
     if (vp.type == KVType::turboquant)
       for (int c = 0; c < (1 << vp.bits); ++c) v_levels[c] = vp.uniform ? static_cast<float>(c) - vp.uniform_max : vp.levels[c];
+    has_int8 = int8_query_unsupported_reason(kp, dim).empty();
+    if (has_int8) {
+      q8_plan = int8_query_plan(kp);
+      const int groups = dim / group;
+      q8.resize(static_cast<size_t>(rows) * dim);
+      q8_scale.resize(static_cast<size_t>(rows) * groups);
+      q8_sum.resize(q8_scale.size());
+      for (int r = 0; r < rows; ++r) {
+        quantize_query_int8(q.data() + r * dim, dim, group, q8_plan.q_max, q8.data() + r * dim, q8_scale.data() + r * groups, q8_sum.data() + r * groups);
+        for (int g = 0; g < groups; ++g) q8_scale[r * groups + g] /= q8_plan.level_factor;
+      }
+    }
   }
 
-  BlockJob job(bool score_keys) {
+  BlockJob job(bool score_keys, bool int8 = false) {
     const RecordPlan& kp = kf.plan();
     const RecordPlan& vp = vf.plan();
     BlockJob j;
@@ -152,6 +171,13 @@ struct Block {
       j.v_code_bytes = vp.code_bytes;
       j.v_levels = v_levels;
     }
+    if (int8 && score_keys) {
+      j.q8 = q8.data();
+      j.q8_scale = q8_scale.data();
+      j.q8_sum = q8_sum.data();
+      j.k_level_bytes = q8_plan.level_bytes;
+      j.k_level_offset = q8_plan.offset;
+    }
     j.m = m.data();
     j.l = l.data();
     j.acc = acc.data();
@@ -162,8 +188,8 @@ struct Block {
 
   // Seconds per call, best of 5 rounds of `iterations` calls. The state is reset each call so that the
   // softmax sees the same scores (m = 0, l = 1: no row rescales its state differently from call to call).
-  double time(bool score_keys, long iterations) {
-    const BlockJob j = job(score_keys);
+  double time(bool score_keys, long iterations, bool int8 = false) {
+    const BlockJob j = job(score_keys, int8);
     // For the values-only job the scores are those the full job computed (set once, kept by the kernel
     // only as weights: refilled every call).
     std::vector<float> given(scores.begin(), scores.end());
@@ -199,6 +225,10 @@ int run_block(const BlockArgs& a) {
     const double per = 1.0 / (spc * a.positions);
     const std::string name = kb == 16 ? "dense FP16" : "K" + std::to_string(kb) + "/V" + std::to_string(vb);
     rows.push_back({{"kv", name}, {"full", full * per}, {"keys", (full - values) * per}, {"values", values * per}});
+    if (b.has_int8) {  // the same block with the keys scored from the int8 query, right after
+      const double full8 = b.time(true, a.iterations, true);
+      rows.push_back({{"kv", name + " int8 query"}, {"full", full8 * per}, {"keys", (full8 - values) * per}, {"values", values * per}});
+    }
   }
   const std::string simd = attn_kernels::kernel_target();
   TQ_CHECK(simd == a.simd, "the kernels' SIMD target changed during the run (", a.simd, " -> ", simd, ")");
