@@ -1007,18 +1007,18 @@ void ScoreF16Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_RES
 
 // ------------------------------------------------------------------ int8-query key scores
 //
-// BlockJob::q8 (the opt-in scorer): the key bytes u_j(t) of the block (8-bit codes, or 1-4 bit codes mapped
-// to integer level + kInt8LevelMax) times the int8 query, summed exactly in int32 per key group, then
-//   s[r][t] = sum_g scale_g(t) * q8_scale[r][g] * (sum_{j in g} q8[r][j] u_j(t) - offset * q8_sum[r][g]).
+// BlockJob::q8 (the opt-in scorer): the key integer levels L_j(t) of the block (8-bit codes - 127, or 1-4 bit
+// codes mapped through the int8 level table) times the int8 query, summed exactly in int32 per key group,
+//   s[r][t] = sum_g scale_g(t) * q8_scale[r][g] * sum_{j in g} q8[r][j] L_j(t).
 // On x86 the block's key bytes are first put in quads, quads[j / 4][t][j % 4] (4 dimensions of one position
 // in a 32-bit lane, what vpmaddubsw + vpmaddwd and vpdpbusd sum), once per block for all query rows; each
-// row's 4 query bytes of those dimensions are one broadcast 32-bit word.
+// row's 4 query bytes of those dimensions are one broadcast 32-bit word. The key bytes are the levels as s8
+// (vpmaddubsw, with |q8| as its u8 operand and q8's sign moved onto the levels by vpsignb), or with VNNI the
+// levels + 128 as u8 (vpdpbusd of them and q8, then - 128 * sum(q8)); both sums are exact.
 
-// The int32 sums of one group for the scorers below, in the block's work area; the combine is the same
-// arithmetic on every target (one int32 -> float conversion per sum, then the query's and the key's scale).
-HWY_INLINE float CombineInt8(float scale, float q_scale, int32_t sum, int32_t offset_sum) {
-  return scale * (q_scale * static_cast<float>(sum - offset_sum));
-}
+// One group's combine, the same arithmetic on every target: one int32 -> float conversion per sum, then the
+// query's and the key's scales.
+HWY_INLINE float CombineInt8(float scale, float q_scale, int32_t sum) { return scale * (q_scale * static_cast<float>(sum)); }
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // 4 rows of 32 key bytes (dimensions 4m..4m+3, positions i..i+31) -> 32 quads at out (128 bytes, positions
@@ -1036,13 +1036,15 @@ HWY_INLINE void StoreQuadsOf32(const __m256i (&row)[4], uint8_t* HWY_RESTRICT ou
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), _mm256_permute2x128_si256(q2, q3, 0x31));
 }
 
-// The key bytes of dimension j, positions t0 + i .. t0 + i + 31 (kBits 8: the codes; 1-4: the codes from
-// the planes, mapped by vpshufb through the 16-entry level-byte table, held in both halves of `table`).
-// Positions past the block read the region's following bytes; their scores are never used.
+// The key bytes of dimension j, positions t0 + i .. t0 + i + 31: the integer levels (kBits 8: code - offset;
+// 1-4: the codes from the planes mapped by vpshufb through the 16-entry table held in both halves of
+// `table`), + 128 when `biased` (VNNI's u8 operand; the table is biased already). Positions past the block
+// read the region's following bytes; their scores are never used.
 template <int kBits>
-HWY_INLINE __m256i KeyBytes32(const tq::attn_kernels::BlockJob& J, int j, int i, __m256i table) {
+HWY_INLINE __m256i KeyBytes32(const tq::attn_kernels::BlockJob& J, int j, int i, __m256i table, __m256i code_offset) {
   if constexpr (kBits == 8) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(J.k_region + static_cast<size_t>(j) * J.T + J.t0 + i));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(J.k_region + static_cast<size_t>(j) * J.T + J.t0 + i));
+    return _mm256_sub_epi8(c, code_offset);
   } else {
     const size_t plane = static_cast<size_t>(J.T) / 8;
     const uint8_t* p = J.k_region + static_cast<size_t>(j) * kBits * plane + (J.t0 + i) / 8;
@@ -1063,22 +1065,26 @@ HWY_INLINE __m256i KeyBytes32(const tq::attn_kernels::BlockJob& J, int j, int i,
 
 // quads [dim / 4][n32][4] of the block's positions [0, n32).
 template <int kBits>
-HWY_INLINE void BuildKeyQuads(const tq::attn_kernels::BlockJob& J, int n32, uint8_t* HWY_RESTRICT quads) {
+HWY_INLINE void BuildKeyQuads(const tq::attn_kernels::BlockJob& J, int n32, bool biased, uint8_t* HWY_RESTRICT quads) {
+  const __m256i bias = _mm256_set1_epi8(biased ? static_cast<char>(0x80) : 0);
   __m256i table = _mm256_setzero_si256();
-  if constexpr (kBits <= 4) table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(J.k_level_bytes)));
+  if constexpr (kBits <= 4)
+    table = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(J.k_levels8))), bias);
+  // 8-bit codes: level = code - offset, + 128 when biased (mod 256: the sign bit flipped).
+  const __m256i code_offset = _mm256_xor_si256(_mm256_set1_epi8(static_cast<char>(J.k_code_offset)), bias);
   for (int m = 0; m < J.dim / 4; ++m)
     for (int i = 0; i < n32; i += 32) {
       __m256i row[4];
-      for (int k = 0; k < 4; ++k) row[k] = KeyBytes32<kBits>(J, 4 * m + k, i, table);
+      for (int k = 0; k < 4; ++k) row[k] = KeyBytes32<kBits>(J, 4 * m + k, i, table, code_offset);
       StoreQuadsOf32(row, quads + (static_cast<size_t>(m) * n32 + i) * 4);
     }
 }
 #endif
 
 #if HWY_TARGET == HWY_AVX2
-// 16 positions x kRows rows per step from the quads: per group, two vectors of 8 positions per row,
-// vpmaddubsw (u8 x s8, pairs into int16: no saturation within the bounds of kernels.h) and vpmaddwd by
-// ones (pairs into int32) per quad of dimensions, then the combine into s.
+// 16 positions x kRows rows per step from the quads (s8 levels): per group, two vectors of 8 positions per
+// row; per quad of dimensions vpsignb (q8's signs onto the levels), vpmaddubsw with |q8| (pairs into int16,
+// at most 2 * 127 * 127: no saturation) and vpmaddwd by ones (pairs into int32); then the combine into s.
 template <int kRows>
 HWY_INLINE void ScoreQuadsBy16(const tq::attn_kernels::BlockJob& J, const uint8_t* HWY_RESTRICT quads, int n32, int t,
                                const uint16_t* HWY_RESTRICT scales, float* HWY_RESTRICT s) {
@@ -1095,16 +1101,15 @@ HWY_INLINE void ScoreQuadsBy16(const tq::attn_kernels::BlockJob& J, const uint8_
       for (int r = 0; r < kRows; ++r) {
         int32_t word;
         std::memcpy(&word, q4 + static_cast<size_t>(r) * dim + 4 * m, 4);
-        const __m256i qb = _mm256_set1_epi32(word);
-        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(k0, qb), ones));
-        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(k1, qb), ones));
+        const __m256i qs = _mm256_set1_epi32(word), qa = _mm256_abs_epi8(qs);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k0, qs)), ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k1, qs)), ones));
       }
     }
     for (int v = 0; v < 2; ++v) {
       const __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + static_cast<size_t>(g) * J.T + t + 8 * v)));
       for (int r = 0; r < kRows; ++r) {
-        const int32_t off = J.k_level_offset * J.q8_sum[r * groups + g];
-        const __m256 x = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][v], _mm256_set1_epi32(off)));
+        const __m256 x = _mm256_cvtepi32_ps(acc[r][v]);
         const __m256 y = _mm256_mul_ps(sc, _mm256_mul_ps(_mm256_set1_ps(J.q8_scale[r * groups + g]), x));
         float* sr = s + r * kBlockTokens + t + 8 * v;
         _mm256_storeu_ps(sr, g == 0 ? y : _mm256_add_ps(_mm256_loadu_ps(sr), y));
@@ -1116,7 +1121,7 @@ HWY_INLINE void ScoreQuadsBy16(const tq::attn_kernels::BlockJob& J, const uint8_
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // The int32 sums of one group, kP vectors of 16 positions x kRows rows: acc[r][p] += quads . q8 over the
-// group's quads m in [m0, m1). Without VNNI: vpmaddubsw + vpmaddwd by ones + vpaddd.
+// group's quads m in [m0, m1). Without VNNI (s8 levels): vpsignb, vpmaddubsw with |q8|, vpmaddwd by ones.
 template <int kRows, int kP>
 HWY_INLINE void QuadSums512(const uint8_t* HWY_RESTRICT quads, size_t n32, int t, const uint8_t* HWY_RESTRICT q4, int dim, int m0,
                             int m1, __m512i (&acc)[kRows][kP]) {
@@ -1127,12 +1132,17 @@ HWY_INLINE void QuadSums512(const uint8_t* HWY_RESTRICT quads, size_t n32, int t
     for (int r = 0; r < kRows; ++r) {
       int32_t word;
       std::memcpy(&word, q4 + static_cast<size_t>(r) * dim + 4 * m, 4);
-      const __m512i qb = _mm512_set1_epi32(word);
-      for (int p = 0; p < kP; ++p) acc[r][p] = _mm512_add_epi32(acc[r][p], _mm512_madd_epi16(_mm512_maddubs_epi16(k[p], qb), ones));
+      const __m512i qs = _mm512_set1_epi32(word), qa = _mm512_abs_epi8(qs);
+      const __mmask64 negative = _mm512_movepi8_mask(qs);  // AVX-512 has no vpsignb: negate where q8 < 0
+      for (int p = 0; p < kP; ++p) {
+        const __m512i signed_k = _mm512_mask_sub_epi8(k[p], negative, _mm512_setzero_si512(), k[p]);
+        acc[r][p] = _mm512_add_epi32(acc[r][p], _mm512_madd_epi16(_mm512_maddubs_epi16(qa, signed_k), ones));
+      }
     }
   }
 }
-// The same sums by vpdpbusd (AVX-512 VNNI): one instruction per quad vector and row.
+// The same sums by vpdpbusd (AVX-512 VNNI) of the biased levels (u8) and q8: one instruction per quad
+// vector and row; the bias comes off in the combine.
 template <int kRows, int kP>
 __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void QuadSums512Vnni(const uint8_t* HWY_RESTRICT quads, size_t n32, int t,
                                                                           const uint8_t* HWY_RESTRICT q4, int dim, int m0, int m1,
@@ -1166,8 +1176,8 @@ HWY_INLINE void ScoreQuads512(const tq::attn_kernels::BlockJob& J, bool vnni, co
     for (int p = 0; p < kP; ++p) {
       const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + static_cast<size_t>(g) * J.T + t + 16 * p)));
       for (int r = 0; r < kRows; ++r) {
-        const int32_t off = J.k_level_offset * J.q8_sum[r * groups + g];
-        const __m512 x = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][p], _mm512_set1_epi32(off)));
+        const int32_t bias = vnni ? 128 * J.q8_sum[r * groups + g] : 0;
+        const __m512 x = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][p], _mm512_set1_epi32(bias)));
         const __m512 y = _mm512_mul_ps(sc, _mm512_mul_ps(_mm512_set1_ps(J.q8_scale[r * groups + g]), x));
         float* sr = s + r * kBlockTokens + t + 16 * p;
         _mm512_storeu_ps(sr, g == 0 ? y : _mm512_add_ps(_mm512_loadu_ps(sr), y));
@@ -1177,26 +1187,25 @@ HWY_INLINE void ScoreQuads512(const tq::attn_kernels::BlockJob& J, bool vnni, co
 }
 #endif
 
-// The key byte of dimension j, block position t, without SIMD (the targets without the quad scorers).
+// The integer level of dimension j, block position t, without SIMD (the targets without the quad scorers).
 template <int kBits>
-HWY_INLINE int KeyByteScalar(const tq::attn_kernels::BlockJob& J, int j, int t) {
+HWY_INLINE int KeyLevelScalar(const tq::attn_kernels::BlockJob& J, int j, int t) {
   if constexpr (kBits == 8) {
-    return J.k_region[static_cast<size_t>(j) * J.T + J.t0 + t];
+    return J.k_region[static_cast<size_t>(j) * J.T + J.t0 + t] - J.k_code_offset;
   } else {
     const size_t plane = static_cast<size_t>(J.T) / 8;
     const uint8_t* p = J.k_region + static_cast<size_t>(j) * kBits * plane;
     const int pos = J.t0 + t;
     int code = 0;
     for (int k = 0; k < kBits; ++k) code |= ((p[k * plane + pos / 8] >> (pos % 8)) & 1) << k;
-    return J.k_level_bytes[code];
+    return J.k_levels8[code];
   }
 }
 
 // Scores of positions [0, n16) of the block from the int8 query (see BlockJob::q8).
 template <int kBits>
 HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
-  const int dim = J.dim, group = J.k_group, groups = dim / group;
-  const size_t code_bytes = kBits == 8 ? static_cast<size_t>(dim) : J.k_plan->code_bytes;
+  const size_t code_bytes = kBits == 8 ? static_cast<size_t>(J.dim) : J.k_plan->code_bytes;
   const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * code_bytes) + J.t0;
   float* HWY_RESTRICT s = J.scores;
   PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16) + 1);
@@ -1204,8 +1213,8 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const int n32 = (n16 + 31) / 32 * 32;
   uint8_t* quads = CodeBytesArea(J.work);  // [dim / 4][n32][4]
-  BuildKeyQuads<kBits>(J, n32, quads);
 #if HWY_TARGET == HWY_AVX2
+  BuildKeyQuads<kBits>(J, n32, false, quads);
   WithRows(J.rows, [&]<int R>() {
     for (int t = 0; t < n16; t += 16) {
       slices.Next();
@@ -1214,6 +1223,7 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
   });
 #else
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  BuildKeyQuads<kBits>(J, n32, vnni, quads);
   WithRows(J.rows, [&]<int R>() {
     int t = 0;
     for (; t + 64 <= n16; t += 64) {
@@ -1227,6 +1237,7 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
   });
 #endif
 #else
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
   for (int t = 0; t < n16; t += 16) {
     slices.Next();
     for (int r = 0; r < J.rows; ++r)
@@ -1234,9 +1245,8 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
         float score = 0.0f;
         for (int g = 0; g < groups; ++g) {
           int32_t sum = 0;
-          for (int j = g * group; j < (g + 1) * group; ++j) sum += J.q8[static_cast<size_t>(r) * dim + j] * KeyByteScalar<kBits>(J, j, i);
-          score += CombineInt8(f16_bits_to_f32(scales[static_cast<size_t>(g) * J.T + i]), J.q8_scale[r * groups + g], sum,
-                               J.k_level_offset * J.q8_sum[r * groups + g]);
+          for (int j = g * group; j < (g + 1) * group; ++j) sum += J.q8[static_cast<size_t>(r) * dim + j] * KeyLevelScalar<kBits>(J, j, i);
+          score += CombineInt8(f16_bits_to_f32(scales[static_cast<size_t>(g) * J.T + i]), J.q8_scale[r * groups + g], sum);
         }
         s[r * kBlockTokens + i] = score;
       }

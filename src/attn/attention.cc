@@ -35,22 +35,22 @@ Int8QueryPlan int8_query_plan(const RecordPlan& k) {
   const std::string why = int8_query_unsupported_reason(k, k.dim);
   TQ_CHECK(why.empty(), "the int8-query scorer cannot score these keys: ", why);
   Int8QueryPlan p;
+  p.q_max = attn_kernels::kInt8QueryMax;
   if (k.bits == 8) {
-    p.q_max = attn_kernels::kInt8QueryMaxU8Keys;
-    p.offset = static_cast<int>(k.uniform_max);  // level = code - 127: the codes are the integer levels
+    p.code_offset = static_cast<int>(k.uniform_max);  // level = code - 127: the codes are the integer levels
+    p.exact_levels = true;
     return p;
   }
-  p.q_max = attn_kernels::kInt8QueryMaxTableKeys;
-  p.offset = attn_kernels::kInt8LevelMax;
   const int count = 1 << k.bits;
   float top = 0.0f;
   for (int c = 0; c < count; ++c) top = std::max(top, std::fabs(k.uniform ? static_cast<float>(c) - k.uniform_max : k.levels[c]));
   // Uniform grids (levels -7..7 at most) are integers already; Lloyd tables are scaled to +-kInt8LevelMax.
-  p.level_factor = k.uniform || top == 0.0f ? 1.0f : static_cast<float>(attn_kernels::kInt8LevelMax) / top;
+  p.exact_levels = k.uniform || top == 0.0f;
+  p.level_factor = p.exact_levels ? 1.0f : static_cast<float>(attn_kernels::kInt8LevelMax) / top;
   for (int c = 0; c < count; ++c) {
     const float level = k.uniform ? static_cast<float>(c) - k.uniform_max : k.levels[c];
     const long i = std::lrint(level * p.level_factor);
-    p.level_bytes[c] = static_cast<uint8_t>(std::clamp<long>(i, -attn_kernels::kInt8LevelMax, attn_kernels::kInt8LevelMax) + p.offset);
+    p.levels8[c] = static_cast<int8_t>(std::clamp<long>(i, -attn_kernels::kInt8LevelMax, attn_kernels::kInt8LevelMax));
   }
   return p;
 }
@@ -376,8 +376,8 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
             job.q8 = plan.q8.data() + (q8_at + r0) * dim;
             job.q8_scale = plan.q8_scale.data() + (q8_at + r0) * k_groups;
             job.q8_sum = plan.q8_sum.data() + (q8_at + r0) * k_groups;
-            job.k_level_bytes = plan.q8_plan->level_bytes;
-            job.k_level_offset = plan.q8_plan->offset;
+            job.k_levels8 = plan.q8_plan->levels8;
+            job.k_code_offset = plan.q8_plan->code_offset;
           }
           job.scores = sc;
           job.work = scratch.work.data();

@@ -60,18 +60,21 @@ struct AttentionStats {
 std::string fused_unsupported_reason(const KVCache& cache, const AttentionParams& params);
 
 // The int8-query scorer (KVCacheOptions::query_int8; opt-in, fused path only). The rotated query of each
-// row is rounded per key group g to q8_j = round(q_j / step_g), |q8_j| <= q_max, step_g = max_{j in g} |q_j| /
-// q_max, and the scores of the main tier's keys come from integer dot products of q8 with the keys' integer
+// row is rounded per key group g to q8_j = round(q_j / step_g), |q8_j| <= 127, step_g = max_{j in g} |q_j| /
+// 127, and the scores of the main tier's keys come from integer dot products of q8 with the keys' integer
 // levels: 8-bit uniform keys are their codes (level = code - 127, exact); 1-4 bit keys use the table
-// round(level * level_factor) (exact for uniform grids, level_factor 1). Values, the sink tier and the
-// centring means stay exact. Per score, against the exact one (y_j = the stored key, scale * level):
+// round(level * level_factor), level_factor = 127 / max|level| (uniform grids: their integer levels, factor
+// 1). Values, the sink tier and the centring means stay exact. Per score, against the exact one (y_j = the
+// stored key, scale_g * level):
 //   |s_int8 - s_exact| <= sum_g [ step_g / 2 * sum_{j in g} |y_j|  +  scale_g * step_g / (2 level_factor) * sum_{j in g} |q8_j| ]
-// (the query's rounding, half a quantum per element times the key's absolute sum; then the table's).
+// (the query's rounding, half a quantum per element times the key's absolute sum; then the table's, zero
+// where the levels are integers).
 struct Int8QueryPlan {
-  int q_max = 0;             // bound of |q8|: kInt8QueryMaxU8Keys or kInt8QueryMaxTableKeys (attn/kernels.h)
-  float level_factor = 1.0f; // integer level = round(level * level_factor)
-  int offset = 0;            // what the kernel subtracts from every key byte (127, or kInt8LevelMax)
-  uint8_t level_bytes[16] = {};  // 1-4 bit keys: integer level + kInt8LevelMax per code
+  int q_max = 0;              // bound of |q8| (attn_kernels::kInt8QueryMax)
+  float level_factor = 1.0f;  // integer level = round(level * level_factor)
+  bool exact_levels = false;  // the levels are integers already (8-bit codes, uniform grids)
+  int code_offset = 0;        // 8-bit keys: integer level = code - code_offset
+  int8_t levels8[16] = {};    // 1-4 bit keys: integer level per code
 };
 // Why a K format has no int8-query scorer ("" when it has one): TurboQuant keys of 1-4 bits (bit planes,
 // groups a multiple of 16) or 8 bits on the uniform grid, head dimension a multiple of 16.

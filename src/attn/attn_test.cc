@@ -792,14 +792,14 @@ TEST_P(BlockTargets, RandomConfigurationsAgree) {
 // |q_j - step q8_j| <= step / 2 (rounding to the nearest quantum) and |L_j - Li_j / F| <= 1 / (2F) (the level
 // table rounded to integers; 0 for 8-bit codes and uniform grids, which are integers already).
 
-// The key bytes' integer levels of position t0 + t of a column region (what the kernel multiplies).
+// The integer level of dimension j, column t of a region (what the kernel multiplies).
 int int8_level_of(const VectorFormat& kf, const Int8QueryPlan& plan, const uint8_t* region, int T, int t, int j) {
   const RecordPlan& kp = kf.plan();
-  if (kp.bits == 8) return region[static_cast<size_t>(j) * T + t] - plan.offset;
+  if (kp.bits == 8) return region[static_cast<size_t>(j) * T + t] - plan.code_offset;
   const size_t plane = static_cast<size_t>(T) / 8;
   int code = 0;
   for (int k = 0; k < kp.bits; ++k) code |= ((region[(static_cast<size_t>(j) * kp.bits + k) * plane + t / 8] >> (t % 8)) & 1) << k;
-  return plan.level_bytes[code] - plan.offset;
+  return plan.levels8[code];
 }
 float column_scale(const VectorFormat& kf, const uint8_t* region, int T, int t, int g) {
   uint16_t h;
@@ -830,7 +830,7 @@ Int8Score int8_score(const VectorFormat& kf, const Int8QueryPlan& plan, const ui
       abs_q8 += std::abs(q8[j]);
     }
     s.int8 += scale * step[g] / plan.level_factor * static_cast<double>(dot);
-    s.bound += step[g] / 2 * abs_y + (plan.level_factor == 1.0f && (kf.plan().bits == 8 || kf.plan().uniform) ? 0.0 : scale * step[g] / (2 * plan.level_factor) * abs_q8);
+    s.bound += step[g] / 2 * abs_y + (plan.exact_levels ? 0.0 : scale * step[g] / (2 * plan.level_factor) * abs_q8);
   }
   return s;
 }
@@ -932,8 +932,8 @@ TEST_P(BlockTargets, Int8QueryScoresFollowTheirFormulaAndBound) {
           job.q8 = q8.data();
           job.q8_scale = q8_scale.data();
           job.q8_sum = q8_sum.data();
-          job.k_level_bytes = plan.level_bytes;
-          job.k_level_offset = plan.offset;
+          job.k_levels8 = plan.levels8;
+          job.k_code_offset = plan.code_offset;
           job.k_region = region.data();
           job.T = T;
           job.t0 = t0;

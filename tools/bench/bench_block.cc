@@ -175,8 +175,8 @@ struct Block {
       j.q8 = q8.data();
       j.q8_scale = q8_scale.data();
       j.q8_sum = q8_sum.data();
-      j.k_level_bytes = q8_plan.level_bytes;
-      j.k_level_offset = q8_plan.offset;
+      j.k_levels8 = q8_plan.levels8;
+      j.k_code_offset = q8_plan.code_offset;
     }
     j.m = m.data();
     j.l = l.data();
@@ -186,23 +186,27 @@ struct Block {
     return j;
   }
 
-  // Seconds per call, best of 5 rounds of `iterations` calls. The state is reset each call so that the
-  // softmax sees the same scores (m = 0, l = 1: no row rescales its state differently from call to call).
-  double time(bool score_keys, long iterations, bool int8 = false) {
-    const BlockJob j = job(score_keys, int8);
-    // For the values-only job the scores are those the full job computed (set once, kept by the kernel
-    // only as weights: refilled every call).
+  // Seconds per call of each job (full, values only, and full with the int8 query when the keys have it),
+  // best of 5 rounds of `iterations` calls, the jobs' rounds alternated so that a shared machine's load
+  // moves them alike. The state is reset each call so that the softmax sees the same scores (m = 0, l = 1:
+  // no row rescales its state differently from call to call); the values-only job's scores are those in
+  // the buffer after the warm-up (refilled every call, in every job, so that the difference drops it).
+  std::vector<double> time(long iterations) {
+    std::vector<BlockJob> jobs = {job(true), job(false)};
+    if (has_int8) jobs.push_back(job(true, true));
+    for (long i = 0; i < iterations / 10; ++i) attn_kernels::attend_block(jobs[0]);  // warm-up
     std::vector<float> given(scores.begin(), scores.end());
-    double best = 1e9;
-    for (int round = 0; round < 5; ++round) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (long i = 0; i < iterations; ++i) {
-        std::fill(m.begin(), m.end(), 0.0f);
-        std::copy(given.begin(), given.end(), scores.begin());  // in both jobs, so that the difference drops it
-        attn_kernels::attend_block(j);
+    std::vector<double> best(jobs.size(), 1e9);
+    for (int round = 0; round < 5; ++round)
+      for (size_t k = 0; k < jobs.size(); ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (long i = 0; i < iterations; ++i) {
+          std::fill(m.begin(), m.end(), 0.0f);
+          std::copy(given.begin(), given.end(), scores.begin());
+          attn_kernels::attend_block(jobs[k]);
+        }
+        best[k] = std::min(best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations);
       }
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations);
-    }
     return best;
   }
 };
@@ -220,15 +224,13 @@ int run_block(const BlockArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [kb, vb] : pairs) {
     Block b(a.dim, a.rows, a.positions, a.group_size, kb, vb, rng);
-    b.time(true, a.iterations / 10);  // warm-up; also fills b.scores for the values-only job
-    const double full = b.time(true, a.iterations), values = b.time(false, a.iterations);
+    const std::vector<double> t = b.time(a.iterations);
+    const double full = t[0], values = t[1];
     const double per = 1.0 / (spc * a.positions);
     const std::string name = kb == 16 ? "dense FP16" : "K" + std::to_string(kb) + "/V" + std::to_string(vb);
     rows.push_back({{"kv", name}, {"full", full * per}, {"keys", (full - values) * per}, {"values", values * per}});
-    if (b.has_int8) {  // the same block with the keys scored from the int8 query, right after
-      const double full8 = b.time(true, a.iterations, true);
-      rows.push_back({{"kv", name + " int8 query"}, {"full", full8 * per}, {"keys", (full8 - values) * per}, {"values", values * per}});
-    }
+    if (b.has_int8)  // the same block with the keys scored from the int8 query
+      rows.push_back({{"kv", name + " int8 query"}, {"full", t[2] * per}, {"keys", (t[2] - values) * per}, {"values", values * per}});
   }
   const std::string simd = attn_kernels::kernel_target();
   TQ_CHECK(simd == a.simd, "the kernels' SIMD target changed during the run (", a.simd, " -> ", simd, ")");
