@@ -1065,19 +1065,22 @@ HWY_INLINE __m256i KeyBytes32(const tq::attn_kernels::BlockJob& J, int j, int i,
 
 // quads [dim / 4][n32][4] of the block's positions [0, n32).
 template <int kBits>
-HWY_INLINE void BuildKeyQuads(const tq::attn_kernels::BlockJob& J, int n32, bool biased, uint8_t* HWY_RESTRICT quads) {
+HWY_INLINE void BuildKeyQuads(const tq::attn_kernels::BlockJob& J, int n32, bool biased, uint8_t* HWY_RESTRICT quads,
+                              PrefetchSlices& slices) {
   const __m256i bias = _mm256_set1_epi8(biased ? static_cast<char>(0x80) : 0);
   __m256i table = _mm256_setzero_si256();
   if constexpr (kBits <= 4)
     table = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(J.k_levels8))), bias);
   // 8-bit codes: level = code - offset, + 128 when biased (mod 256: the sign bit flipped).
   const __m256i code_offset = _mm256_xor_si256(_mm256_set1_epi8(static_cast<char>(J.k_code_offset)), bias);
-  for (int m = 0; m < J.dim / 4; ++m)
+  for (int m = 0; m < J.dim / 4; ++m) {
+    slices.Next();  // the next block's keys, a slice per quad of dimensions (this phase reads the keys)
     for (int i = 0; i < n32; i += 32) {
       __m256i row[4];
       for (int k = 0; k < 4; ++k) row[k] = KeyBytes32<kBits>(J, 4 * m + k, i, table, code_offset);
       StoreQuadsOf32(row, quads + (static_cast<size_t>(m) * n32 + i) * 4);
     }
+  }
 }
 #endif
 
@@ -1208,13 +1211,12 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
   const size_t code_bytes = kBits == 8 ? static_cast<size_t>(J.dim) : J.k_plan->code_bytes;
   const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * code_bytes) + J.t0;
   float* HWY_RESTRICT s = J.scores;
-  PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16) + 1);
-  slices.Next();
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  PrefetchSlices slices(pf, static_cast<size_t>(J.dim / 4 + n16 / 16));
   const int n32 = (n16 + 31) / 32 * 32;
   uint8_t* quads = CodeBytesArea(J.work);  // [dim / 4][n32][4]
 #if HWY_TARGET == HWY_AVX2
-  BuildKeyQuads<kBits>(J, n32, false, quads);
+  BuildKeyQuads<kBits>(J, n32, false, quads, slices);
   WithRows(J.rows, [&]<int R>() {
     for (int t = 0; t < n16; t += 16) {
       slices.Next();
@@ -1223,7 +1225,7 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
   });
 #else
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
-  BuildKeyQuads<kBits>(J, n32, vnni, quads);
+  BuildKeyQuads<kBits>(J, n32, vnni, quads, slices);
   WithRows(J.rows, [&]<int R>() {
     int t = 0;
     for (; t + 64 <= n16; t += 64) {
@@ -1237,6 +1239,7 @@ HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, con
   });
 #endif
 #else
+  PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16));
   const int dim = J.dim, group = J.k_group, groups = dim / group;
   for (int t = 0; t < n16; t += 16) {
     slices.Next();
