@@ -22,6 +22,7 @@
 #endif
 
 #include "attn/kernels.h"
+#include "core/half.h"
 #include "kv/plane_codes-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -1004,6 +1005,258 @@ void ScoreF16Float64(const tq::attn_kernels::BlockJob& J, int t0, float* HWY_RES
 }
 #endif
 
+// ------------------------------------------------------------------ int8-query key scores
+//
+// BlockJob::q8 (the opt-in scorer): the key integer levels L_j(t) of the block (8-bit codes - 127, or 1-4 bit
+// codes mapped through the int8 level table) times the int8 query, summed exactly in int32 per key group,
+//   s[r][t] = sum_g scale_g(t) * q8_scale[r][g] * sum_{j in g} q8[r][j] L_j(t).
+// On x86 the block's key bytes are first put in quads, quads[j / 4][t][j % 4] (4 dimensions of one position
+// in a 32-bit lane, what vpmaddubsw + vpmaddwd and vpdpbusd sum), once per block for all query rows; each
+// row's 4 query bytes of those dimensions are one broadcast 32-bit word. The key bytes are the levels as s8
+// (vpmaddubsw, with |q8| as its u8 operand and q8's sign moved onto the levels by vpsignb), or with VNNI the
+// levels + 128 as u8 (vpdpbusd of them and q8, then - 128 * sum(q8)); both sums are exact.
+
+// One group's combine, the same arithmetic on every target: one int32 -> float conversion per sum, then the
+// query's and the key's scales.
+HWY_INLINE float CombineInt8(float scale, float q_scale, int32_t sum) { return scale * (q_scale * static_cast<float>(sum)); }
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// 4 rows of 32 key bytes (dimensions 4m..4m+3, positions i..i+31) -> 32 quads at out (128 bytes, positions
+// in order). The byte and word interleaves work within 128-bit halves; the last step puts the halves in order.
+HWY_INLINE void StoreQuadsOf32(const __m256i (&row)[4], uint8_t* HWY_RESTRICT out) {
+  const __m256i ab_lo = _mm256_unpacklo_epi8(row[0], row[1]), ab_hi = _mm256_unpackhi_epi8(row[0], row[1]);
+  const __m256i cd_lo = _mm256_unpacklo_epi8(row[2], row[3]), cd_hi = _mm256_unpackhi_epi8(row[2], row[3]);
+  const __m256i q0 = _mm256_unpacklo_epi16(ab_lo, cd_lo);  // positions 0-3 | 16-19
+  const __m256i q1 = _mm256_unpackhi_epi16(ab_lo, cd_lo);  // 4-7 | 20-23
+  const __m256i q2 = _mm256_unpacklo_epi16(ab_hi, cd_hi);  // 8-11 | 24-27
+  const __m256i q3 = _mm256_unpackhi_epi16(ab_hi, cd_hi);  // 12-15 | 28-31
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(q0, q1, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_permute2x128_si256(q2, q3, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), _mm256_permute2x128_si256(q0, q1, 0x31));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 96), _mm256_permute2x128_si256(q2, q3, 0x31));
+}
+
+// The key bytes of dimension j, positions t0 + i .. t0 + i + 31: the integer levels (kBits 8: code - offset;
+// 1-4: the codes from the planes mapped by vpshufb through the 16-entry table held in both halves of
+// `table`), + 128 when `biased` (VNNI's u8 operand; the table is biased already). Positions past the block
+// read the region's following bytes; their scores are never used.
+template <int kBits>
+HWY_INLINE __m256i KeyBytes32(const tq::attn_kernels::BlockJob& J, int j, int i, __m256i table, __m256i code_offset) {
+  if constexpr (kBits == 8) {
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(J.k_region + static_cast<size_t>(j) * J.T + J.t0 + i));
+    return _mm256_sub_epi8(c, code_offset);
+  } else {
+    const size_t plane = static_cast<size_t>(J.T) / 8;
+    const uint8_t* p = J.k_region + static_cast<size_t>(j) * kBits * plane + (J.t0 + i) / 8;
+#if HWY_TARGET == HWY_AVX2
+    const __m256i code = PlaneCodeBytes32<kBits>(p, plane);
+#else
+    // AVX-512 BW/VL: plane k's 32 bits are a byte mask; each adds 1 << k to its bytes.
+    __m256i code = _mm256_setzero_si256();
+    for (int k = 0; k < kBits; ++k) {
+      uint32_t bits;
+      std::memcpy(&bits, p + k * plane, 4);
+      code = _mm256_mask_add_epi8(code, static_cast<__mmask32>(bits), code, _mm256_set1_epi8(static_cast<char>(1 << k)));
+    }
+#endif
+    return _mm256_shuffle_epi8(table, code);
+  }
+}
+
+// quads [dim / 4][n32][4] of the block's positions [0, n32).
+template <int kBits>
+HWY_INLINE void BuildKeyQuads(const tq::attn_kernels::BlockJob& J, int n32, bool biased, uint8_t* HWY_RESTRICT quads,
+                              PrefetchSlices& slices) {
+  const __m256i bias = _mm256_set1_epi8(biased ? static_cast<char>(0x80) : 0);
+  __m256i table = _mm256_setzero_si256();
+  if constexpr (kBits <= 4)
+    table = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(J.k_levels8))), bias);
+  // 8-bit codes: level = code - offset, + 128 when biased (mod 256: the sign bit flipped).
+  const __m256i code_offset = _mm256_xor_si256(_mm256_set1_epi8(static_cast<char>(J.k_code_offset)), bias);
+  for (int m = 0; m < J.dim / 4; ++m) {
+    slices.Next();  // the next block's keys, a slice per quad of dimensions (this phase reads the keys)
+    for (int i = 0; i < n32; i += 32) {
+      __m256i row[4];
+      for (int k = 0; k < 4; ++k) row[k] = KeyBytes32<kBits>(J, 4 * m + k, i, table, code_offset);
+      StoreQuadsOf32(row, quads + (static_cast<size_t>(m) * n32 + i) * 4);
+    }
+  }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX2
+// 16 positions x kRows rows per step from the quads (s8 levels): per group, two vectors of 8 positions per
+// row; per quad of dimensions vpsignb (q8's signs onto the levels), vpmaddubsw with |q8| (pairs into int16,
+// at most 2 * 127 * 127: no saturation) and vpmaddwd by ones (pairs into int32); then the combine into s.
+template <int kRows>
+HWY_INLINE void ScoreQuadsBy16(const tq::attn_kernels::BlockJob& J, const uint8_t* HWY_RESTRICT quads, int n32, int t,
+                               const uint16_t* HWY_RESTRICT scales, float* HWY_RESTRICT s) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  const auto* q4 = reinterpret_cast<const uint8_t*>(J.q8);  // [rows][dim]: 4 bytes per quad
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int g = 0; g < groups; ++g) {
+    __m256i acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int m = g * group / 4; m < (g + 1) * group / 4; ++m) {
+      const uint8_t* at = quads + (static_cast<size_t>(m) * n32 + t) * 4;
+      const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+      const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32));
+      for (int r = 0; r < kRows; ++r) {
+        int32_t word;
+        std::memcpy(&word, q4 + static_cast<size_t>(r) * dim + 4 * m, 4);
+        const __m256i qs = _mm256_set1_epi32(word), qa = _mm256_abs_epi8(qs);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k0, qs)), ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k1, qs)), ones));
+      }
+    }
+    for (int v = 0; v < 2; ++v) {
+      const __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + static_cast<size_t>(g) * J.T + t + 8 * v)));
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 x = _mm256_cvtepi32_ps(acc[r][v]);
+        const __m256 y = _mm256_mul_ps(sc, _mm256_mul_ps(_mm256_set1_ps(J.q8_scale[r * groups + g]), x));
+        float* sr = s + r * kBlockTokens + t + 8 * v;
+        _mm256_storeu_ps(sr, g == 0 ? y : _mm256_add_ps(_mm256_loadu_ps(sr), y));
+      }
+    }
+  }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The int32 sums of one group, kP vectors of 16 positions x kRows rows: acc[r][p] += quads . q8 over the
+// group's quads m in [m0, m1). Without VNNI (s8 levels): vpsignb, vpmaddubsw with |q8|, vpmaddwd by ones.
+template <int kRows, int kP>
+HWY_INLINE void QuadSums512(const uint8_t* HWY_RESTRICT quads, size_t n32, int t, const uint8_t* HWY_RESTRICT q4, int dim, int m0,
+                            int m1, __m512i (&acc)[kRows][kP]) {
+  const __m512i ones = _mm512_set1_epi16(1);
+  for (int m = m0; m < m1; ++m) {
+    __m512i k[kP];
+    for (int p = 0; p < kP; ++p) k[p] = _mm512_loadu_si512(quads + (static_cast<size_t>(m) * n32 + t + 16 * p) * 4);
+    for (int r = 0; r < kRows; ++r) {
+      int32_t word;
+      std::memcpy(&word, q4 + static_cast<size_t>(r) * dim + 4 * m, 4);
+      const __m512i qs = _mm512_set1_epi32(word), qa = _mm512_abs_epi8(qs);
+      const __mmask64 negative = _mm512_movepi8_mask(qs);  // AVX-512 has no vpsignb: negate where q8 < 0
+      for (int p = 0; p < kP; ++p) {
+        const __m512i signed_k = _mm512_mask_sub_epi8(k[p], negative, _mm512_setzero_si512(), k[p]);
+        acc[r][p] = _mm512_add_epi32(acc[r][p], _mm512_madd_epi16(_mm512_maddubs_epi16(qa, signed_k), ones));
+      }
+    }
+  }
+}
+// The same sums by vpdpbusd (AVX-512 VNNI) of the biased levels (u8) and q8: one instruction per quad
+// vector and row; the bias comes off in the combine.
+template <int kRows, int kP>
+__attribute__((target(HWY_TARGET_STR ",avx512vnni"))) void QuadSums512Vnni(const uint8_t* HWY_RESTRICT quads, size_t n32, int t,
+                                                                          const uint8_t* HWY_RESTRICT q4, int dim, int m0, int m1,
+                                                                          __m512i (&acc)[kRows][kP]) {
+  for (int m = m0; m < m1; ++m) {
+    __m512i k[kP];
+    for (int p = 0; p < kP; ++p) k[p] = _mm512_loadu_si512(quads + (static_cast<size_t>(m) * n32 + t + 16 * p) * 4);
+    for (int r = 0; r < kRows; ++r) {
+      int32_t word;
+      std::memcpy(&word, q4 + static_cast<size_t>(r) * dim + 4 * m, 4);
+      const __m512i qb = _mm512_set1_epi32(word);
+      for (int p = 0; p < kP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], k[p], qb);
+    }
+  }
+}
+
+// 16 * kP positions x kRows rows from the quads, group by group, into s.
+template <int kRows, int kP>
+HWY_INLINE void ScoreQuads512(const tq::attn_kernels::BlockJob& J, bool vnni, const uint8_t* HWY_RESTRICT quads, int n32, int t,
+                              const uint16_t* HWY_RESTRICT scales, float* HWY_RESTRICT s) {
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  const auto* q4 = reinterpret_cast<const uint8_t*>(J.q8);
+  for (int g = 0; g < groups; ++g) {
+    __m512i acc[kRows][kP];
+    for (int r = 0; r < kRows; ++r)
+      for (int p = 0; p < kP; ++p) acc[r][p] = _mm512_setzero_si512();
+    if (vnni)
+      QuadSums512Vnni<kRows, kP>(quads, static_cast<size_t>(n32), t, q4, dim, g * group / 4, (g + 1) * group / 4, acc);
+    else
+      QuadSums512<kRows, kP>(quads, static_cast<size_t>(n32), t, q4, dim, g * group / 4, (g + 1) * group / 4, acc);
+    for (int p = 0; p < kP; ++p) {
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + static_cast<size_t>(g) * J.T + t + 16 * p)));
+      for (int r = 0; r < kRows; ++r) {
+        const int32_t bias = vnni ? 128 * J.q8_sum[r * groups + g] : 0;
+        const __m512 x = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][p], _mm512_set1_epi32(bias)));
+        const __m512 y = _mm512_mul_ps(sc, _mm512_mul_ps(_mm512_set1_ps(J.q8_scale[r * groups + g]), x));
+        float* sr = s + r * kBlockTokens + t + 16 * p;
+        _mm512_storeu_ps(sr, g == 0 ? y : _mm512_add_ps(_mm512_loadu_ps(sr), y));
+      }
+    }
+  }
+}
+#endif
+
+// The integer level of dimension j, block position t, without SIMD (the targets without the quad scorers).
+template <int kBits>
+HWY_INLINE int KeyLevelScalar(const tq::attn_kernels::BlockJob& J, int j, int t) {
+  if constexpr (kBits == 8) {
+    return J.k_region[static_cast<size_t>(j) * J.T + J.t0 + t] - J.k_code_offset;
+  } else {
+    const size_t plane = static_cast<size_t>(J.T) / 8;
+    const uint8_t* p = J.k_region + static_cast<size_t>(j) * kBits * plane;
+    const int pos = J.t0 + t;
+    int code = 0;
+    for (int k = 0; k < kBits; ++k) code |= ((p[k * plane + pos / 8] >> (pos % 8)) & 1) << k;
+    return J.k_levels8[code];
+  }
+}
+
+// Scores of positions [0, n16) of the block from the int8 query (see BlockJob::q8).
+template <int kBits>
+HWY_INLINE void ScoreInt8Query(const tq::attn_kernels::BlockJob& J, int n16, const Prefetch& pf) {
+  const size_t code_bytes = kBits == 8 ? static_cast<size_t>(J.dim) : J.k_plan->code_bytes;
+  const auto* scales = reinterpret_cast<const uint16_t*>(J.k_region + static_cast<size_t>(J.T) * code_bytes) + J.t0;
+  float* HWY_RESTRICT s = J.scores;
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  PrefetchSlices slices(pf, static_cast<size_t>(J.dim / 4 + n16 / 16));
+  const int n32 = (n16 + 31) / 32 * 32;
+  uint8_t* quads = CodeBytesArea(J.work);  // [dim / 4][n32][4]
+#if HWY_TARGET == HWY_AVX2
+  BuildKeyQuads<kBits>(J, n32, false, quads, slices);
+  WithRows(J.rows, [&]<int R>() {
+    for (int t = 0; t < n16; t += 16) {
+      slices.Next();
+      ScoreQuadsBy16<R>(J, quads, n32, t, scales, s);
+    }
+  });
+#else
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  BuildKeyQuads<kBits>(J, n32, vnni, quads, slices);
+  WithRows(J.rows, [&]<int R>() {
+    int t = 0;
+    for (; t + 64 <= n16; t += 64) {
+      for (int i = 0; i < 4; ++i) slices.Next();
+      ScoreQuads512<R, 4>(J, vnni, quads, n32, t, scales, s);
+    }
+    for (; t < n16; t += 16) {
+      slices.Next();
+      ScoreQuads512<R, 1>(J, vnni, quads, n32, t, scales, s);
+    }
+  });
+#endif
+#else
+  PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16));
+  const int dim = J.dim, group = J.k_group, groups = dim / group;
+  for (int t = 0; t < n16; t += 16) {
+    slices.Next();
+    for (int r = 0; r < J.rows; ++r)
+      for (int i = t; i < t + 16; ++i) {
+        float score = 0.0f;
+        for (int g = 0; g < groups; ++g) {
+          int32_t sum = 0;
+          for (int j = g * group; j < (g + 1) * group; ++j) sum += J.q8[static_cast<size_t>(r) * dim + j] * KeyLevelScalar<kBits>(J, j, i);
+          score += CombineInt8(f16_bits_to_f32(scales[static_cast<size_t>(g) * J.T + i]), J.q8_scale[r * groups + g], sum);
+        }
+        s[r * kBlockTokens + i] = score;
+      }
+  }
+#endif
+}
+
 // The online-softmax update of a block's rows (scores s [kBlockRows][kBlockTokens], positions [0, n16)):
 // masks what each row must not see, p = exp(s - m_new) in place, alpha[r] = exp(m_old - m_new), and
 // m, l (and the other domain's accumulators) updated. The rows are independent chains (maximum,
@@ -1112,7 +1365,16 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
   const Prefetch during_keys{J.prefetch_k, J.prefetch_k_bytes}, during_values{J.prefetch_v, J.prefetch_v_bytes};
 
   // 1. Scores of positions [0, n16) (column regions hold zeros past the filled positions).
-  if (J.keys == BlockKeys::u8_columns) {
+  if (J.q8 != nullptr && J.keys == BlockKeys::u8_columns) {
+    ScoreInt8Query<8>(J, n16, during_keys);
+  } else if (J.q8 != nullptr && J.keys == BlockKeys::tq_columns) {
+    switch (J.k_plan->bits) {
+      case 1: ScoreInt8Query<1>(J, n16, during_keys); break;
+      case 2: ScoreInt8Query<2>(J, n16, during_keys); break;
+      case 3: ScoreInt8Query<3>(J, n16, during_keys); break;
+      default: ScoreInt8Query<4>(J, n16, during_keys); break;
+    }
+  } else if (J.keys == BlockKeys::u8_columns) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
     if (Whole64s(J, n16) && J.qsum != nullptr) {
       ScoreBy64(J, n16, during_keys, [&]<int R>(int t0, float* scores, PrefetchSlices& slices) { ScoreU8Float64<R>(J, t0, scores, slices); });

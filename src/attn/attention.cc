@@ -22,6 +22,55 @@ std::string to_string(AttentionPath p) {
   return "?";
 }
 
+std::string int8_query_unsupported_reason(const RecordPlan& k, int head_dim) {
+  if (k.type != KVType::turboquant) return "the keys are not TurboQuant";
+  if (head_dim % 16 != 0) return "the head dimension is not a multiple of 16";
+  if (k.bits == 8) return k.uniform && k.uniform_max <= 127 ? "" : "8-bit keys not on the uniform grid";
+  if (k.bits > 4) return "keys of " + std::to_string(k.bits) + " bits (the int8 query scores keys of 1-4 or 8 bits)";
+  if (k.layout != PackLayout::planes || k.group_size % 16 != 0) return "keys not in bit planes with groups of a multiple of 16";
+  return "";
+}
+
+Int8QueryPlan int8_query_plan(const RecordPlan& k) {
+  const std::string why = int8_query_unsupported_reason(k, k.dim);
+  TQ_CHECK(why.empty(), "the int8-query scorer cannot score these keys: ", why);
+  Int8QueryPlan p;
+  p.q_max = attn_kernels::kInt8QueryMax;
+  if (k.bits == 8) {
+    p.code_offset = static_cast<int>(k.uniform_max);  // level = code - 127: the codes are the integer levels
+    p.exact_levels = true;
+    return p;
+  }
+  const int count = 1 << k.bits;
+  float top = 0.0f;
+  for (int c = 0; c < count; ++c) top = std::max(top, std::fabs(k.uniform ? static_cast<float>(c) - k.uniform_max : k.levels[c]));
+  // Uniform grids (levels -7..7 at most) are integers already; Lloyd tables are scaled to +-kInt8LevelMax.
+  p.exact_levels = k.uniform || top == 0.0f;
+  p.level_factor = p.exact_levels ? 1.0f : static_cast<float>(attn_kernels::kInt8LevelMax) / top;
+  for (int c = 0; c < count; ++c) {
+    const float level = k.uniform ? static_cast<float>(c) - k.uniform_max : k.levels[c];
+    const long i = std::lrint(level * p.level_factor);
+    p.levels8[c] = static_cast<int8_t>(std::clamp<long>(i, -attn_kernels::kInt8LevelMax, attn_kernels::kInt8LevelMax));
+  }
+  return p;
+}
+
+void quantize_query_int8(const float* q, int dim, int group, int q_max, int8_t* q8, float* step, int32_t* sum) {
+  for (int g = 0; g < dim / group; ++g) {
+    float top = 0.0f;
+    for (int j = g * group; j < (g + 1) * group; ++j) top = std::max(top, std::fabs(q[j]));
+    const float quantum = top / static_cast<float>(q_max);
+    int32_t total = 0;
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      const long i = quantum > 0.0f ? std::clamp<long>(std::lrint(q[j] / quantum), -q_max, q_max) : 0;
+      q8[j] = static_cast<int8_t>(i);
+      total += static_cast<int32_t>(i);
+    }
+    step[g] = quantum;
+    sum[g] = total;
+  }
+}
+
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -201,6 +250,12 @@ struct RequestPlan {
   int total = 0;                       // positions held
   AlignedVector<float> q_orig, q_rot;  // [n_kv][rows][dim], scaled by the softmax scale
   std::vector<float> q_orig_sum, q_rot_sum;  // [n_kv][rows][dim / group]: sums over K groups (K8 scoring)
+  // The int8-query scorer (empty when off): the main K format's query rounded per K group.
+  const VectorFormat* q8_format = nullptr;  // the K format it scores (the main tier's)
+  const Int8QueryPlan* q8_plan = nullptr;
+  std::vector<int8_t> q8;                   // [n_kv][rows][dim]
+  std::vector<float> q8_scale;              // [n_kv][rows][dim / group]: quantum / level factor
+  std::vector<int32_t> q8_sum;              // [n_kv][rows][dim / group]
 };
 
 struct Scratch {
@@ -285,6 +340,9 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
       const float* q_all = (g.k_format->rotated() ? plan.q_rot : plan.q_orig).data() + static_cast<size_t>(h) * rows * dim;
       const std::vector<float>& qsums = g.k_format->rotated() ? plan.q_rot_sum : plan.q_orig_sum;
       const float* qsum_all = u8 && !qsums.empty() ? qsums.data() + static_cast<size_t>(h) * rows * k_groups : nullptr;
+      // The int8 query scores the main tier's TurboQuant keys (the sink tier's FP16 keys stay exact).
+      const bool int8 = plan.q8_format == g.k_format && (u8 || tq_columns);
+      const size_t q8_at = static_cast<size_t>(h) * rows;
       float* acc_all = g.v_format->rotated() ? st.acc_rot.data() : st.acc_orig.data();
       float* acc_other_all = g.v_format->rotated() ? st.acc_orig.data() : st.acc_rot.data();
       for (int c0 = 0; c0 < g.n_tokens; c0 += kBlockTokens) {
@@ -314,6 +372,13 @@ void run_item(const WorkItem& item, const RequestPlan& plan, const AttentionRequ
           if (!any) continue;
           const float* q = q_all + static_cast<size_t>(r0) * dim;
           job.q = q;
+          if (int8) {
+            job.q8 = plan.q8.data() + (q8_at + r0) * dim;
+            job.q8_scale = plan.q8_scale.data() + (q8_at + r0) * k_groups;
+            job.q8_sum = plan.q8_sum.data() + (q8_at + r0) * k_groups;
+            job.k_levels8 = plan.q8_plan->levels8;
+            job.k_code_offset = plan.q8_plan->code_offset;
+          }
           job.scores = sc;
           job.work = scratch.work.data();
           if (u8) {
@@ -409,6 +474,10 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
   const Rotation* k_rot = cache.k_format().rotation();
   const Rotation* v_rot = cache.v_format().rotation();
   thread_local FusedWorkspace ws;
+  // The int8-query scorer's plan of the main K format (checked in attend()).
+  const bool int8 = cache.options().query_int8;
+  Int8QueryPlan q8_plan;
+  if (int8) q8_plan = int8_query_plan(cache.k_format().plan());
 
   // Per request: its segments and the queries, scaled, in both domains.
   std::vector<RequestPlan>& plans = ws.plans;
@@ -420,6 +489,8 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
     plan.total = 0;
     plan.q_orig_sum.clear();
     plan.q_rot_sum.clear();
+    plan.q8_format = nullptr;
+    plan.q8_plan = nullptr;
     cache.segments(r.seq, plan.segs);
     for (const auto& g : plan.segs) plan.total += g.n_tokens;
     const int rows = r.n_q * s.group;
@@ -447,6 +518,22 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
           for (int j = gi * kg; j < (gi + 1) * kg; ++j) sum += qv[row * dim + j];
           out[row * groups + gi] = sum;
         }
+    }
+    if (int8) {
+      // The query of the main K format's domain rounded per K group (the level factor folded into the scale).
+      const int kg = main_k.group_size, groups = dim / kg;
+      const size_t n_rows = static_cast<size_t>(s.n_kv) * rows;
+      const AlignedVector<float>& qv = cache.k_format().rotated() ? plan.q_rot : plan.q_orig;
+      plan.q8.resize(n_rows * dim);
+      plan.q8_scale.resize(n_rows * groups);
+      plan.q8_sum.resize(n_rows * groups);
+      for (size_t row = 0; row < n_rows; ++row) {
+        quantize_query_int8(qv.data() + row * dim, dim, kg, q8_plan.q_max, plan.q8.data() + row * dim, plan.q8_scale.data() + row * groups,
+                            plan.q8_sum.data() + row * groups);
+        for (int gi = 0; gi < groups; ++gi) plan.q8_scale[row * groups + gi] /= q8_plan.level_factor;
+      }
+      plan.q8_format = &cache.k_format();
+      plan.q8_plan = &q8_plan;
     }
   }
 
@@ -594,6 +681,15 @@ void attend(const KVCache& cache, std::span<const AttentionRequest> given, const
   }
   const std::span<const AttentionRequest> requests(resolved);
   const Shape s = check_and_shape(cache, requests, params);
+  if (cache.options().query_int8) {
+    // Never silently exact: a cache that asks for the int8 query gets it, or an error. (The reference path,
+    // the tests' ground truth, still computes the exact attention of any cache.)
+    TQ_CHECK(path != AttentionPath::standard, "the int8-query scorer is part of the fused attention; this call asked for the standard path");
+    const std::string why = int8_query_unsupported_reason(cache.k_format().plan(), cache.head_dim());
+    TQ_CHECK(why.empty(), "the int8-query scorer cannot score this cache's keys (", cache.k_format().describe(), "): ", why);
+    TQ_CHECK(fused_unsupported_reason(cache, params).empty(), "the int8-query scorer needs the fused path, which cannot run: ",
+             fused_unsupported_reason(cache, params));
+  }
   if (path == AttentionPath::fused) {
     const std::string why = fused_unsupported_reason(cache, params);
     if (why.empty()) {

@@ -59,6 +59,30 @@ struct AttentionStats {
 // Why the fused path cannot run these shapes, or "" when it can.
 std::string fused_unsupported_reason(const KVCache& cache, const AttentionParams& params);
 
+// The int8-query scorer (KVCacheOptions::query_int8; opt-in, fused path only). The rotated query of each
+// row is rounded per key group g to q8_j = round(q_j / step_g), |q8_j| <= 127, step_g = max_{j in g} |q_j| /
+// 127, and the scores of the main tier's keys come from integer dot products of q8 with the keys' integer
+// levels: 8-bit uniform keys are their codes (level = code - 127, exact); 1-4 bit keys use the table
+// round(level * level_factor), level_factor = 127 / max|level| (uniform grids: their integer levels, factor
+// 1). Values, the sink tier and the centring means stay exact. Per score, against the exact one (y_j = the
+// stored key, scale_g * level):
+//   |s_int8 - s_exact| <= sum_g [ step_g / 2 * sum_{j in g} |y_j|  +  scale_g * step_g / (2 level_factor) * sum_{j in g} |q8_j| ]
+// (the query's rounding, half a quantum per element times the key's absolute sum; then the table's, zero
+// where the levels are integers).
+struct Int8QueryPlan {
+  int q_max = 0;              // bound of |q8| (attn_kernels::kInt8QueryMax)
+  float level_factor = 1.0f;  // integer level = round(level * level_factor)
+  bool exact_levels = false;  // the levels are integers already (8-bit codes, uniform grids)
+  int code_offset = 0;        // 8-bit keys: integer level = code - code_offset
+  int8_t levels8[16] = {};    // 1-4 bit keys: integer level per code
+};
+// Why a K format has no int8-query scorer ("" when it has one): TurboQuant keys of 1-4 bits (bit planes,
+// groups a multiple of 16) or 8 bits on the uniform grid, head dimension a multiple of 16.
+std::string int8_query_unsupported_reason(const RecordPlan& k, int head_dim);
+Int8QueryPlan int8_query_plan(const RecordPlan& k);  // throws for the formats above
+// q [dim] rounded per group of `group`: q8 [dim], step [dim / group] (the quantum), sum [dim / group] of q8.
+void quantize_query_int8(const float* q, int dim, int group, int q_max, int8_t* q8, float* step, int32_t* sum);
+
 void attend(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& params,
             AttentionPath path, ThreadPool& pool, AttentionStats* stats = nullptr);
 

@@ -353,18 +353,17 @@ struct BlockState {
   std::vector<double> m, l, acc;  // [rows], [rows], [rows][dim]
 };
 
-BlockState reference_block(const std::vector<float>& q, const std::vector<float>& keys, const std::vector<float>& values,
-                           int rows, int n, int dim, const int* lo, const int* hi, const std::vector<float>& m0,
-                           const std::vector<float>& l0, const std::vector<float>& acc0) {
+// From given scores [rows][n].
+BlockState reference_block_scores(const std::vector<double>& scores, const std::vector<float>& values, int rows, int n, int dim,
+                                  const int* lo, const int* hi, const std::vector<float>& m0, const std::vector<float>& l0,
+                                  const std::vector<float>& acc0) {
   BlockState st{{}, {}, std::vector<double>(acc0.begin(), acc0.end())};
   for (int r = 0; r < rows; ++r) {
     std::vector<double> sc(n, -INFINITY);
     double mx = m0[r];
     for (int t = lo[r]; t < hi[r]; ++t) {
-      double dot = 0;
-      for (int j = 0; j < dim; ++j) dot += static_cast<double>(q[r * dim + j]) * keys[static_cast<size_t>(t) * dim + j];
-      sc[t] = dot;
-      mx = std::max(mx, dot);
+      sc[t] = scores[static_cast<size_t>(r) * n + t];
+      mx = std::max(mx, sc[t]);
     }
     const double alpha = m0[r] == -INFINITY ? 0.0 : std::exp(m0[r] - mx);
     double l = lo[r] < hi[r] ? l0[r] * alpha : l0[r];
@@ -378,6 +377,19 @@ BlockState reference_block(const std::vector<float>& q, const std::vector<float>
     st.l.push_back(l);
   }
   return st;
+}
+// From the queries and decoded keys: scores in double.
+BlockState reference_block(const std::vector<float>& q, const std::vector<float>& keys, const std::vector<float>& values,
+                           int rows, int n, int dim, const int* lo, const int* hi, const std::vector<float>& m0,
+                           const std::vector<float>& l0, const std::vector<float>& acc0) {
+  std::vector<double> scores(static_cast<size_t>(rows) * n);
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < n; ++t) {
+      double dot = 0;
+      for (int j = 0; j < dim; ++j) dot += static_cast<double>(q[r * dim + j]) * keys[static_cast<size_t>(t) * dim + j];
+      scores[static_cast<size_t>(r) * n + t] = dot;
+    }
+  return reference_block_scores(scores, values, rows, n, dim, lo, hi, m0, l0, acc0);
 }
 
 class BlockTargets : public hwy::TestWithParamTarget {};
@@ -770,6 +782,360 @@ TEST_P(BlockTargets, RandomConfigurationsAgree) {
     }
     if (::testing::Test::HasFailure()) return;  // the trace names the first configuration that failed
   }
+}
+
+// ------------------------------------------------------------------ the int8-query scorer
+//
+// Its error bound (attn/attention.h, Int8QueryPlan), per score against the exact one:
+//   |s_int8 - s_exact| <= sum_g [ step_g / 2 * sum_{j in g} |y_j| + scale_g * step_g / (2 F) * sum_{j in g} |q8_j| ]
+// because q_j y_j - (step q8_j)(scale Li_j / F) = (q_j - step q8_j) y_j + step q8_j scale (L_j - Li_j / F),
+// |q_j - step q8_j| <= step / 2 (rounding to the nearest quantum) and |L_j - Li_j / F| <= 1 / (2F) (the level
+// table rounded to integers; 0 for 8-bit codes and uniform grids, which are integers already).
+
+// The integer level of dimension j, column t of a region (what the kernel multiplies).
+int int8_level_of(const VectorFormat& kf, const Int8QueryPlan& plan, const uint8_t* region, int T, int t, int j) {
+  const RecordPlan& kp = kf.plan();
+  if (kp.bits == 8) return region[static_cast<size_t>(j) * T + t] - plan.code_offset;
+  const size_t plane = static_cast<size_t>(T) / 8;
+  int code = 0;
+  for (int k = 0; k < kp.bits; ++k) code |= ((region[(static_cast<size_t>(j) * kp.bits + k) * plane + t / 8] >> (t % 8)) & 1) << k;
+  return plan.levels8[code];
+}
+float column_scale(const VectorFormat& kf, const uint8_t* region, int T, int t, int g) {
+  uint16_t h;
+  std::memcpy(&h, region + static_cast<size_t>(T) * kf.plan().code_bytes + 2 * (static_cast<size_t>(g) * T + t), 2);
+  return f16_bits_to_f32(h);
+}
+
+// One query row against one stored key (column t of a region): the exact score, the int8 scorer's score
+// by its integer formula, and the bound on their difference.
+struct Int8Score {
+  double exact = 0, int8 = 0, bound = 0;
+};
+Int8Score int8_score(const VectorFormat& kf, const Int8QueryPlan& plan, const uint8_t* region, int T, int t, const float* q, const float* y) {
+  const int dim = kf.dim(), group = kf.plan().group_size, groups = dim / group;
+  std::vector<int8_t> q8(dim);
+  std::vector<float> step(groups);
+  std::vector<int32_t> sum(groups);
+  quantize_query_int8(q, dim, group, plan.q_max, q8.data(), step.data(), sum.data());
+  Int8Score s;
+  for (int g = 0; g < groups; ++g) {
+    const double scale = column_scale(kf, region, T, t, g);
+    int64_t dot = 0;
+    double abs_y = 0, abs_q8 = 0;
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      s.exact += static_cast<double>(q[j]) * y[j];
+      dot += static_cast<int64_t>(q8[j]) * int8_level_of(kf, plan, region, T, t, j);
+      abs_y += std::fabs(y[j]);
+      abs_q8 += std::abs(q8[j]);
+    }
+    s.int8 += scale * step[g] / plan.level_factor * static_cast<double>(dot);
+    s.bound += step[g] / 2 * abs_y + (plan.exact_levels ? 0.0 : scale * step[g] / (2 * plan.level_factor) * abs_q8);
+  }
+  return s;
+}
+
+// The block kernel with the int8 query against reference_block on the scores of the integer formula (tight,
+// 1e-4 as the exact kernels), and those scores against the exact ones within the bound, for 1-4 and 8 bit
+// keys on every grid, groups of 32-128, partial blocks, windows, rows that see nothing, carried-in state and
+// query outliers (an outlier sets its group's quantum).
+TEST_P(BlockTargets, Int8QueryScoresFollowTheirFormulaAndBound) {
+  using attn_kernels::BlockJob;
+  using attn_kernels::BlockKeys;
+  using attn_kernels::BlockValues;
+  SplitMix64 rng(29);
+  int cases = 0;
+  double worst_ratio = 0;  // largest |s_int8 - s_exact| / bound seen
+  for (int T : {64, 256, 512})
+    for (int dim : {64, 128, 256})
+      for (int bits : {1, 2, 3, 4, 8})
+        for (int grid = 0; grid < (bits == 8 ? 1 : bits == 1 ? 2 : 3); ++grid) {  // 1 bit: no uniform grid
+          const int group = dim >= 128 && cases % 3 == 2 ? 128 : (cases % 2 ? 64 : 32);
+          const int t0 = T == 512 ? 256 : 0, full = std::min(T - t0, attn_kernels::kBlockTokens);
+          const int rows = 1 + cases % 4, n = (cases % 3 == 0) ? full : (cases % 3 == 1 ? full - 27 : 5);
+          const float outlier = cases % 4 == 1 ? 30.0f : 1.0f;
+          ++cases;
+          SCOPED_TRACE("dim " + std::to_string(dim) + " bits " + std::to_string(bits) + " grid " + std::to_string(grid) + " group " +
+                       std::to_string(group) + " rows " + std::to_string(rows) + " n " + std::to_string(n) + " T " + std::to_string(T));
+          VectorFormatSpec kspec;
+          kspec.type = KVType::turboquant;
+          kspec.quantizer = QuantizerOptions::defaults(bits);
+          kspec.quantizer.group_size = group;
+          if (grid == 1) kspec.quantizer.grid = Grid::lloyd_max;
+          if (grid == 2) kspec.quantizer.grid = Grid::uniform;
+          const VectorFormat kf(dim, kspec);
+          ASSERT_EQ(int8_query_unsupported_reason(kf.plan(), dim), "");
+          const Int8QueryPlan plan = int8_query_plan(kf.plan());
+          std::vector<uint8_t> region(kf.record_bytes() * T + 64, 0);
+          std::vector<float> keys(static_cast<size_t>(n) * dim);
+          const auto kx = gaussian(keys.size(), rng);
+          for (int t = 0; t < n; ++t) {
+            kf.encode_column(kx.data() + static_cast<size_t>(t) * dim, region.data(), T, t0 + t);
+            kf.decode_column_stored(region.data(), T, t0 + t, keys.data() + static_cast<size_t>(t) * dim);
+          }
+          const auto values = gaussian(keys.size(), rng);
+          auto q = gaussian(static_cast<size_t>(rows) * dim, rng, 0.15f);
+          for (size_t i = 5; i < q.size(); i += dim) q[i] *= outlier;
+          // The scores of the integer formula, [rows][n], checked against the exact ones.
+          std::vector<double> s8(static_cast<size_t>(rows) * n);
+          for (int r = 0; r < rows; ++r)
+            for (int t = 0; t < n; ++t) {
+              const Int8Score s = int8_score(kf, plan, region.data(), T, t0 + t, q.data() + r * dim, keys.data() + static_cast<size_t>(t) * dim);
+              const double err = std::fabs(s.int8 - s.exact);
+              EXPECT_LE(err, s.bound * (1 + 1e-5) + 1e-6 * (1 + std::fabs(s.exact))) << "row " << r << " position " << t;
+              if (s.bound > 0) worst_ratio = std::max(worst_ratio, err / s.bound);
+              s8[static_cast<size_t>(r) * n + t] = s.int8;
+            }
+          std::vector<float> m(rows), l(rows), acc = gaussian(static_cast<size_t>(rows) * dim, rng);
+          int lo[attn_kernels::kBlockRows] = {}, hi[attn_kernels::kBlockRows] = {};
+          for (int r = 0; r < rows; ++r) {
+            m[r] = r == 0 ? -INFINITY : static_cast<float>(rng.normal());
+            l[r] = r == 0 ? 0.0f : 1.0f + static_cast<float>(rng.uniform());
+            if (r == 0) std::fill(acc.begin(), acc.begin() + dim, 0.0f);
+            lo[r] = r == 2 ? n / 3 : 0;
+            hi[r] = r == 1 ? (2 * n) / 3 : n;
+            if (r == 3) lo[r] = hi[r] = n;
+          }
+          const BlockState want = reference_block_scores(s8, values, rows, n, dim, lo, hi, m, l, acc);
+          // The kernel's inputs, as attention.cc makes them.
+          const int groups = dim / group;
+          std::vector<int8_t> q8(static_cast<size_t>(rows) * dim);
+          std::vector<float> q8_scale(static_cast<size_t>(rows) * groups);
+          std::vector<int32_t> q8_sum(q8_scale.size());
+          for (int r = 0; r < rows; ++r) {
+            quantize_query_int8(q.data() + r * dim, dim, group, plan.q_max, q8.data() + r * dim, q8_scale.data() + r * groups, q8_sum.data() + r * groups);
+            for (int g = 0; g < groups; ++g) q8_scale[r * groups + g] /= plan.level_factor;
+          }
+          BlockJob job;
+          job.rows = rows;
+          job.dim = dim;
+          job.n = n;
+          for (int r = 0; r < rows; ++r) {
+            job.lo[r] = lo[r];
+            job.hi[r] = hi[r];
+          }
+          AlignedVector<float> scores(attn_kernels::kBlockRows * attn_kernels::kBlockTokens), work(attn_kernels::block_work_floats(dim));
+          std::vector<float> qsum(static_cast<size_t>(rows) * groups, 0.0f);
+          float k_levels[16] = {};
+          job.q = q.data();
+          job.k_group = group;
+          if (bits == 8) {
+            job.keys = BlockKeys::u8_columns;
+            job.qsum = qsum.data();  // unused by the int8 scorer
+            job.k_umax = kf.plan().uniform_max;
+          } else {
+            job.keys = BlockKeys::tq_columns;
+            job.k_plan = &kf.plan();
+            for (int c = 0; c < (1 << bits); ++c) k_levels[c] = kf.plan().uniform ? c - kf.plan().uniform_max : kf.plan().levels[c];
+            job.k_levels = k_levels;
+          }
+          job.q8 = q8.data();
+          job.q8_scale = q8_scale.data();
+          job.q8_sum = q8_sum.data();
+          job.k_levels8 = plan.levels8;
+          job.k_code_offset = plan.code_offset;
+          job.k_region = region.data();
+          job.T = T;
+          job.t0 = t0;
+          job.values = BlockValues::floats;
+          job.v_tile = values.data();
+          job.m = m.data();
+          job.l = l.data();
+          job.acc = acc.data();
+          job.scores = scores.data();
+          job.work = work.data();
+          attn_kernels::attend_block(job);
+          for (int r = 0; r < rows; ++r) {
+            EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
+            EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
+            double err = 0, ref = 0;
+            for (int j = 0; j < dim; ++j) {
+              const double w = want.acc[static_cast<size_t>(r) * dim + j];
+              err += (acc[r * dim + j] - w) * (acc[r * dim + j] - w);
+              ref += w * w;
+            }
+            EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
+          }
+          if (::testing::Test::HasFailure()) return;
+        }
+  std::printf("int8 query: largest score error / bound %.3f over %d block cases\n", worst_ratio, cases);
+}
+
+// Whole attention with the int8 query against the exact reference, within the output bound that follows
+// from the per-score bounds B_t: with p_t the exact weights (the learned sink a position of value 0 and
+// B = 0), p'_t / p_t = exp(d_t) / Z, |d_t| <= B_t, Z in [sum p exp(-B), sum p exp(B)], and
+//   o' - o = sum_t (p'_t - p_t)(v_t - o)   =>   |o'_j - o_j| <= sum_t p_t e_t |v_tj - o_j|,
+//   e_t = max(exp(B_t) / Z_min - 1, 1 - exp(-B_t) / Z_max).
+// The sink tier's FP16 keys and the centred caches' filling FP16 run are scored exactly (B_t = 0). Every bit
+// pair and shape of the exact tests, the sink tier, sliding windows, learned sinks, K centring, blocks of
+// queries and several block sizes; and the int8 scorer must really run (its output differs from the exact
+// fused one wherever the main tier is seen).
+TEST_P(BlockTargets, Int8QueryAttentionWithinItsBound) {
+  ThreadPool pool(2);
+  int variant = 0;
+  double worst_ratio = 0;
+  for (const auto& b : kBits)
+    for (const auto& sh : kShapes)
+      for (int tier = 0; tier < 2; ++tier) {
+        Case c{b[0], b[1], sh.n_heads, sh.n_kv, sh.dim};
+        const int v = variant++;
+        c.min_tokens = tier ? 20 : 0;
+        c.window = v % 3 == 1 ? 100 : 0;
+        c.sinks = v % 4 == 2;
+        c.n_q = v % 5 == 3 ? 16 : 1;
+        c.block_tokens = kBlockSizes[v % 4];
+        c.center_k = v % 2 == 1;
+        c.lengths = {v % 3 == 0 ? 700 : 333, 37};
+        c.q_scale = v % 6 == 5 ? 3.0f : 1.0f;
+        SCOPED_TRACE(name(c));
+        SplitMix64 rng(static_cast<uint64_t>(1000 + v));
+        TurboQuantCacheOptions o;
+        o.k_bits = c.k_bits;
+        o.v_bits = c.v_bits;
+        o.min_tokens_before_quant = c.min_tokens;
+        o.block_tokens = c.block_tokens;
+        o.center_k = c.center_k;
+        KVCacheOptions exact_options = turboquant_cache_options(o, 0), int8_options = exact_options;
+        int8_options.query_int8 = true;
+        KVCache exact(c.n_kv, c.dim, exact_options), int8(c.n_kv, c.dim, int8_options);
+        std::vector<int> seqs;
+        for (int len : c.lengths) {
+          auto k = gaussian(static_cast<size_t>(len) * c.n_kv * c.dim, rng, 1.5f), val = gaussian(k.size(), rng);
+          seqs.push_back(exact.add_sequence());
+          ASSERT_EQ(int8.add_sequence(), seqs.back());
+          exact.append(seqs.back(), k.data(), val.data(), len);
+          int8.append(seqs.back(), k.data(), val.data(), len);
+        }
+        const auto sinks = gaussian(c.n_heads, rng, 2.0f);
+        AttentionParams p;
+        p.n_heads = c.n_heads;
+        p.window = c.window;
+        p.sinks = c.sinks ? sinks.data() : nullptr;
+        const size_t per_seq = static_cast<size_t>(c.n_q) * c.n_heads * c.dim;
+        const auto q = gaussian(per_seq * c.lengths.size(), rng, c.q_scale);
+        std::vector<AttentionRequest> reqs;
+        for (size_t i = 0; i < c.lengths.size(); ++i) {
+          const int n_q = std::min(c.n_q, c.lengths[i]);
+          reqs.push_back({seqs[i], q.data() + i * per_seq, n_q, c.lengths[i] - n_q, nullptr});
+        }
+        auto run = [&](const KVCache& cache, AttentionPath path) {
+          std::vector<float> out(q.size(), 0.0f);
+          for (size_t i = 0; i < reqs.size(); ++i) reqs[i].out = out.data() + i * per_seq;
+          AttentionStats stats;
+          attend(cache, reqs, p, path, pool, &stats);
+          EXPECT_EQ(stats.fused_fallbacks, 0);
+          return out;
+        };
+        const auto out8 = run(int8, AttentionPath::fused), out_exact = run(exact, AttentionPath::fused);
+        const auto out_ref = run(exact, AttentionPath::reference);
+        // The bound, per query row, from the keys and values as stored.
+        const int dim = c.dim, group = c.n_heads / c.n_kv;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+        const Int8QueryPlan plan = int8_query_plan(exact.k_format().plan());
+        const Rotation* rot = exact.k_format().rotation();
+        bool main_tier_seen = false;
+        for (size_t ri = 0; ri < reqs.size(); ++ri) {
+          const AttentionRequest& r = reqs[ri];
+          std::vector<Segment> segs;
+          exact.segments(r.seq, segs);
+          for (int i = 0; i < r.n_q; ++i) {
+            const int qpos = r.pos0 + i;
+            for (int hq = 0; hq < c.n_heads; ++hq) {
+              const int h = hq / group;
+              std::vector<float> qs(dim), qr(dim), y(dim), kx(dim), vx(dim);
+              for (int j = 0; j < dim; ++j) qs[j] = q[ri * per_seq + (static_cast<size_t>(i) * c.n_heads + hq) * dim + j] * scale;
+              qr = qs;
+              if (rot) rot->forward(qr.data());
+              std::vector<double> score, bound;
+              std::vector<std::vector<float>> vals;
+              for (const Segment& g : segs) {
+                Segment plain = g;  // the residual of a centred key (its mean is scored exactly)
+                plain.k_mean = plain.v_mean = nullptr;
+                for (int t = 0; t < g.n_tokens; ++t) {
+                  const int pos = g.first_pos + t;
+                  if (!(pos <= qpos && (c.window == 0 || pos > qpos - c.window))) continue;
+                  g.decode_k(h, t, kx.data());
+                  g.decode_v(h, t, vx.data());
+                  double s = 0;
+                  for (int j = 0; j < dim; ++j) s += static_cast<double>(qs[j]) * kx[j];
+                  double bt = 0;
+                  if (g.k_format == &exact.k_format()) {
+                    plain.decode_k_stored(h, t, y.data());
+                    bt = int8_score(exact.k_format(), plan, g.k_region(h), g.block_tokens, t, qr.data(), y.data()).bound;
+                    main_tier_seen = true;
+                  }
+                  score.push_back(s);
+                  bound.push_back(bt);
+                  vals.push_back(vx);
+                }
+              }
+              if (c.sinks) {
+                score.push_back(sinks[hq]);
+                bound.push_back(0.0);
+                vals.emplace_back(dim, 0.0f);
+              }
+              double mx = -INFINITY, total = 0;
+              for (double s : score) mx = std::max(mx, s);
+              std::vector<double> w(score.size());
+              for (size_t t = 0; t < score.size(); ++t) total += w[t] = std::exp(score[t] - mx);
+              double z_min = 0, z_max = 0;
+              for (size_t t = 0; t < score.size(); ++t) {
+                w[t] /= total;
+                z_min += w[t] * std::exp(-bound[t]);
+                z_max += w[t] * std::exp(bound[t]);
+              }
+              const size_t at = ri * per_seq + (static_cast<size_t>(i) * c.n_heads + hq) * dim;
+              double err = 0, allowed = 0, ref = 0;
+              for (int j = 0; j < dim; ++j) {
+                double bj = 0;
+                for (size_t t = 0; t < score.size(); ++t) {
+                  const double e = std::max(std::exp(bound[t]) / z_min - 1, 1 - std::exp(-bound[t]) / z_max);
+                  bj += w[t] * e * std::fabs(vals[t][j] - out_ref[at + j]);
+                }
+                const double d = static_cast<double>(out8[at + j]) - out_ref[at + j];
+                err += d * d;
+                allowed += bj * bj;
+                ref += static_cast<double>(out_ref[at + j]) * out_ref[at + j];
+              }
+              // The exact kernels' own float error (their tests' 1e-4 of the row) on top of the bound.
+              const double limit = std::sqrt(allowed) + 1e-4 * std::sqrt(ref) + 1e-7;
+              EXPECT_LE(std::sqrt(err), limit) << "request " << ri << " query " << i << " head " << hq;
+              worst_ratio = std::max(worst_ratio, std::sqrt(err) / limit);
+            }
+          }
+        }
+        if (main_tier_seen) {
+          EXPECT_NE(out8, out_exact) << "the int8 scorer did not run";
+        }
+        if (::testing::Test::HasFailure()) return;
+      }
+  std::printf("int8 query: largest output error / its limit %.3f\n", worst_ratio);
+}
+
+// The int8 query is never silent: it asks for the fused path and keys it can score.
+TEST(Attention, Int8QueryRefusesWhatItCannotScore) {
+  ThreadPool pool(1);
+  TurboQuantCacheOptions o;
+  o.k_bits = 6;
+  o.v_bits = 4;
+  KVCacheOptions opt = turboquant_cache_options(o, 0);
+  opt.query_int8 = true;
+  KVCache six(1, 64, opt);
+  const int seq = six.add_sequence();
+  const auto kv = gaussian(64, uint64_t{3});
+  six.append(seq, kv.data(), kv.data(), 1);
+  std::vector<float> out(64);
+  AttentionRequest r{seq, kv.data(), 1, 0, out.data()};
+  AttentionParams p;
+  p.n_heads = 1;
+  testing_util::expect_error_mentioning([&] { attend(six, {&r, 1}, p, AttentionPath::fused, pool); }, "keys of 6 bits");
+  o.k_bits = 4;
+  opt = turboquant_cache_options(o, 0);
+  opt.query_int8 = true;
+  KVCache four(1, 64, opt);
+  four.add_sequence();
+  four.append(seq, kv.data(), kv.data(), 1);
+  testing_util::expect_error_mentioning([&] { attend(four, {&r, 1}, p, AttentionPath::standard, pool); }, "standard path");
 }
 
 // A sliding-window layer prefilled in FP16 past its window, converted to TurboQuant (its block grid

@@ -57,6 +57,14 @@ enum class BlockValues : int {
   floats,              // values already decoded by the caller into BlockJob::v_tile
 };
 
+// The int8 query and the keys' integer levels are both within +-127: vpmaddubsw (the AVX2 and AVX-512
+// without VNNI form) multiplies u8 by s8 and adds pairs into a saturating int16, so it takes |q8| as the u8
+// operand and the level with q8's sign applied (vpsignb) as the s8 one: 2 * 127 * 127 = 32258 <= 32767, no
+// saturation; vpdpbusd (AVX-512 VNNI) takes the levels + 128 as u8 and q8 as s8 and subtracts 128 * sum(q8).
+// Both give the exact integer sums, so every target's sums are the same.
+constexpr int kInt8QueryMax = 127;  // |q8|
+constexpr int kInt8LevelMax = 127;  // |integer level| of a key
+
 struct BlockJob {
   int rows = 0;  // 1..kBlockRows
   int dim = 0;
@@ -102,6 +110,17 @@ struct BlockJob {
   int center_tokens = 0;
   const float* score_bias = nullptr;  // [kBlockRows][kMaxRuns]
   float* run_weights = nullptr;       // [kBlockRows][kMaxRuns]
+
+  // The int8-query scorer (KVCacheOptions::query_int8; keys u8_columns or tq_columns), used when q8 is set:
+  // the key scores come from integer dot products of q8 with the keys' integer levels L instead of q:
+  //   s[r][t] = sum_g scale_g(t) * q8_scale[r][g] * sum_{j in g} q8[r][j] * L_j(t)
+  // with L = code - k_code_offset for 8-bit codes (127: exact), k_levels8[code] = round(level * factor) for
+  // 1-4 bit keys (q8_scale carries the 1 / factor). Integer sums are exact, so every target gives the same sums.
+  const int8_t* q8 = nullptr;           // [rows][dim] the rounded query, q ~ quantum * q8 per key group
+  const float* q8_scale = nullptr;      // [rows][dim / k_group] the query's quantum per group / level factor
+  const int32_t* q8_sum = nullptr;      // [rows][dim / k_group] sum of q8 over each group
+  const int8_t* k_levels8 = nullptr;    // tq_columns: [16] integer level per code
+  int k_code_offset = 0;                // u8_columns: integer level = code - k_code_offset
 
   float* scores = nullptr;  // [kBlockRows][kBlockTokens]; the input for keys == scores
   float* work = nullptr;    // [block_work_floats(dim)]

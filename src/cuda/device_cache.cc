@@ -254,6 +254,7 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
   TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
   // Block-mean centring (kv/cache.h) is CPU-only so far: a centred cache would attend wrongly here.
   TQ_CHECK(!options.centred(), "the CUDA backend does not implement block-mean centring of the KV cache yet; use --kv-center none");
+  TQ_CHECK(!options.query_int8, "the CUDA backend has no int8-query scorer (--kv-query-int8 is a CPU scorer)");
   TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
   TQ_CHECK(options.window == 0 || capacity.rotating_append_tokens >= 1,
            "a rotating device cache needs room for appends of at least one position, got ", capacity.rotating_append_tokens);

@@ -148,6 +148,10 @@ struct KVCacheOptions {
   // mean back exactly: q.mean per run to the scores, (the run's weight sum) x mean to the values.
   bool center_k = false, center_v = false;
   int center_tokens = 0;          // positions per mean: a power of two, 16..block_tokens; 0: block_tokens
+  // The fused attention's int8-query scorer (attn/attention.h, Int8QueryPlan): the main tier's key scores
+  // from the query rounded to int8 per group. An option of attention, not of the stored format (files do
+  // not record it).
+  bool query_int8 = false;
   bool centred() const { return center_k || center_v; }
   int center_run() const { return center_tokens > 0 ? center_tokens : block_tokens; }
 };

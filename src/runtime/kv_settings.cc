@@ -67,6 +67,10 @@ void KVSettings::resolve() {
            "--kv-center ", c, " centres K, which needs a quantized K type (got ", k_type, ")");
   TQ_CHECK(c.find('v') == std::string::npos || (v_type != "f16" && v_type != "bf16" && v_type != "f32"),
            "--kv-center ", c, " centres V, which needs a quantized V type (got ", v_type, ")");
+  TQ_CHECK(!query_int8 || fused, "--kv-query-int8 is a scorer of the fused attention: it needs --kv-fused");
+  TQ_CHECK(!query_int8 || (k_type == "turboquant" && (k_bits <= 4 || (k_bits == 8 && (grid.empty() || grid == "uniform")))),
+           "--kv-query-int8 scores TurboQuant keys of 2-4 bits or 8 bits on the uniform grid, got K ", k_type,
+           k_type == "turboquant" ? " at " + std::to_string(k_bits) + " bits" + (grid.empty() ? "" : " (grid " + grid + ")") : "");
   TQ_CHECK(!swa_compress || compressed(), "--kv-swa-compress needs a compressed KV cache (--kv-bits, --kv-k-bits/--kv-v-bits or a quantized --kv-k-type)");
 }
 
@@ -116,7 +120,8 @@ std::string KVSettings::describe() const {
     if (codebook != "gaussian") os << ", codebook " << codebook;
   }
   if (min_tokens) os << ", first " << min_tokens << " positions FP16";
-  if (compressed()) os << (fused ? ", fused attention" : ", standard attention (expand, then attend)");
+  if (compressed()) os << (fused ? (query_int8 ? ", fused attention, int8-query scorer" : ", fused attention, exact scorer")
+                                 : ", standard attention (expand, then attend)");
   if (swa_compress) os << ", sliding-window layers compressed";
   if (const std::string c = resolved_center(); c != "none") {
     os << ", " << (c == "kv" ? "K and V" : c == "k" ? "K" : "V") << " centred per ";
@@ -135,6 +140,7 @@ KVCacheOptions KVSettings::cache_options(int default_block_tokens, bool default_
   o.center_k = c.find('k') != std::string::npos;
   o.center_v = c.find('v') != std::string::npos;
   o.center_tokens = center_tokens;
+  o.query_int8 = query_int8;
   return o;
 }
 
@@ -149,6 +155,7 @@ KVCacheOptions KVSettings::sliding_cache_options(int window, int default_block_t
     o.center_k = full.center_k;
     o.center_v = full.center_v;
     o.center_tokens = full.center_tokens;
+    o.query_int8 = full.query_int8;  // the dense rotating caches (no --kv-swa-compress) are scored exactly
   }
   o.window = window;
   o.block_tokens = full.block_tokens;

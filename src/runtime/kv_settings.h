@@ -13,6 +13,8 @@
 //                               TurboQuant K below 8 bits on devices whose caches centre; else none, which
 //                               also reproduces the numbers from before centring)
 //   --kv-center-block N         positions per mean: 16..block size, a power of two (0: the block size)
+//   --kv-query-int8             the fused attention's keys scored from the query rounded to int8 per group
+//                               (attn/attention.h, Int8QueryPlan); off by default, the exact scorer
 #pragma once
 
 #include <string>
@@ -29,6 +31,7 @@ struct KVSettings {
   int min_tokens = 0;
   int group_size = 64;
   bool fused = false;
+  bool query_int8 = false;      // --kv-query-int8 (needs --kv-fused and TurboQuant keys of 2-4 or 8 bits)
   bool swa_compress = false;    // --kv-swa-compress
   std::string fit = "norm_correction";  // plain, norm_correction, least_squares
   std::string rotation = "dim";         // dim (the head), group

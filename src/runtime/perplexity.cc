@@ -82,6 +82,9 @@ KVSettings parse_kv_spec(const std::string& spec) {
       kv.grid = value;
     } else if (key == "fused") {
       kv.fused = true;
+    } else if (key == "int8q") {  // the int8-query scorer, of the fused attention (implies fused)
+      kv.query_int8 = true;
+      kv.fused = true;
     } else if (key == "swa") {
       kv.swa_compress = true;
     } else if (key == "center") {
@@ -91,7 +94,7 @@ KVSettings parse_kv_spec(const std::string& spec) {
     } else if (key == "bt") {
       kv.block_tokens = parse_integer(value, "the bt (block size) of '" + spec + "'");
     } else {
-      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, center=none|k|v|kv, cblock=N, fused, swa)");
+      fail("unknown option '", part, "' in the KV configuration '", spec, "' (mt=N, g=N, fit=..., rot=..., cb=..., bt=N, center=none|k|v|kv, cblock=N, fused, int8q, swa)");
     }
   }
   kv.resolve();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/test_util.h"
 #include "runtime/generate.h"
 #include "runtime/kv_settings.h"
 #include "runtime/perplexity.h"
@@ -110,6 +111,32 @@ TEST(KVSettings, FlagsResolveAndContradictionsAreErrors) {
   g.bits = 4;
   g.group_size = 48;
   EXPECT_THROW(g.resolve(), Error);
+  // The int8-query scorer: opt-in, fused only, TurboQuant keys of 2-4 or 8 (uniform) bits; it reaches the
+  // cache options and the description says which scorer runs.
+  KVSettings h;
+  h.k_bits = 4;
+  h.v_bits = 4;
+  h.fused = true;
+  h.resolve();
+  EXPECT_FALSE(h.cache_options().query_int8);
+  EXPECT_NE(h.describe().find("exact scorer"), std::string::npos) << h.describe();
+  h.query_int8 = true;
+  h.resolve();
+  EXPECT_TRUE(h.cache_options().query_int8);
+  EXPECT_NE(h.describe().find("int8-query scorer"), std::string::npos) << h.describe();
+  h.fused = false;
+  testing_util::expect_error_mentioning([&] { h.resolve(); }, "needs --kv-fused");
+  KVSettings i;
+  i.k_bits = 6;
+  i.v_bits = 4;
+  i.fused = i.query_int8 = true;
+  testing_util::expect_error_mentioning([&] { i.resolve(); }, "at 6 bits");
+  KVSettings j;
+  j.k_type = "q8_0";
+  j.v_type = "q8_0";
+  j.fused = j.query_int8 = true;
+  testing_util::expect_error_mentioning([&] { j.resolve(); }, "K q8_0");
+  EXPECT_TRUE(parse_kv_spec("k8v3+int8q").query_int8 && parse_kv_spec("k8v3+int8q").fused);
 }
 
 std::string shared(const std::string& rel) { return std::string(TQ_SHARED_DIR) + "/" + rel; }
@@ -216,13 +243,15 @@ TEST(Generate, DemoModelTakesTheAttentionPathTheSettingsAsk) {
     int bits;
     bool fused;
     bool want_fused;
+    bool query_int8 = false;  // the int8-query scorer (fused)
   };
   for (const Case& c : {Case{"f16", 3, false, false}, Case{"f16", 3, true, true}, Case{"", 3, false, false},
-                        Case{"", 3, true, true}, Case{"f16", 0, false, true}}) {
+                        Case{"", 3, true, true}, Case{"f16", 0, false, true}, Case{"", 4, true, true, true}}) {
     KVSettings kv;
     kv.k_type = c.k_type;
     kv.bits = c.bits;
     kv.fused = c.fused;
+    kv.query_int8 = c.query_int8;
     kv.resolve();
     EngineOptions eo;
     eo.kv = kv;

@@ -302,6 +302,7 @@ void Server::routes() {
              {"k_type", kv.resolved_k_type()},
              {"v_type", kv.resolved_v_type()},
              {"fused", kv.fused},
+             {"query_int8", kv.query_int8},
              {"k_bits", kv.effective_k_bits()},
              {"v_bits", kv.effective_v_bits()},
              {"min_tokens", kv.cache_options(device_->default_block_tokens()).min_tokens},

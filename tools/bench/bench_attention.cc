@@ -29,7 +29,7 @@ constexpr double kColdBytes = 256.0 * 1024 * 1024;
 constexpr double kColdAllocatedBytes = 512.0 * 1024 * 1024;
 
 struct Method {
-  std::string method;  // dense_f16, standard, fused, q8_0, q4_0
+  std::string method;  // dense_f16, standard, fused, fused_int8 (the int8-query scorer), q8_0, q4_0
   int k_bits = 16, v_bits = 16;
   KVCacheOptions cache;
   AttentionPath path = AttentionPath::fused;
@@ -74,6 +74,11 @@ std::vector<Method> methods(const AttentionArgs& a) {
         t.path = path;
         if (path == AttentionPath::standard && !a.standard) continue;
         m.push_back(t);
+        if (path == AttentionPath::fused && (kb <= 4 || kb == 8)) {  // the same cache, keys scored from the int8 query
+          t.method = "fused_int8";
+          t.cache.query_int8 = true;
+          m.push_back(t);
+        }
       }
   }
   for (KVType t : {KVType::q8_0, KVType::q4_0}) {

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attn/attention.h"
 #include "attn/kernels.h"
 #include "bench.h"
 #include "core/aligned.h"
@@ -69,6 +70,12 @@ struct Block {
   std::vector<uint8_t> region, records;
   std::vector<float> q, qsum, m, l, acc;
   float k_levels[16] = {}, v_levels[16] = {};
+  // The int8-query scorer's inputs (TurboQuant keys of 1-4 or 8 bits): q rounded per key group.
+  bool has_int8 = false;
+  Int8QueryPlan q8_plan;
+  std::vector<int8_t> q8;
+  std::vector<float> q8_scale;
+  std::vector<int32_t> q8_sum;
   AlignedVector<float> scores, work;
 
   static VectorFormatSpec spec(int bits, int group) {
@@ -106,9 +113,21 @@ struct Block {
       for (int c = 0; c < (1 << kp.bits); ++c) k_levels[c] = kp.uniform ? static_cast<float>(c) - kp.uniform_max : kp.levels[c];
     if (vp.type == KVType::turboquant)
       for (int c = 0; c < (1 << vp.bits); ++c) v_levels[c] = vp.uniform ? static_cast<float>(c) - vp.uniform_max : vp.levels[c];
+    has_int8 = int8_query_unsupported_reason(kp, dim).empty();
+    if (has_int8) {
+      q8_plan = int8_query_plan(kp);
+      const int groups = dim / group;
+      q8.resize(static_cast<size_t>(rows) * dim);
+      q8_scale.resize(static_cast<size_t>(rows) * groups);
+      q8_sum.resize(q8_scale.size());
+      for (int r = 0; r < rows; ++r) {
+        quantize_query_int8(q.data() + r * dim, dim, group, q8_plan.q_max, q8.data() + r * dim, q8_scale.data() + r * groups, q8_sum.data() + r * groups);
+        for (int g = 0; g < groups; ++g) q8_scale[r * groups + g] /= q8_plan.level_factor;
+      }
+    }
   }
 
-  BlockJob job(bool score_keys) {
+  BlockJob job(bool score_keys, bool int8 = false) {
     const RecordPlan& kp = kf.plan();
     const RecordPlan& vp = vf.plan();
     BlockJob j;
@@ -152,6 +171,13 @@ struct Block {
       j.v_code_bytes = vp.code_bytes;
       j.v_levels = v_levels;
     }
+    if (int8 && score_keys) {
+      j.q8 = q8.data();
+      j.q8_scale = q8_scale.data();
+      j.q8_sum = q8_sum.data();
+      j.k_levels8 = q8_plan.levels8;
+      j.k_code_offset = q8_plan.code_offset;
+    }
     j.m = m.data();
     j.l = l.data();
     j.acc = acc.data();
@@ -160,23 +186,27 @@ struct Block {
     return j;
   }
 
-  // Seconds per call, best of 5 rounds of `iterations` calls. The state is reset each call so that the
-  // softmax sees the same scores (m = 0, l = 1: no row rescales its state differently from call to call).
-  double time(bool score_keys, long iterations) {
-    const BlockJob j = job(score_keys);
-    // For the values-only job the scores are those the full job computed (set once, kept by the kernel
-    // only as weights: refilled every call).
+  // Seconds per call of each job (full, values only, and full with the int8 query when the keys have it),
+  // best of 5 rounds of `iterations` calls, the jobs' rounds alternated so that a shared machine's load
+  // moves them alike. The state is reset each call so that the softmax sees the same scores (m = 0, l = 1:
+  // no row rescales its state differently from call to call); the values-only job's scores are those in
+  // the buffer after the warm-up (refilled every call, in every job, so that the difference drops it).
+  std::vector<double> time(long iterations) {
+    std::vector<BlockJob> jobs = {job(true), job(false)};
+    if (has_int8) jobs.push_back(job(true, true));
+    for (long i = 0; i < iterations / 10; ++i) attn_kernels::attend_block(jobs[0]);  // warm-up
     std::vector<float> given(scores.begin(), scores.end());
-    double best = 1e9;
-    for (int round = 0; round < 5; ++round) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (long i = 0; i < iterations; ++i) {
-        std::fill(m.begin(), m.end(), 0.0f);
-        std::copy(given.begin(), given.end(), scores.begin());  // in both jobs, so that the difference drops it
-        attn_kernels::attend_block(j);
+    std::vector<double> best(jobs.size(), 1e9);
+    for (int round = 0; round < 5; ++round)
+      for (size_t k = 0; k < jobs.size(); ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (long i = 0; i < iterations; ++i) {
+          std::fill(m.begin(), m.end(), 0.0f);
+          std::copy(given.begin(), given.end(), scores.begin());
+          attn_kernels::attend_block(jobs[k]);
+        }
+        best[k] = std::min(best[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations);
       }
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations);
-    }
     return best;
   }
 };
@@ -194,11 +224,13 @@ int run_block(const BlockArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [kb, vb] : pairs) {
     Block b(a.dim, a.rows, a.positions, a.group_size, kb, vb, rng);
-    b.time(true, a.iterations / 10);  // warm-up; also fills b.scores for the values-only job
-    const double full = b.time(true, a.iterations), values = b.time(false, a.iterations);
+    const std::vector<double> t = b.time(a.iterations);
+    const double full = t[0], values = t[1];
     const double per = 1.0 / (spc * a.positions);
     const std::string name = kb == 16 ? "dense FP16" : "K" + std::to_string(kb) + "/V" + std::to_string(vb);
     rows.push_back({{"kv", name}, {"full", full * per}, {"keys", (full - values) * per}, {"values", values * per}});
+    if (b.has_int8)  // the same block with the keys scored from the int8 query
+      rows.push_back({{"kv", name + " int8 query"}, {"full", t[2] * per}, {"keys", (t[2] - values) * per}, {"values", values * per}});
   }
   const std::string simd = attn_kernels::kernel_target();
   TQ_CHECK(simd == a.simd, "the kernels' SIMD target changed during the run (", a.simd, " -> ", simd, ")");

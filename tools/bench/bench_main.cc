@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   at->add_option("--center-block", attn.center_tokens, "positions per centring mean (0: the block size)");
   at->add_flag("--fastest-call", attn.fastest_call,
                "time each method by its fastest single step (a shared machine: the steps no other process preempted)");
-  at->add_option("--methods", attn.methods, "subset of dense_f16,fused,standard,q8_0,q4_0")
+  at->add_option("--methods", attn.methods, "subset of dense_f16,fused,fused_int8 (the int8-query scorer),standard,q8_0,q4_0")
       ->delimiter(',')
-      ->check(CLI::IsMember({"dense_f16", "fused", "standard", "q8_0", "q4_0"}));
+      ->check(CLI::IsMember({"dense_f16", "fused", "fused_int8", "standard", "q8_0", "q4_0"}));
   at->add_option("--min-seconds", attn.min_seconds, "time per measurement round")->check(CLI::Range(0.0, 60.0));
   at->add_flag("--json", attn.json, "print a JSON array instead of a Markdown table");
   std::string simd = "best";

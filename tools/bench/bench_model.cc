@@ -77,8 +77,9 @@ int run_model(const ModelBenchArgs& a) {
       KVSettings kv = parse_kv_spec(spec);
       if (!kv.compressed() && !fused) continue;  // dense caches have one path
       if (kv.compressed() && !fused && !a.standard) continue;
+      if (kv.query_int8 && !fused) continue;  // the int8-query scorer is the fused path's
       kv.fused = fused && kv.compressed();
-      const std::string path = kv.compressed() ? (fused ? "fused" : "standard") : "fused";
+      const std::string path = kv.compressed() ? (fused ? (kv.query_int8 ? "fused int8q" : "fused") : "standard") : "fused";
       for (int depth : a.depths) {
         EngineOptions eo;
         eo.kv = kv;

@@ -16,6 +16,9 @@ inline void add_kv_flags(CLI::App& app, KVSettings& kv) {
   app.add_option("--kv-min-tokens", kv.min_tokens, "keep the first N positions in FP16 (sink tokens)");
   app.add_option("--kv-group-size", kv.group_size, "values per scale: 32, 64 or 128");
   app.add_flag("--kv-fused", kv.fused, "attention reads the compressed cache directly");
+  app.add_flag("--kv-query-int8", kv.query_int8,
+               "with --kv-fused: score the keys from the query rounded to int8 per group (integer dot products; "
+               "opt-in, the default is the exact scorer)");
   app.add_flag("--kv-swa-compress", kv.swa_compress,
                "compress the sliding-window layers' rotating caches too (default: dense; GPT-OSS's even layers)");
   app.add_option("--kv-fit", kv.fit, "TurboQuant scale: plain, norm_correction, least_squares");

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
         q.kv.k_type = c.k_type;
         q.kv.v_type = c.v_type;
         q.kv.fused = false;
+        q.kv.query_int8 = false;  // the candidates' memory, whatever the scorer
         q.kv.swa_compress = kv.swa_compress && std::string(c.k_type) != "f16";
         q.kv.resolve();
         row.largest = largest_context(q, budget);
