@@ -353,6 +353,23 @@ struct BlockState {
   std::vector<double> m, l, acc;  // [rows], [rows], [rows][dim]
 };
 
+// A kernel's running state against the reference's: maxima and sums [rows] within 1e-4 (relative), each row
+// of acc [rows][dim] within 1e-4 in relative L2.
+void expect_block_state_near(const std::vector<float>& m, const std::vector<float>& l, const std::vector<float>& acc,
+                             const BlockState& want, int rows, int dim) {
+  for (int r = 0; r < rows; ++r) {
+    EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
+    EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
+    double err = 0, ref = 0;
+    for (int j = 0; j < dim; ++j) {
+      const double w = want.acc[static_cast<size_t>(r) * dim + j];
+      err += (acc[r * dim + j] - w) * (acc[r * dim + j] - w);
+      ref += w * w;
+    }
+    EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
+  }
+}
+
 // From given scores [rows][n].
 BlockState reference_block_scores(const std::vector<double>& scores, const std::vector<float>& values, int rows, int n, int dim,
                                   const int* lo, const int* hi, const std::vector<float>& m0, const std::vector<float>& l0,
@@ -534,17 +551,7 @@ TEST_P(BlockTargets, BlockKernelMatchesTheReference) {
           job.work = work.data();
           attn_kernels::attend_block(job);
           if (permuted) attn_kernels::unpermute_values(acc_in.data(), rows, dim);
-          for (int r = 0; r < rows; ++r) {
-            EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
-            EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
-            double err = 0, ref = 0;
-            for (int j = 0; j < dim; ++j) {
-              const double w = want.acc[static_cast<size_t>(r) * dim + j];
-              err += (acc_in[r * dim + j] - w) * (acc_in[r * dim + j] - w);
-              ref += w * w;
-            }
-            EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
-          }
+          expect_block_state_near(m, l, acc_in, want, rows, dim);
         }
 }
 
@@ -622,17 +629,7 @@ TEST_P(BlockTargets, AsymmetricFourBitTablesAgree) {
     job.work = work.data();
     attn_kernels::attend_block(job);
     if (attn_kernels::block_permutes_values(group)) attn_kernels::unpermute_values(acc.data(), rows, dim);
-    for (int r = 0; r < rows; ++r) {
-      EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
-      EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
-      double err = 0, ref = 0;
-      for (int j = 0; j < dim; ++j) {
-        const double w = want.acc[static_cast<size_t>(r) * dim + j];
-        err += (acc[r * dim + j] - w) * (acc[r * dim + j] - w);
-        ref += w * w;
-      }
-      EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
-    }
+    expect_block_state_near(m, l, acc, want, rows, dim);
   }
 }
 
@@ -945,17 +942,7 @@ TEST_P(BlockTargets, Int8QueryScoresFollowTheirFormulaAndBound) {
           job.scores = scores.data();
           job.work = work.data();
           attn_kernels::attend_block(job);
-          for (int r = 0; r < rows; ++r) {
-            EXPECT_NEAR(m[r], want.m[r], 1e-4 * (1 + std::fabs(want.m[r]))) << "row " << r;
-            EXPECT_NEAR(l[r], want.l[r], 1e-4 * want.l[r]) << "row " << r;
-            double err = 0, ref = 0;
-            for (int j = 0; j < dim; ++j) {
-              const double w = want.acc[static_cast<size_t>(r) * dim + j];
-              err += (acc[r * dim + j] - w) * (acc[r * dim + j] - w);
-              ref += w * w;
-            }
-            EXPECT_LE(std::sqrt(err / ref), 1e-4) << "row " << r;
-          }
+          expect_block_state_near(m, l, acc, want, rows, dim);
           if (::testing::Test::HasFailure()) return;
         }
   std::printf("int8 query: largest score error / bound %.3f over %d block cases\n", worst_ratio, cases);
