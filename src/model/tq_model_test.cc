@@ -264,6 +264,12 @@ TEST(TqModel, MseScaleFitAndGptqConversionsLoadRunAndLowerTheirErrors) {
   EXPECT_LT(cm.rel_error, 0.2);
   EXPECT_LT(cg.rel_error, 0.8 * cp.rel_error);
 
+  // A model whose H matrices do not fit the memory budget is refused before it runs, with the numbers.
+  CalibrationOptions tight = co;
+  tight.memory_budget_bytes = 1 << 20;
+  expect_error([&] { calibrate_linear_inputs(kDemo, dir.file("calibration.txt"), tight); },
+               {"GPTQ calibration of", "input matrices H", "more than the 1048576 bytes of the memory budget"});
+
   // A calibration with nothing in it, or without a layer's input, is refused by name.
   TqCalibration empty;
   expect_error([&] { run("none", ops::TqScaleFit::plain, &empty); }, {"calibration of no tokens"});

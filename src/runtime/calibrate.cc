@@ -12,6 +12,7 @@
 #include "model/tq_weights.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/memory_plan.h"
 #include "runtime/perplexity.h"
 
 namespace tq {
@@ -36,8 +37,23 @@ TqCalibration calibrate_linear_inputs(const std::string& model_path, const std::
 
   // The matrix a product reads, by the data of its first part: the tensor of the source folder it views.
   std::map<const void*, std::string> key_of;  // tensor data -> rotation key
-  for (const TensorView& t : model->files().tensors().all())
-    if (t.shape.size() == 2) key_of[t.data] = tq_rotation_key(t.name);
+  std::map<std::string, int64_t> cols_of;     // rotation key -> the columns of its matrices' input
+  for (const TensorView& t : model->files().tensors().all()) {
+    if (t.shape.size() != 2) continue;
+    key_of[t.data] = tq_rotation_key(t.name);
+    cols_of[key_of[t.data]] = t.shape[1];
+  }
+  // Every H [cols][cols] (double) stays until the conversion has used it: refuse up front, with the numbers,
+  // a model whose matrices cannot all be held in the memory this machine has free (an 8B model needs ~65 GB).
+  int64_t hessian_bytes = 0;
+  for (const auto& [key, cols] : cols_of) hessian_bytes += cols * cols * static_cast<int64_t>(sizeof(double));
+  TQ_CHECK(options.memory_budget_bytes >= 0, "a negative memory budget for the calibration");
+  const bool measured = options.memory_budget_bytes == 0;
+  const int64_t available = measured ? available_memory_bytes() : options.memory_budget_bytes;
+  TQ_CHECK(hessian_bytes <= available, "GPTQ calibration of '", model_path, "' keeps ", cols_of.size(),
+           " input matrices H = sum x x^T in double, ", hessian_bytes, " bytes (", hessian_bytes >> 20, " MiB), more than the ",
+           available, " bytes ", measured ? "this machine has available (MemAvailable)" : "of the memory budget",
+           ": convert without --calibrate, or on a machine with more memory");
 
   TqCalibration cal;
   std::vector<float> xt, prod;  // [cols][rows] the input transposed; [cols][cols] its Gram matrix
