@@ -71,6 +71,15 @@ void quantize_query_int8(const float* q, int dim, int group, int q_max, int8_t* 
   }
 }
 
+void quantize_queries_int8(const float* q, size_t rows, int dim, int group, const Int8QueryPlan& plan, int8_t* q8, float* scale,
+                           int32_t* sum) {
+  const size_t d = static_cast<size_t>(dim), groups = d / static_cast<size_t>(group);
+  for (size_t row = 0; row < rows; ++row) {
+    quantize_query_int8(q + row * d, dim, group, plan.q_max, q8 + row * d, scale + row * groups, sum + row * groups);
+    for (size_t gi = 0; gi < groups; ++gi) scale[row * groups + gi] /= plan.level_factor;
+  }
+}
+
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -527,11 +536,7 @@ void attend_fused(const KVCache& cache, std::span<const AttentionRequest> reques
       plan.q8.resize(n_rows * dim);
       plan.q8_scale.resize(n_rows * groups);
       plan.q8_sum.resize(n_rows * groups);
-      for (size_t row = 0; row < n_rows; ++row) {
-        quantize_query_int8(qv.data() + row * dim, dim, kg, q8_plan.q_max, plan.q8.data() + row * dim, plan.q8_scale.data() + row * groups,
-                            plan.q8_sum.data() + row * groups);
-        for (int gi = 0; gi < groups; ++gi) plan.q8_scale[row * groups + gi] /= q8_plan.level_factor;
-      }
+      quantize_queries_int8(qv.data(), n_rows, dim, kg, q8_plan, plan.q8.data(), plan.q8_scale.data(), plan.q8_sum.data());
       plan.q8_format = &cache.k_format();
       plan.q8_plan = &q8_plan;
     }

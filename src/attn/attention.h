@@ -82,6 +82,11 @@ std::string int8_query_unsupported_reason(const RecordPlan& k, int head_dim);
 Int8QueryPlan int8_query_plan(const RecordPlan& k);  // throws for the formats above
 // q [dim] rounded per group of `group`: q8 [dim], step [dim / group] (the quantum), sum [dim / group] of q8.
 void quantize_query_int8(const float* q, int dim, int group, int q_max, int8_t* q8, float* step, int32_t* sum);
+// What the fused kernel reads: rows of queries q [rows][dim] rounded per group of `group` by plan.q_max, as q8
+// [rows][dim], the scale [rows][dim / group] = quantum / plan.level_factor (the integer levels' factor folded in)
+// and sum [rows][dim / group] of q8.
+void quantize_queries_int8(const float* q, size_t rows, int dim, int group, const Int8QueryPlan& plan, int8_t* q8, float* scale,
+                           int32_t* sum);
 
 void attend(const KVCache& cache, std::span<const AttentionRequest> requests, const AttentionParams& params,
             AttentionPath path, ThreadPool& pool, AttentionStats* stats = nullptr);

@@ -899,10 +899,7 @@ TEST_P(BlockTargets, Int8QueryScoresFollowTheirFormulaAndBound) {
           std::vector<int8_t> q8(static_cast<size_t>(rows) * dim);
           std::vector<float> q8_scale(static_cast<size_t>(rows) * groups);
           std::vector<int32_t> q8_sum(q8_scale.size());
-          for (int r = 0; r < rows; ++r) {
-            quantize_query_int8(q.data() + r * dim, dim, group, plan.q_max, q8.data() + r * dim, q8_scale.data() + r * groups, q8_sum.data() + r * groups);
-            for (int g = 0; g < groups; ++g) q8_scale[r * groups + g] /= plan.level_factor;
-          }
+          quantize_queries_int8(q.data(), static_cast<size_t>(rows), dim, group, plan, q8.data(), q8_scale.data(), q8_sum.data());
           BlockJob job;
           job.rows = rows;
           job.dim = dim;

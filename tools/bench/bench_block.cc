@@ -120,10 +120,7 @@ struct Block {
       q8.resize(static_cast<size_t>(rows) * dim);
       q8_scale.resize(static_cast<size_t>(rows) * groups);
       q8_sum.resize(q8_scale.size());
-      for (int r = 0; r < rows; ++r) {
-        quantize_query_int8(q.data() + r * dim, dim, group, q8_plan.q_max, q8.data() + r * dim, q8_scale.data() + r * groups, q8_sum.data() + r * groups);
-        for (int g = 0; g < groups; ++g) q8_scale[r * groups + g] /= q8_plan.level_factor;
-      }
+      quantize_queries_int8(q.data(), static_cast<size_t>(rows), dim, group, q8_plan, q8.data(), q8_scale.data(), q8_sum.data());
     }
   }
 
