@@ -95,8 +95,8 @@ class CudaLayerCache final : public LayerCache {
 struct TqPartOnDevice {
   int64_t row0 = 0;
   int rotation = 0;     // index into DeviceMatrix::tq_rotations
-  DeviceBuffer codes;   // [rows][cols * bits / 8]
-  DeviceBuffer scales;  // binary16 [rows][cols / group_size]
+  DeviceBuffer codes;   // the GEMV's tile layout (weight_kernels.h): tile_code_bytes(bits, rows, cols)
+  DeviceBuffer scales;  // [tiles][cols / group_size][8] binary16 pairs (weight_kernels.h)
   DeviceBuffer levels;  // F32 [2^bits]
   weight_kernels::TqMatrix matrix;  // device pointers into the buffers above
 };
@@ -114,6 +114,9 @@ struct DeviceMatrix {
   bool tq = false;
   std::vector<TqPartOnDevice> tq_parts;
   std::vector<TqRotationOnDevice> tq_rotations;
+  // The GEMV's launches: runs of consecutive parts with one rotation, code width, group size and level
+  // table (q/k/v, gate/up of our converter), at most weight_kernels::kMaxLaunchParts each.
+  std::vector<std::vector<int>> tq_launches;
   size_t tq_bytes = 0;  // codes and scales: what a product reads
 };
 
@@ -518,6 +521,7 @@ Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string
     TQ_CUDA_CHECK(cudaDeviceSynchronize());  // the host copy goes out of scope
   };
   int64_t row0 = 0;
+  std::vector<std::vector<float>> launch_levels;  // [launches]: the level table of each launch's parts
   for (const ops::WeightView& w : parts) {
     TQ_CHECK(ops::is_tq(w.dtype), what, ": a matrix mixing TurboQuant parts with ", ops::dtype_name(w.dtype), " parts");
     const int bits = ops::tq_bits(w.dtype);
@@ -548,15 +552,37 @@ Linear CudaDevice::tq_linear(std::span<const ops::WeightView> parts, std::string
       std::memcpy(codes.data() + static_cast<size_t>(r) * code_row, w.row_bytes(r), code_row);
       std::memcpy(scales.data() + static_cast<size_t>(r) * scale_row, w.scale_row(r), scale_row);
     }
-    put(part.codes, codes.data(), codes.size());
-    put(part.scales, scales.data(), scales.size());
+    // The rows as stored go up once, and a kernel rewrites them in the GEMV's tile layout.
+    DeviceBuffer row_codes, row_scales;
+    put(row_codes, codes.data(), codes.size());
+    put(row_scales, scales.data(), scales.size());
     put(part.levels, ops::tq_view_levels(w), sizeof(float) << bits);
-    part.matrix = {part.codes.as<uint8_t>(), part.scales.as<uint16_t>(), part.levels.as<float>(), bits, w.tq.group_size, w.rows, cols};
+    part.codes.reserve(weight_kernels::tile_code_bytes(bits, w.rows, cols));
+    part.scales.reserve(weight_kernels::tile_scale_bytes(w.rows, cols, w.tq.group_size));
+    part.matrix = {part.codes.as<uint8_t>(), part.scales.as<uint32_t>(), part.levels.as<float>(), bits, w.tq.group_size, w.rows, cols};
+    weight_kernels::to_tile_layout(row_codes.as<uint8_t>(), row_scales.as<uint16_t>(), part.matrix, nullptr);
+    TQ_CUDA_CHECK(cudaDeviceSynchronize());  // row_codes and row_scales go out of scope
     // The prompts' GEMM dequantizes one part at a time into one buffer of fixed address (a recorded decode
     // step of kGemmRows sequences or more reads it too), sized here at load.
     if (tq_dequant_.bytes() < static_cast<size_t>(w.rows * cols) * 2) tq_dequant_.reserve(static_cast<size_t>(w.rows * cols) * 2);
-    m.tq_bytes += codes.size() + scales.size();
+    m.tq_bytes += part.codes.bytes() + part.scales.bytes();
     weight_bytes_ += static_cast<int64_t>(part.codes.bytes() + part.scales.bytes() + part.levels.bytes());
+    // A part that can join the launch before it reads that part's level table (the same values).
+    std::vector<float> levels(ops::tq_view_levels(w), ops::tq_view_levels(w) + (1 << bits));
+    bool joins = false;
+    if (!m.tq_launches.empty()) {
+      const std::vector<int>& run = m.tq_launches.back();
+      const TqPartOnDevice& first = m.tq_parts[static_cast<size_t>(run[0])];
+      joins = static_cast<int>(run.size()) < weight_kernels::kMaxLaunchParts && first.rotation == part.rotation && first.matrix.bits == bits &&
+              first.matrix.group_size == w.tq.group_size && launch_levels.back() == levels;
+      if (joins) part.matrix.levels = first.matrix.levels;
+    }
+    if (joins) {
+      m.tq_launches.back().push_back(static_cast<int>(m.tq_parts.size()));
+    } else {
+      m.tq_launches.push_back({static_cast<int>(m.tq_parts.size())});
+      launch_levels.push_back(std::move(levels));
+    }
     m.tq_parts.push_back(std::move(part));
     row0 += w.rows;
   }
@@ -908,15 +934,17 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
   const float* b = bias.empty() ? nullptr : vectors_.at(static_cast<size_t>(bias.id)).as<float>();
   const std::string shape = profiling_step_ ? std::to_string(m.rows) + "x" + std::to_string(m.cols) + " n=" + std::to_string(x.rows) : std::string();
   if (m.tq) {
-    // TurboQuant weights: the input rotated once per distinct rotation into float32 scratch [x.rows][cols]
-    // (the parts rotated alike read the same one), then each part's codes streamed by the GEMV into its
-    // columns of out, kMaxGemvRows activation rows a pass.
-    std::vector<Tensor> rotated;  // [rotations], each [x.rows][cols]
-    for (size_t i = 0; i < m.tq_rotations.size(); ++i) rotated.push_back(scratch(x.rows, x.cols, ActType::f32));
+    // TurboQuant weights: the input rotated once per distinct rotation (the parts rotated alike read the same
+    // one), then each part's codes streamed by the GEMV into its columns of out, kMaxGemvRows activation rows
+    // a pass, from the rotation's binary16 B fragments; a prompt's rows go to the GEMM from float32.
+    const bool gemm = x.rows >= weight_kernels::kGemmRows;
+    std::vector<Tensor> rotated;  // [rotations], each [x.rows][cols] F32 (GEMM) or the fragments (weight_kernels.h), 2-byte units
+    for (size_t i = 0; i < m.tq_rotations.size(); ++i)
+      rotated.push_back(gemm ? scratch(x.rows, x.cols, ActType::f32)
+                             : scratch(x.rows, weight_kernels::unit_count(x.cols) * weight_kernels::kUnitCols, ActType::bf16));
     note_tensor(x);
     for (const Tensor& t : rotated) note_tensor(t);
     note_tensor(out);
-    const bool gemm = x.rows >= weight_kernels::kGemmRows;
     std::vector<Tensor> rotated_bf16;  // [rotations], each [x.rows][cols] BF16: the GEMM's input
     if (gemm)
       for (size_t i = 0; i < m.tq_rotations.size(); ++i) rotated_bf16.push_back(scratch(x.rows, x.cols, ActType::bf16));
@@ -924,9 +952,14 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
     Timed timed(*this, !gemm ? (x.rows <= weight_kernels::kMaxGemvRows ? "matmul (TQ GEMV)" : "matmul (TQ GEMV passes)") : "matmul (TQ dequantized, cuBLAS)",
                 shape, static_cast<double>(m.tq_bytes));
     if (!launching()) return;
-    for (size_t i = 0; i < m.tq_rotations.size(); ++i)
-      weight_kernels::rotate_rows(m.tq_rotations[i].rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows),
-                                  rotated[i].f32(), stream_);
+    for (size_t i = 0; i < m.tq_rotations.size(); ++i) {
+      if (gemm)
+        weight_kernels::rotate_rows(m.tq_rotations[i].rotation, m.cols, x.data, x.type == ActType::bf16, x.stride, static_cast<int>(x.rows),
+                                    rotated[i].f32(), stream_);
+      else
+        weight_kernels::rotate_rows_to_fragments(m.tq_rotations[i].rotation, m.cols, x.data, x.type == ActType::bf16, x.stride,
+                                                 static_cast<int>(x.rows), static_cast<uint16_t*>(rotated[i].data), stream_);
+    }
     if (gemm) {
       for (size_t i = 0; i < m.tq_rotations.size(); ++i)
         ops_kernels::to_bf16(rotated[i].f32(), rotated[i].stride, x.rows, static_cast<int>(x.cols), static_cast<uint16_t*>(rotated_bf16[i].data),
@@ -944,9 +977,17 @@ void CudaDevice::matmul(const Linear& w, const Tensor& x, const Tensor& out, con
       }
       return;
     }
-    for (const TqPartOnDevice& part : m.tq_parts)
-      weight_kernels::tq_product(part.matrix, rotated[static_cast<size_t>(part.rotation)].f32(), static_cast<int>(x.rows), out.f32() + part.row0,
-                                 out.stride, b ? b + part.row0 : nullptr, accumulate, stream_);
+    for (const std::vector<int>& launch : m.tq_launches) {
+      weight_kernels::TqMatrix matrices[weight_kernels::kMaxLaunchParts];
+      int64_t row0[weight_kernels::kMaxLaunchParts];
+      for (size_t i = 0; i < launch.size(); ++i) {
+        matrices[i] = m.tq_parts[static_cast<size_t>(launch[i])].matrix;
+        row0[i] = m.tq_parts[static_cast<size_t>(launch[i])].row0;
+      }
+      const int rotation = m.tq_parts[static_cast<size_t>(launch[0])].rotation;
+      weight_kernels::tq_product(matrices, row0, static_cast<int>(launch.size()), static_cast<const uint16_t*>(rotated[static_cast<size_t>(rotation)].data),
+                                 static_cast<int>(x.rows), out.f32(), out.stride, b, accumulate, stream_);
+    }
     return;
   }
   const double weight_bytes = static_cast<double>(m.rows * m.cols * 2);

@@ -249,10 +249,11 @@ void bench_tq(int64_t rows, int64_t cols, const std::vector<int64_t>& batch_rows
   CHECK_CUDA(cudaMemcpy(levels, lv.data(), 16 * sizeof(float), cudaMemcpyHostToDevice));
   const wk::TqRotation rot{signs, hadamard, plan.block, plan.m, plan.p, plan.inv_sqrt_block};
   const int64_t max_n = *std::max_element(batch_rows.begin(), batch_rows.end());
-  float *x = nullptr, *xr = nullptr, *y = nullptr;
+  float *x = nullptr, *y = nullptr;
+  uint16_t* xr = nullptr;  // the rotated rows as the GEMV's binary16 fragments
   __nv_bfloat16* xb = nullptr;
   CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(max_n * cols) * sizeof(float)));   // [n][cols]
-  CHECK_CUDA(cudaMalloc(&xr, static_cast<size_t>(max_n * cols) * sizeof(float)));  // [n][cols] rotated
+  CHECK_CUDA(cudaMalloc(&xr, wk::fragment_halves(static_cast<int>(max_n), cols) * 2));  // [n][units][4][16] rotated
   CHECK_CUDA(cudaMalloc(&xb, static_cast<size_t>(max_n * cols) * 2));              // [n][cols] BF16
   CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(max_n * rows) * sizeof(float)));   // [n][rows]
   fill_random<<<256, 256, 0, stream>>>(x, static_cast<size_t>(max_n * cols), 11);
@@ -283,13 +284,13 @@ void bench_tq(int64_t rows, int64_t cols, const std::vector<int64_t>& batch_rows
   for (auto* p : wb) CHECK_CUDA(cudaFree(p));
 
   for (const int bits : {4, 3, 2}) {
-    const size_t code_bytes = static_cast<size_t>(rows * cols) * bits / 8, scale_bytes = static_cast<size_t>(rows * (cols / group)) * 2;
+    const size_t code_bytes = wk::tile_code_bytes(bits, rows, cols), scale_bytes = wk::tile_scale_bytes(rows, cols, group);
     const size_t bytes = code_bytes + scale_bytes;
     const int copies = std::clamp(static_cast<int>((size_t{3} * 60 * 1024 * 1024) / bytes) + 1, 1, 32);
     std::vector<wk::TqMatrix> w(static_cast<size_t>(copies));
     for (auto& m : w) {
       uint8_t* codes = nullptr;
-      uint16_t* scales = nullptr;
+      uint32_t* scales = nullptr;
       CHECK_CUDA(cudaMalloc(&codes, code_bytes));
       CHECK_CUDA(cudaMalloc(&scales, scale_bytes));
       fill_bytes<<<1024, 256, 0, stream>>>(codes, code_bytes, 5, 0, 0);
@@ -297,12 +298,15 @@ void bench_tq(int64_t rows, int64_t cols, const std::vector<int64_t>& batch_rows
       m = wk::TqMatrix{codes, scales, levels, bits, group, rows, cols};
     }
     const int calls = std::max(copies, 8);
+    // The GEMV reads the rotation's binary16 fragments (weight_kernels.h): made once for the GEMV-alone rows.
+    wk::rotate_rows_to_fragments(rot, cols, xb, true, cols, static_cast<int>(max_n), xr, stream);
     for (const int64_t n : batch_rows) {
       for (const bool with_rotation : {false, true}) {
         const Timing t = time_graph(stream, calls, reps, [&] {
           for (int c = 0; c < calls; ++c) {
-            if (with_rotation) wk::rotate_rows(rot, cols, xb, true, cols, static_cast<int>(n), xr, stream);
-            wk::tq_product(w[static_cast<size_t>(c % copies)], xr, static_cast<int>(n), y, rows, nullptr, false, stream);
+            if (with_rotation) wk::rotate_rows_to_fragments(rot, cols, xb, true, cols, static_cast<int>(n), xr, stream);
+            const int64_t row0 = 0;
+            wk::tq_product(&w[static_cast<size_t>(c % copies)], &row0, 1, xr, static_cast<int>(n), y, rows, nullptr, false, stream);
           }
         });
         const double gbps = static_cast<double>(bytes) / (t.median_us * 1e-6) / 1e9;
@@ -315,7 +319,7 @@ void bench_tq(int64_t rows, int64_t cols, const std::vector<int64_t>& batch_rows
     }
     for (auto& m : w) {
       CHECK_CUDA(cudaFree(const_cast<uint8_t*>(m.codes)));
-      CHECK_CUDA(cudaFree(const_cast<uint16_t*>(m.scales)));
+      CHECK_CUDA(cudaFree(const_cast<uint32_t*>(m.scales)));
     }
   }
   for (void* p : {static_cast<void*>(x), static_cast<void*>(xr), static_cast<void*>(xb), static_cast<void*>(y), static_cast<void*>(signs),
