@@ -328,8 +328,13 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
     c.tail_tile = size.tail_tile;
     setup_dense_side(c.tail_k, KVType::f16, "the filling centring run");
     setup_dense_side(c.tail_v, KVType::f16, "the filling centring run");
-    if (options.center_k) c.k_means.reserve(static_cast<size_t>(size.mean_pool_bytes));
-    if (options.center_v) c.v_means.reserve(static_cast<size_t>(size.mean_pool_bytes));
+    // The means start at zero: the standard path expands whole pages, the slots of a run still filling too
+    // (masked, but a non-finite value there would turn a zero weight into NaN).
+    for (DeviceBuffer* pool : {&c.k_means, &c.v_means}) {
+      if (pool == &c.k_means ? !options.center_k : !options.center_v) continue;
+      pool->reserve(static_cast<size_t>(size.mean_pool_bytes));
+      TQ_CUDA_CHECK(cudaMemset(pool->get(), 0, pool->bytes()));
+    }
     c.tail_pool.reserve(static_cast<size_t>(size.tail_pool_bytes));
     // Zeroed so that no slot of a tail tile a query may see past the length holds a non-finite value.
     TQ_CUDA_CHECK(cudaMemset(c.tail_pool.get(), 0, c.tail_pool.bytes()));
