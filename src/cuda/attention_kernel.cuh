@@ -512,14 +512,15 @@ inline constexpr int kStagesDense = 2;
 inline constexpr int kMaxStages = 8;
 static_assert(kStagesTq >= 2 && kStagesTq <= kMaxStages);
 
-template <int D, int G, CodeKind KK, CodeKind VK>
+// kCentred: the cache is block-mean centred (a kernel of its own: the uncentred loops keep their registers).
+template <int D, int G, CodeKind KK, CodeKind VK, bool kCentred>
 __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
                                                    const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const int g = (threadIdx.x & 31) >> 2;
   const TierParams& tp = p.main;
   const TileTables tt{tp.k_lut, tp.v_lut, tp.k_bias, tp.v_bias, k_table, v_table};
   // Centring: the K and V means of a tile's run (nullptr: that tensor is not centred).
-  const bool centred = p.means.runs > 0;
+  constexpr bool centred = kCentred;
   auto run_means = [&](int index, const uint16_t** mk_mu, const uint16_t** mv_mu) {
     const int page_i = index / tp.tiles_per_page, in_page = index - page_i * tp.tiles_per_page;
     const int k = page_i - pipe.pg.first;
@@ -572,20 +573,20 @@ __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& 
 
 // The common pairs get loops compiled for their kinds (K8/V3, K8/V4, K4/V4, K3/V3); others decode
 // through the run-time switch.
-template <int D, int G>
+template <int D, int G, bool kCentred>
 __device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
                                              const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const CodeKind kk = p.main.k_kind, vk = p.main.v_kind;
   if (kk == CodeKind::byte_uniform && vk == CodeKind::nib3) {
-    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib3>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib3, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else if (kk == CodeKind::byte_uniform && vk == CodeKind::nib4) {
-    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib4>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib4, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else if (kk == CodeKind::nib4 && vk == CodeKind::nib4) {
-    warp_main_tq_kinds<D, G, CodeKind::nib4, CodeKind::nib4>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::nib4, CodeKind::nib4, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else if (kk == CodeKind::nib3 && vk == CodeKind::nib3) {
-    warp_main_tq_kinds<D, G, CodeKind::nib3, CodeKind::nib3>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::nib3, CodeKind::nib3, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else {
-    warp_main_tq_kinds<D, G, kAnyKind, kAnyKind>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, kAnyKind, kAnyKind, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   }
 }
 
@@ -765,7 +766,8 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return r;
 }
 
-template <int D, int G, MainKind MK>
+// kCentred (MK tq only): the main tier is block-mean centred (p.means); the launcher picks the instance.
+template <int D, int G, MainKind MK, bool kCentred = false>
 __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) attention_kernel(const AttentionKernelParams p) {
   extern __shared__ __align__(16) uint8_t dyn_smem[];
   __shared__ float sm_q[kRowsPerItem * D];  // queries; later the rotated-domain sum
@@ -905,7 +907,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
 
   if (main_tier) {
     if constexpr (MK == MainKind::tq) {
-      warp_main_tq<D, G>(p, pipe, sm_k_table, sm_v_table, qf, mk, w);
+      warp_main_tq<D, G, kCentred>(p, pipe, sm_k_table, sm_v_table, qf, mk, w);
     } else {
       warp_main_dense<D, MK == MainKind::dense_bf16>(p, pipe, qf, mk, w);
     }
