@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "cuda/check.h"
 #include "cuda/cache_size.h"
+#include "cuda/center_plan.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
@@ -566,7 +567,9 @@ void DeviceKVCache::truncate(int seq, int length, void* stream) {
   // Centring (KVCache::truncate): the filling run's positions all gone, none is filling; a run already
   // encoded that `length` falls inside keeps its means, and the positions appended into it again are
   // encoded around them.
-  if (s.tail_pos >= 0 && length <= s.tail_pos) s.tail_pos = -1;
+  CenterState st{s.tail_pos, s.tail_half};
+  truncate_centring(st, length);
+  s.tail_pos = st.tail_pos;
   s.length = length;
 }
 
@@ -787,75 +790,54 @@ int64_t DeviceKVCache::Impl::mean_row_of(const Sequence& s, int pos) const {
 }
 
 // Centring: the span's positions [first, first + n) (input rows row0..), already placed (pages held,
-// destinations in `tokens`), as the CPU's centred append handles them (KVCache::append): a position of the
-// run that is still filling goes to the FP16 tail; when a run completes, its means are taken (a mean job)
-// and all of its positions are encoded around them, the earlier ones from the tail; a position appended
-// again into a run encoded before a truncation is encoded around that run's means. The run this append
-// completes is read from one half of the slot's tail tiles, the run left filling is written to the other.
+// destinations in `tokens`), as the CPU's centred append handles them (cuda/center_plan.h): each action
+// becomes a token of the append kernel with its source (an input row or a tail slot) and its run's mean
+// row, each completed run a mean job.
 void DeviceKVCache::Impl::center_span(Sequence& s, int first, int n, int row0, const AppendToken* tokens, std::vector<AppendToken>& out,
                                       std::vector<AppendSource>& sources, std::vector<MeanJob>& jobs) const {
-  const int M = options.min_tokens, C = center_tokens;
-  struct Pending {
-    int pos, row;
-    AppendToken token;
+  CenterState st{s.tail_pos, s.tail_half};
+  std::vector<CenterAction> actions;
+  std::vector<CenterJob> runs;
+  plan_centred_append(options.min_tokens, center_tokens, first_block_pos(s), st, first, n, row0, actions, runs);
+  auto tail_tile0 = [&](int half, int t) {
+    return (static_cast<int64_t>(2 * s.slot + half) * n_kv * tail_tiles + t / kTileTokens) * static_cast<int64_t>(tail_tile.bytes);
   };
-  std::vector<Pending> pending;  // this append's positions of the run that is filling
-  int read_half = -1;            // the half a completed run was read from
-  const int64_t tail_tile_stride = static_cast<int64_t>(tail_tile.bytes);
-  auto tail_token = [&](int page, int t) {
-    AppendToken a{};
-    a.tier = 2;
-    a.tok = static_cast<int16_t>(t % kTileTokens);
-    a.tile0 = (static_cast<int64_t>(page) * n_kv * tail_tiles + t / kTileTokens) * tail_tile_stride;
-    a.head_stride = tail_tiles * tail_tile.bytes;
-    return a;
-  };
-  for (int i = 0; i < n; ++i) {
-    const int pos = first + i, row = row0 + i;
-    if (pos < M) {
-      out.push_back(tokens[i]);
-      sources.push_back({-1, row, 0, -1});
-      continue;
+  for (const CenterAction& a : actions) {
+    switch (a.kind) {
+      case CenterAction::sink:
+        out.push_back(tokens[a.pos - first]);
+        sources.push_back({-1, a.row, 0, -1});
+        break;
+      case CenterAction::tail_write: {
+        AppendToken t{};
+        t.tier = 2;
+        t.tok = static_cast<int16_t>(a.tail_t % kTileTokens);
+        t.tile0 = tail_tile0(a.half, a.tail_t);
+        t.head_stride = tail_tiles * tail_tile.bytes;
+        out.push_back(t);
+        sources.push_back({-1, a.row, 0, -1});
+        break;
+      }
+      case CenterAction::encode:
+        out.push_back(a.pos >= first ? tokens[a.pos - first] : destination(s, a.pos));
+        if (a.row >= 0) {
+          sources.push_back({-1, a.row, 0, mean_row_of(s, a.run_pos)});
+        } else {
+          sources.push_back({tail_tile0(a.half, a.tail_t), 0, a.tail_t % kTileTokens, mean_row_of(s, a.run_pos)});
+        }
+        break;
     }
-    const int rel = pos - first_block_pos(s);
-    if (s.tail_pos < 0 && rel % C == 0) s.tail_pos = pos;  // a new run: FP16 until it is complete
-    if (s.tail_pos < 0) {
-      out.push_back(tokens[i]);
-      sources.push_back({-1, row, 0, mean_row_of(s, pos)});
-      continue;
-    }
-    pending.push_back({pos, row, tokens[i]});
-    if (pos - s.tail_pos + 1 < C) continue;
-    // The run is complete: its means, then every position around them.
-    const int have = pending.front().pos - s.tail_pos;  // positions already in the tail
-    const int64_t mean_row = mean_row_of(s, s.tail_pos);
+  }
+  for (const CenterJob& r : runs) {
     MeanJob j{};
-    j.tail_page = s.tail_page();
-    j.have = have;
-    j.row0 = pending.front().row;
-    j.mean_row = mean_row;
+    j.tail_page = 2 * s.slot + r.half;
+    j.have = r.have;
+    j.row0 = r.row0;
+    j.mean_row = mean_row_of(s, r.run_pos);
     jobs.push_back(j);
-    if (have > 0) read_half = s.tail_half;
-    for (int t = 0; t < have; ++t) {
-      out.push_back(destination(s, s.tail_pos + t));
-      const AppendToken src = tail_token(s.tail_page(), t);
-      sources.push_back({src.tile0, 0, src.tok, mean_row});
-    }
-    for (const Pending& p : pending) {
-      out.push_back(p.token);
-      sources.push_back({-1, p.row, 0, mean_row});
-    }
-    pending.clear();
-    s.tail_pos = -1;
   }
-  if (!pending.empty()) {
-    // The run left filling. A new one goes to the half this append does not read.
-    if (pending.front().pos == s.tail_pos && read_half >= 0) s.tail_half = 1 - read_half;
-    for (const Pending& p : pending) {
-      out.push_back(tail_token(s.tail_page(), p.pos - s.tail_pos));
-      sources.push_back({-1, p.row, 0, -1});
-    }
-  }
+  s.tail_pos = st.tail_pos;
+  s.tail_half = st.tail_half;
 }
 
 AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream,
