@@ -360,14 +360,13 @@ __device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp,
 // s += mu . Q^T for every token row of the tile; mu: the run's K mean [D] (binary16, global memory).
 template <int D>
 __device__ __forceinline__ void add_k_mean(const uint16_t* mu, const uint32_t (*qf)[2], float* s) {
-  const int t = threadIdx.x & 3;
+  const int lane = threadIdx.x & 31;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int st = 0; st < D / 16; ++st) {
-    // K slots (cuda/layout.h): registers 0, 1 hold dims 16st + 2t, +1 (tokens g, g + 8); 2, 3 dims +8, +9.
-    const uint32_t lo = __ldg(reinterpret_cast<const unsigned int*>(mu + 16 * st + 2 * t));
-    const uint32_t hi = __ldg(reinterpret_cast<const unsigned int*>(mu + 16 * st + 2 * t + 8));
-    const uint32_t A[4] = {lo, lo, hi, hi};
+    uint32_t A[4];  // cuda/layout.h, repeated_k_fragment
+    repeated_k_fragment(__ldg(reinterpret_cast<const unsigned int*>(mu + repeated_k_dim(lane, st, 0))),
+                        __ldg(reinterpret_cast<const unsigned int*>(mu + repeated_k_dim(lane, st, 1))), A);
     mma16816<false>(acc, A, qf[st][0], qf[st][1]);
   }
   s[0] += acc[0];
@@ -379,13 +378,12 @@ __device__ __forceinline__ void add_k_mean(const uint16_t* mu, const uint32_t (*
 // O^T += mu^T . P^T: the run's V mean times each row's weights over the tile's 16 tokens.
 template <int D>
 __device__ __forceinline__ void add_v_mean(const uint16_t* mu, uint32_t p01, uint32_t p23, WarpAcc<D>& w) {
-  const int g = (threadIdx.x & 31) >> 2;
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) {
-    // V slots: registers 0, 2 hold dim 16mt + g (tokens 2t, 2t+1 and 2t+8, 2t+9); 1, 3 dim 16mt + g + 8.
-    const uint32_t a = __ldg(reinterpret_cast<const unsigned short*>(mu + 16 * mt + g));
-    const uint32_t b = __ldg(reinterpret_cast<const unsigned short*>(mu + 16 * mt + g + 8));
-    const uint32_t A[4] = {a | (a << 16), b | (b << 16), a | (a << 16), b | (b << 16)};
+    uint32_t A[4];  // cuda/layout.h, repeated_v_fragment
+    repeated_v_fragment(__ldg(reinterpret_cast<const unsigned short*>(mu + repeated_v_dim(lane, mt, 0))),
+                        __ldg(reinterpret_cast<const unsigned short*>(mu + repeated_v_dim(lane, mt, 1))), A);
     mma16816<false>(w.o[mt], A, p01, p23);
   }
 }

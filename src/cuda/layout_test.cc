@@ -518,6 +518,14 @@ TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
       r.length = 1 + static_cast<int>(rng.next() % 5000);
       r.n_q = 1 + static_cast<int>(rng.next() % std::min(r.length, 20));
       r.pos0 = r.length - r.n_q;
+      // Centring: a run of 16..256 positions still filling, a tier of its own at the end (a multiple of
+      // 16 past min_tokens, as the device's runs are).
+      if (rng.next() % 2 && r.length > s.min_tokens + 1) {
+        const int run = 16 << (rng.next() % 5);
+        const int main = r.length - s.min_tokens;
+        const int start = (main - 1) / run * run;  // the run holding the last position
+        if (start > 0 || rng.next() % 2) r.tail_pos = s.min_tokens + start;
+      }
       reqs.push_back(r);
     }
     const WorkPlan plan = plan_attention(s, reqs);
@@ -539,20 +547,24 @@ TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
       const PlanRequest& r = reqs[og.request];
       const int rows = r.n_q * group, last_row = std::min(og.row0 + kRowsPerItem, rows) - 1;
       const int q_first = r.pos0 + og.row0 / group, q_last = r.pos0 + last_row / group;
-      for (int tier = 0; tier < 2; ++tier) {
+      for (int tier = 0; tier < 3; ++tier) {
         const int n_sink = std::min(r.length, s.min_tokens);
+        const int main_end = r.tail_pos >= 0 ? r.tail_pos : r.length;
         int b, e;
         if (tier == 1) {
           visible_tiles(0, n_sink, q_first, q_last, s.window, &b, &e);
+        } else if (tier == 2) {
+          visible_tiles(r.tail_pos, r.tail_pos >= 0 ? r.length - r.tail_pos : 0, q_first, q_last, s.window, &b, &e);
         } else {
-          visible_tiles(s.min_tokens, r.length - n_sink, q_first, q_last, s.window, &b, &e);
+          visible_tiles(s.min_tokens, main_end - n_sink, q_first, q_last, s.window, &b, &e);
         }
         std::vector<int> covered;
         for (size_t k = 0; k < items.size(); ++k) {
           const WorkItem* w = items[k];
           if (w->tier != tier) continue;
-          // Sink items come first in a group (the merge takes parts [0, n_sink_parts) as sink parts).
-          if (tier == 1) {
+          // Sink and filling-run items come first in a group (the merge takes parts [0, n_sink_parts) as
+          // original-domain parts).
+          if (tier != 0) {
             EXPECT_LT(static_cast<int>(k), og.n_sink_parts);
           }
           for (int t = w->tile_begin; t < w->tile_end; ++t) covered.push_back(t);
@@ -566,7 +578,7 @@ TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
         for (const WorkItem* w : items) {
           EXPECT_GE(w->part, og.first_part);
           EXPECT_LT(w->part, og.first_part + og.n_parts);
-          EXPECT_EQ(w->part - og.first_part < og.n_sink_parts, w->tier == 1);
+          EXPECT_EQ(w->part - og.first_part < og.n_sink_parts, w->tier != 0);
         }
       } else {
         EXPECT_EQ(items[0]->part, -1);
@@ -667,6 +679,30 @@ TEST(CudaRotatingCache, PagesPerSequenceBoundTheCpuRotatingCache) {
       }
     }
     EXPECT_EQ(most, bound) << "the bound is looser than the cache's worst case";
+  }
+}
+
+// The centring MMAs' A operands (layout.h, repeated_*_fragment): every slot of every lane holds mu at the
+// slot's dimension (k_element / v_element), whatever its token.
+TEST(CudaLayout, RepeatedVectorFragmentsHoldTheVectorInEveryToken) {
+  for (int dim : {64, 128, 256}) {
+    std::vector<uint16_t> mu(dim);
+    for (int d = 0; d < dim; ++d) mu[d] = f32_to_f16_bits(static_cast<float>(d) * 0.25f - 7.0f);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int b = 0; b < dim / 16; ++b) {
+        uint32_t ka[4], va[4], w[2];
+        std::memcpy(&w[0], &mu[repeated_k_dim(lane, b, 0)], 4);
+        std::memcpy(&w[1], &mu[repeated_k_dim(lane, b, 1)], 4);
+        repeated_k_fragment(w[0], w[1], ka);
+        repeated_v_fragment(mu[repeated_v_dim(lane, b, 0)], mu[repeated_v_dim(lane, b, 1)], va);
+        for (int i = 0; i < 8; ++i) {
+          int tok, d;
+          k_element(lane, 8 * b + i, &tok, &d);
+          EXPECT_EQ(static_cast<uint16_t>(ka[i / 2] >> (16 * (i % 2))), mu[d]) << "K lane " << lane << " block " << b << " slot " << i;
+          v_element(lane, 8 * b + i, &tok, &d);
+          EXPECT_EQ(static_cast<uint16_t>(va[i / 2] >> (16 * (i % 2))), mu[d]) << "V lane " << lane << " block " << b << " slot " << i;
+        }
+      }
   }
 }
 
