@@ -7,9 +7,15 @@ bool launch_attention_d256(int group_size, MainKind kind, const AttentionKernelP
   if (kind == MainKind::dense_f16) return launch_attention_instance<256, 256, MainKind::dense_f16>(p, n_items, overlap, stream);
   if (kind == MainKind::dense_bf16) return launch_attention_instance<256, 256, MainKind::dense_bf16>(p, n_items, overlap, stream);
   switch (group_size) {
-    case 32: return launch_attention_instance<256, 32, MainKind::tq>(p, n_items, overlap, stream);
-    case 64: return launch_attention_instance<256, 64, MainKind::tq>(p, n_items, overlap, stream);
-    case 128: return launch_attention_instance<256, 128, MainKind::tq>(p, n_items, overlap, stream);
+    case 32:
+      return p.means.runs > 0 ? launch_attention_instance<256, 32, MainKind::tq, true>(p, n_items, overlap, stream)
+                              : launch_attention_instance<256, 32, MainKind::tq, false>(p, n_items, overlap, stream);
+    case 64:
+      return p.means.runs > 0 ? launch_attention_instance<256, 64, MainKind::tq, true>(p, n_items, overlap, stream)
+                              : launch_attention_instance<256, 64, MainKind::tq, false>(p, n_items, overlap, stream);
+    case 128:
+      return p.means.runs > 0 ? launch_attention_instance<256, 128, MainKind::tq, true>(p, n_items, overlap, stream)
+                              : launch_attention_instance<256, 128, MainKind::tq, false>(p, n_items, overlap, stream);
     default: return false;
   }
 }

@@ -7,8 +7,12 @@ bool launch_attention_d64(int group_size, MainKind kind, const AttentionKernelPa
   if (kind == MainKind::dense_f16) return launch_attention_instance<64, 64, MainKind::dense_f16>(p, n_items, overlap, stream);
   if (kind == MainKind::dense_bf16) return launch_attention_instance<64, 64, MainKind::dense_bf16>(p, n_items, overlap, stream);
   switch (group_size) {
-    case 32: return launch_attention_instance<64, 32, MainKind::tq>(p, n_items, overlap, stream);
-    case 64: return launch_attention_instance<64, 64, MainKind::tq>(p, n_items, overlap, stream);
+    case 32:
+      return p.means.runs > 0 ? launch_attention_instance<64, 32, MainKind::tq, true>(p, n_items, overlap, stream)
+                              : launch_attention_instance<64, 32, MainKind::tq, false>(p, n_items, overlap, stream);
+    case 64:
+      return p.means.runs > 0 ? launch_attention_instance<64, 64, MainKind::tq, true>(p, n_items, overlap, stream)
+                              : launch_attention_instance<64, 64, MainKind::tq, false>(p, n_items, overlap, stream);
     default: return false;
   }
 }

@@ -132,8 +132,10 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     const int64_t row = static_cast<int64_t>(params.n_heads) * c.dim;
     TQ_CHECK(r.q_stride == 0 || r.q_stride >= row, "query rows of ", row, " floats cannot be ", r.q_stride, " floats apart");
     p.q_stride = static_cast<int32_t>(r.q_stride > 0 ? r.q_stride : row);
+    p.tail_pos = s.tail_pos;  // centring: the run still filling, read from its FP16 tiles
+    p.tail_page = s.tail_pos >= 0 ? s.tail_page() : 0;
     rq.push_back(p);
-    pr.push_back({s.length, r.n_q, r.pos0});
+    pr.push_back({s.length, r.n_q, r.pos0, s.tail_pos});
     if (expand) seqs.insert(r.seq);  // the standard path expands each sequence's tiles once
   }
 
@@ -150,6 +152,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
     a.expand.k_signs = c.main_k.signs.as<float>();
     a.expand.v_signs = c.main_v.signs.as<float>();
     a.expand.inv_sqrt_dim = c.main_k.quantizer->rotation()->plan().inv_sqrt_block;
+    a.expand.means = c.mean_params();  // centred: the run means go into the BF16 tiles
     a.scratch.reserve(static_cast<size_t>(c.n_pages) * c.n_kv * c.tiles_per_page * tf.bytes);
     a.expand.dst_base = a.scratch.as<uint8_t>();
     std::vector<int32_t> tiles;
@@ -267,6 +270,9 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   clear_bytes(k);  // padding too: launch_signature() compares the bytes
   k.main = main;
   k.sink = c.sink_params();
+  k.tail = c.tail_params();
+  // The fused kernel adds the run means itself; the standard path's BF16 tiles hold them already.
+  if (!expand) k.means = c.mean_params();
   k.items = reinterpret_cast<const ItemRecord*>(blob + at_items);
   k.groups = reinterpret_cast<const OutputGroup*>(blob + at_groups);
   k.partials = a.partials.as<float>();
@@ -296,7 +302,7 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   // Bytes the call reads from the cache (and, on the standard path, writes and reads again).
   int64_t bytes = 0;
   for (const WorkItem& w : a.plan.items)
-    bytes += static_cast<int64_t>(w.tile_end - w.tile_begin) * (w.tier == 0 ? main.tile_bytes : c.sink_tile.bytes);
+    bytes += static_cast<int64_t>(w.tile_end - w.tile_begin) * (w.tier == 0 ? main.tile_bytes : w.tier == 1 ? c.sink_tile.bytes : c.tail_tile.bytes);
   if (expand) bytes += static_cast<int64_t>(a.expand.n_tiles) * c.n_kv * (c.main_tile.bytes + main.tile_bytes);  // read, written
   a.bytes = bytes;
 }

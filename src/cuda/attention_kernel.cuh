@@ -350,6 +350,44 @@ __device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp,
   }
 }
 
+// ------------------------------------------------------------------ block-mean centring
+//
+// A centred run's records hold y - mu (mu: the run's binary16 mean, stored domain). Its scores take
+// q . mu once per tile and row, and its output mu times the tile's weight sum: both as one MMA per 16 dims
+// whose A operand is mu repeated in every token row (K) or every token column (V), so that the sum over
+// the tile's tokens uses the same 16-bit P as the values do (the true weights: masked positions are 0).
+
+// s += mu . Q^T for every token row of the tile; mu: the run's K mean [D] (binary16, global memory).
+template <int D>
+__device__ __forceinline__ void add_k_mean(const uint16_t* mu, const uint32_t (*qf)[2], float* s) {
+  const int lane = threadIdx.x & 31;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int st = 0; st < D / 16; ++st) {
+    uint32_t A[4];  // cuda/layout.h, repeated_k_fragment
+    repeated_k_fragment(__ldg(reinterpret_cast<const unsigned int*>(mu + repeated_k_dim(lane, st, 0))),
+                        __ldg(reinterpret_cast<const unsigned int*>(mu + repeated_k_dim(lane, st, 1))), A);
+    mma16816<false>(acc, A, qf[st][0], qf[st][1]);
+  }
+  s[0] += acc[0];
+  s[1] += acc[1];
+  s[2] += acc[2];
+  s[3] += acc[3];
+}
+
+// O^T += mu^T . P^T: the run's V mean times each row's weights over the tile's 16 tokens.
+template <int D>
+__device__ __forceinline__ void add_v_mean(const uint16_t* mu, uint32_t p01, uint32_t p23, WarpAcc<D>& w) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    uint32_t A[4];  // cuda/layout.h, repeated_v_fragment
+    repeated_v_fragment(__ldg(reinterpret_cast<const unsigned short*>(mu + repeated_v_dim(lane, mt, 0))),
+                        __ldg(reinterpret_cast<const unsigned short*>(mu + repeated_v_dim(lane, mt, 1))), A);
+    mma16816<false>(w.o[mt], A, p01, p23);
+  }
+}
+
 // ------------------------------------------------------------------ the per-warp tile loops
 
 struct MainPages {
@@ -384,6 +422,9 @@ struct TilePipeline {
     next_in_page = first - next_page * tp.tiles_per_page;
     const int fresh = rq.pos0 - tp.first_pos;
     wait_from = fresh <= 0 ? 0 : fresh / kTileTokens;
+    // Centred: an append that completes a run encodes all of the run's positions (and takes its means),
+    // so the wait starts at the run of the queries' first position.
+    if (p.means.runs > 0) wait_from -= wait_from % p.means.run_tiles;
   }
   // Lane 0 makes the warp's barriers (each phase completes with lane 0's arrival plus the copy's bytes).
   __device__ __forceinline__ void init_barriers() const {
@@ -469,26 +510,48 @@ inline constexpr int kStagesDense = 2;
 inline constexpr int kMaxStages = 8;
 static_assert(kStagesTq >= 2 && kStagesTq <= kMaxStages);
 
-template <int D, int G, CodeKind KK, CodeKind VK>
+// kCentred: the cache is block-mean centred (a kernel of its own: the uncentred loops keep their registers).
+template <int D, int G, CodeKind KK, CodeKind VK, bool kCentred>
 __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
                                                    const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const int g = (threadIdx.x & 31) >> 2;
   const TierParams& tp = p.main;
   const TileTables tt{tp.k_lut, tp.v_lut, tp.k_bias, tp.v_bias, k_table, v_table};
+  // Centring: the K and V means of a tile's run (nullptr: that tensor is not centred).
+  constexpr bool centred = kCentred;
+  auto run_means = [&](int index, const uint16_t** mk_mu, const uint16_t** mv_mu) {
+    const int page_i = index / tp.tiles_per_page, in_page = index - page_i * tp.tiles_per_page;
+    const int k = page_i - pipe.pg.first;
+    const int page = (k >= 0 && k < pipe.pg.count) ? pipe.pg.cached[k] : tp.page_table[pipe.slot * tp.page_stride + page_i];
+    const int64_t row = mean_row(p.means, page, pipe.head, pipe.n_kv, in_page / p.means.run_tiles) * D;
+    *mk_mu = p.means.k ? p.means.k + row : nullptr;
+    *mv_mu = p.means.v ? p.means.v + row : nullptr;
+  };
   auto single = [&](const uint8_t* tile, int index) {
     float s[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    const uint16_t *mk_mu = nullptr, *mv_mu = nullptr;
+    if (centred) run_means(index, &mk_mu, &mv_mu);
     qk_tq<D, G, KK>(tile, tp, tt, qf, s[0]);
+    if (mk_mu) add_k_mean<D>(mk_mu, qf, s[0]);
     const int p0 = tp.first_pos + index * kTileTokens;
     if (tile_needs_mask(mk, p0)) apply_mask(s[0], p0, g, mk);
     uint32_t pt[1][2];
     online_softmax_n<D, false, 1>(s, w, pt);
     pv_tq<D, G, VK>(tile, tp, tt, pt[0][0], pt[0][1], w);
+    if (mv_mu) add_v_mean<D>(mv_mu, pt[0][0], pt[0][1], w);
   };
   // Tiles index and index + kAttnWarps: two independent score chains, one softmax step.
   auto pair = [&](const uint8_t* ta, const uint8_t* tb, int index) {
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const uint16_t *mka = nullptr, *mva = nullptr, *mkb = nullptr, *mvb = nullptr;
+    if (centred) {
+      run_means(index, &mka, &mva);
+      run_means(index + kAttnWarps, &mkb, &mvb);
+    }
     qk_tq<D, G, KK>(ta, tp, tt, qf, s[0]);
     qk_tq<D, G, KK>(tb, tp, tt, qf, s[1]);
+    if (mka) add_k_mean<D>(mka, qf, s[0]);
+    if (mkb) add_k_mean<D>(mkb, qf, s[1]);
     const int pa = tp.first_pos + index * kTileTokens, pb = pa + kAttnWarps * kTileTokens;
     if (tile_needs_mask(mk, pa)) apply_mask(s[0], pa, g, mk);
     if (tile_needs_mask(mk, pb)) apply_mask(s[1], pb, g, mk);
@@ -496,6 +559,8 @@ __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& 
     online_softmax_n<D, false, 2>(s, w, pt);
     pv_tq<D, G, VK>(ta, tp, tt, pt[0][0], pt[0][1], w);
     pv_tq<D, G, VK>(tb, tp, tt, pt[1][0], pt[1][1], w);
+    if (mva) add_v_mean<D>(mva, pt[0][0], pt[0][1], w);
+    if (mvb) add_v_mean<D>(mvb, pt[1][0], pt[1][1], w);
   };
   if constexpr (KK == kAnyKind) {
     pipe.run(single);  // the generic decoders keep one tile in registers
@@ -506,20 +571,20 @@ __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& 
 
 // The common pairs get loops compiled for their kinds (K8/V3, K8/V4, K4/V4, K3/V3); others decode
 // through the run-time switch.
-template <int D, int G>
+template <int D, int G, bool kCentred>
 __device__ __forceinline__ void warp_main_tq(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
                                              const uint16_t* v_table, const uint32_t (*qf)[2], const MaskInfo& mk, WarpAcc<D>& w) {
   const CodeKind kk = p.main.k_kind, vk = p.main.v_kind;
   if (kk == CodeKind::byte_uniform && vk == CodeKind::nib3) {
-    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib3>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib3, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else if (kk == CodeKind::byte_uniform && vk == CodeKind::nib4) {
-    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib4>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::byte_uniform, CodeKind::nib4, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else if (kk == CodeKind::nib4 && vk == CodeKind::nib4) {
-    warp_main_tq_kinds<D, G, CodeKind::nib4, CodeKind::nib4>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::nib4, CodeKind::nib4, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else if (kk == CodeKind::nib3 && vk == CodeKind::nib3) {
-    warp_main_tq_kinds<D, G, CodeKind::nib3, CodeKind::nib3>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, CodeKind::nib3, CodeKind::nib3, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   } else {
-    warp_main_tq_kinds<D, G, kAnyKind, kAnyKind>(p, pipe, k_table, v_table, qf, mk, w);
+    warp_main_tq_kinds<D, G, kAnyKind, kAnyKind, kCentred>(p, pipe, k_table, v_table, qf, mk, w);
   }
 }
 
@@ -549,16 +614,21 @@ __device__ __forceinline__ void warp_main_dense(const AttentionKernelParams& p, 
   });
 }
 
-// The sink tier: a few FP16/BF16 tiles per sequence, read without prefetching (few registers).
+// The sink tier (tier 1), and with centring the FP16 tail of the run still filling (tier 2, from
+// position tail_pos): a few FP16/BF16 tiles per sequence in the original domain, read without prefetching
+// (few registers).
 template <int D, bool kBf16>
 __device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq, const uint32_t (*qf)[2],
                           const MaskInfo& mk, WarpAcc<D>& w) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-  const TierParams& tp = p.sink;
-  // Its newest tiles may still be being written by an overlapped append (TilePipeline::fetch_next).
-  if (it.tile_end * kTileTokens > rq.pos0) grid_dependency_wait();
+  const bool tail = it.tier == 2;
+  const TierParams& tp = tail ? p.tail : p.sink;
+  const int first_pos = tail ? rq.tail_pos : 0, page = tail ? rq.tail_page : rq.slot;
+  // Its newest tiles may still be being written by an overlapped append (TilePipeline::fetch_next); the
+  // tail, all of it (an append rewrites the half it fills).
+  if (tail || it.tile_end * kTileTokens > rq.pos0) grid_dependency_wait();
   for (int tile = it.tile_begin + warp; tile < it.tile_end; tile += kAttnWarps) {
-    const uint8_t* base = tile_address(tp, rq.slot, it.kv_head, p.n_kv, tile);
+    const uint8_t* base = tile_address(tp, page, it.kv_head, p.n_kv, tile);
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int st = 0; st < D / 16; ++st) {
@@ -566,7 +636,7 @@ __device__ __forceinline__ void warp_sink(const AttentionKernelParams& p, const 
       const uint32_t A[4] = {x.x, x.y, x.z, x.w};
       mma16816<kBf16>(s, A, qf[st][0], qf[st][1]);
     }
-    const int p0 = tile * kTileTokens;
+    const int p0 = first_pos + tile * kTileTokens;
     if (tile_needs_mask(mk, p0)) apply_mask(s, p0, g, mk);
     uint32_t p01, p23;
     online_softmax<D, kBf16>(s, w, p01, p23);
@@ -694,7 +764,8 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return r;
 }
 
-template <int D, int G, MainKind MK>
+// kCentred (MK tq only): the main tier is block-mean centred (p.means); the launcher picks the instance.
+template <int D, int G, MainKind MK, bool kCentred = false>
 __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) attention_kernel(const AttentionKernelParams p) {
   extern __shared__ __align__(16) uint8_t dyn_smem[];
   __shared__ float sm_q[kRowsPerItem * D];  // queries; later the rotated-domain sum
@@ -802,7 +873,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   if (tq_main) fwht_rows<D>(sm_q, min(kRowsPerItem, rows_total - it.row0));
 
   // B operand of S^T = K . Q^T: (dims 16st + 2t, +1) and (16st + 2t + 8, +9) of row g.
-  const bool q_bf16 = main_tier ? MK == MainKind::dense_bf16 : p.sink.k_kind == CodeKind::dense_bf16;
+  const bool q_bf16 = main_tier ? MK == MainKind::dense_bf16 : it.tier == 1 && p.sink.k_kind == CodeKind::dense_bf16;
   const float q_norm = tq_main ? p.inv_sqrt_dim : 1.0f;
   uint32_t qf[D / 16][2];
 #pragma unroll
@@ -822,7 +893,8 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
     mk.q0 = rq.pos0 + min(it.row0 + 2 * t, last_row) / p.group;
     mk.q1 = rq.pos0 + min(it.row0 + 2 * t + 1, last_row) / p.group;
     mk.window = p.window;
-    mk.limit = main_tier ? rq.length : rq.n_sink;
+    // The main tier ends where a centred sequence's filling run (tier 2) begins.
+    mk.limit = main_tier ? (rq.tail_pos >= 0 ? rq.tail_pos : rq.length) : it.tier == 1 ? rq.n_sink : rq.length;
   }
 
   WarpAcc<D> w;
@@ -833,11 +905,11 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
 
   if (main_tier) {
     if constexpr (MK == MainKind::tq) {
-      warp_main_tq<D, G>(p, pipe, sm_k_table, sm_v_table, qf, mk, w);
+      warp_main_tq<D, G, kCentred>(p, pipe, sm_k_table, sm_v_table, qf, mk, w);
     } else {
       warp_main_dense<D, MK == MainKind::dense_bf16>(p, pipe, qf, mk, w);
     }
-  } else if (p.sink.k_kind == CodeKind::dense_bf16) {
+  } else if (it.tier == 1 && p.sink.k_kind == CodeKind::dense_bf16) {
     warp_sink<D, true>(p, it, rq, qf, mk, w);
   } else {
     warp_sink<D, false>(p, it, rq, qf, mk, w);

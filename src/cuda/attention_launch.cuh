@@ -15,13 +15,13 @@ namespace tq::cuda::kernels {
 // memory, so a dynamic size just under 48 KB (K8/V3 at head_dim 128: 16 x 3000-byte tiles) already
 // needs the attribute: it is set for every size, not only above 48 KB. A size the device cannot give
 // throws, naming the sizes.
-template <int D, int G, MainKind MK>
+template <int D, int G, MainKind MK, bool kCentred = false>
 void prepare_attention(int smem) {
   static int configured = -1;  // per instantiation; one device per process
   if (smem <= configured) return;
   cudaFuncAttributes attr{};
-  TQ_CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_kernel<D, G, MK>));
-  const cudaError_t status = cudaFuncSetAttribute(attention_kernel<D, G, MK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  TQ_CUDA_CHECK(cudaFuncGetAttributes(&attr, attention_kernel<D, G, MK, kCentred>));
+  const cudaError_t status = cudaFuncSetAttribute(attention_kernel<D, G, MK, kCentred>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it so that later checks do not report it again
     int device = 0, optin = 0;
@@ -33,10 +33,10 @@ void prepare_attention(int smem) {
   configured = smem;
 }
 
-template <int D, int G, MainKind MK>
+template <int D, int G, MainKind MK, bool kCentred = false>
 bool launch_attention_instance(const AttentionKernelParams& p, int n_items, bool overlap, void* stream) {
   const int smem = attention_dynamic_smem(D, MK, p.main.tile_bytes);
-  prepare_attention<D, G, MK>(smem);
+  prepare_attention<D, G, MK, kCentred>(smem);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(n_items));
   config.blockDim = dim3(kAttnThreads);
@@ -47,12 +47,12 @@ bool launch_attention_instance(const AttentionKernelParams& p, int n_items, bool
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = overlap ? 1 : 0;
-  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, attention_kernel<D, G, MK>, p));
+  TQ_CUDA_CHECK(cudaLaunchKernelEx(&config, attention_kernel<D, G, MK, kCentred>, p));
   return true;
 }
 
 // Asked once per instantiation and tile size: the decode step plans every layer of every token.
-template <int D, int G, MainKind MK>
+template <int D, int G, MainKind MK, bool kCentred = false>
 int attention_instance_blocks_per_sm(int tile_bytes) {
   static std::mutex mutex;
   static std::map<int, int> by_tile_bytes;
@@ -60,9 +60,9 @@ int attention_instance_blocks_per_sm(int tile_bytes) {
   const auto found = by_tile_bytes.find(tile_bytes);
   if (found != by_tile_bytes.end()) return found->second;
   const int smem = attention_dynamic_smem(D, MK, tile_bytes);
-  prepare_attention<D, G, MK>(smem);
+  prepare_attention<D, G, MK, kCentred>(smem);
   int blocks = 0;
-  TQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_kernel<D, G, MK>, kAttnThreads, smem));
+  TQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_kernel<D, G, MK, kCentred>, kAttnThreads, smem));
   by_tile_bytes[tile_bytes] = blocks;
   return blocks;
 }

@@ -97,40 +97,11 @@ __device__ unsigned long long g_append_phase[4][8];
 #endif
 #define TQ_APPEND_PHASE(i) TQ_STAMP_IF((threadIdx.x & 31) == 0 && threadIdx.x < 128, g_append_phase[threadIdx.x >> 5][i])
 
-// y, chosen: this warp's shared-memory rows of D floats; levels, thresholds: its shared-memory copies of
-// the level table [kMaxLevels] and the thresholds between levels [kMaxLevels - 1].
-//
-// A decode step appends one position per layer, so this runs as a single warp per vector and its time
-// is the length of its chain of dependent steps (measured on the H200: 8.6 us against 2.8 us for a dense
-// append, when the groups went one after another and the code search read the thresholds from global
-// memory). So: the tables are copied to shared memory with loads issued beside the vector's, every
-// group's statistics are reduced at once, and each lane finds the codes of all its elements side by side
-// (small codebooks: thresholds broadcast by shuffles; large ones: a branch-free search of fixed length).
-// In a decode step the layer's attention starts while this runs and waits for it only before the newest
-// tiles (DeviceAttention::set_overlap_append), so what remains of this chain on the step's critical
-// path is what the attention's prologue and older tiles do not cover.
-template <int D, int G>
-__device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok, const float* x, float* y, float* chosen,
-                                  float* levels, float* thresholds, int lane) {
-  constexpr int kGroups = D / G, kPerLane = kMaxLevels / 32, E = D / 32;  // E: consecutive elements per lane
-  TQ_APPEND_PHASE(0);
-  float level_r[kPerLane], threshold_r[kPerLane];
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const int i = lane + 32 * k;
-    level_r[k] = i < e.level_count ? e.levels[i] : 0.0f;
-    threshold_r[k] = i + 1 < e.level_count && e.grid != EncodeGrid::uniform ? e.thresholds[i] : 0.0f;
-  }
-  float v[E];
-#pragma unroll
-  for (int i = 0; i < E; ++i) v[i] = __fmul_rn(x[lane * E + i], e.signs[lane * E + i]);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    levels[lane + 32 * k] = level_r[k];
-    thresholds[lane + 32 * k] = threshold_r[k];
-  }
-  TQ_APPEND_PHASE(1);
-  // Butterflies in the CPU's stage order h = 1, 2, 4, ...: first inside a lane, then across lanes.
+// The rotation's butterflies on a warp's vector, lane l holding elements [l*E, l*E + E): the CPU's stage
+// order h = 1, 2, 4, ...: first inside a lane, then across lanes (shared by the append and the centring
+// means, so that both rotate exactly as the CPU does).
+template <int E>
+__device__ __forceinline__ void rotate_butterflies(float (&v)[E], int lane) {
 #pragma unroll
   for (int h = 1; h < E; h *= 2) {
 #pragma unroll
@@ -149,8 +120,55 @@ __device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok,
       v[i] = (lane & m) ? __fsub_rn(other, v[i]) : __fadd_rn(v[i], other);
     }
   }
+}
+
+__device__ __forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
+
+// y, chosen: this warp's shared-memory rows of D floats; levels, thresholds: its shared-memory copies of
+// the level table [kMaxLevels] and the thresholds between levels [kMaxLevels - 1].
+//
+// A decode step appends one position per layer, so this runs as a single warp per vector and its time
+// is the length of its chain of dependent steps (measured on the H200: 8.6 us against 2.8 us for a dense
+// append, when the groups went one after another and the code search read the thresholds from global
+// memory). So: the tables are copied to shared memory with loads issued beside the vector's, every
+// group's statistics are reduced at once, and each lane finds the codes of all its elements side by side
+// (small codebooks: thresholds broadcast by shuffles; large ones: a branch-free search of fixed length).
+// In a decode step the layer's attention starts while this runs and waits for it only before the newest
+// tiles (DeviceAttention::set_overlap_append), so what remains of this chain on the step's critical
+// path is what the attention's prologue and older tiles do not cover.
+// mean: centred encodes (e.centred), the run's binary16 mean [D] in the stored domain, subtracted after
+// the rotation (KVCache::put_centred); e.round16: the input rounded to binary16 first.
+template <int D, int G>
+__device__ void encode_turboquant(uint8_t* tile, const EncodeParams& e, int tok, const float* x, const uint16_t* mean, float* y,
+                                  float* chosen, float* levels, float* thresholds, int lane) {
+  constexpr int kGroups = D / G, kPerLane = kMaxLevels / 32, E = D / 32;  // E: consecutive elements per lane
+  TQ_APPEND_PHASE(0);
+  float level_r[kPerLane], threshold_r[kPerLane];
 #pragma unroll
-  for (int i = 0; i < E; ++i) y[lane * E + i] = __fmul_rn(v[i], e.inv_sqrt_dim);
+  for (int k = 0; k < kPerLane; ++k) {
+    const int i = lane + 32 * k;
+    level_r[k] = i < e.level_count ? e.levels[i] : 0.0f;
+    threshold_r[k] = i + 1 < e.level_count && e.grid != EncodeGrid::uniform ? e.thresholds[i] : 0.0f;
+  }
+  float v[E], mu[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float xi = e.round16 ? round_f16(x[lane * E + i]) : x[lane * E + i];
+    v[i] = __fmul_rn(xi, e.signs[lane * E + i]);
+    mu[i] = e.centred ? __half2float(__ushort_as_half(mean[lane * E + i])) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    levels[lane + 32 * k] = level_r[k];
+    thresholds[lane + 32 * k] = threshold_r[k];
+  }
+  TQ_APPEND_PHASE(1);
+  rotate_butterflies<E>(v, lane);
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float yi = __fmul_rn(v[i], e.inv_sqrt_dim);
+    y[lane * E + i] = e.centred ? __fsub_rn(yi, mu[i]) : yi;
+  }
   __syncwarp();
   TQ_APPEND_PHASE(2);
 
@@ -241,28 +259,106 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
   // An attention launch that overlaps the append (DeviceAttention::set_overlap_append) may start now: it
   // waits for this kernel before it reads the tiles this one writes.
   grid_dependents_may_start();
-  __shared__ float sm_y[kAppendWarps][D], sm_c[kAppendWarps][D];
+  __shared__ float sm_y[kAppendWarps][D], sm_c[kAppendWarps][D], sm_x[kAppendWarps][D];
   __shared__ float sm_levels[kAppendWarps][kMaxLevels], sm_thresholds[kAppendWarps][kMaxLevels];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int job = blockIdx.x * kAppendWarps + warp;
   if (job >= p.n_tokens * p.n_kv * 2) return;  // whole warps leave; no block barrier below
   const int value = job & 1, head = (job >> 1) % p.n_kv, token = (job >> 1) / p.n_kv;
   const AppendToken tk = p.tokens[token];
-  const float* x = (value ? p.v + token * p.v_stride : p.k + token * p.k_stride) + static_cast<int64_t>(head) * D;
-  const EncodeParams& e = tk.tier ? (value ? p.sink_v : p.sink_k) : (value ? p.main_v : p.main_k);
-  uint8_t* tile = (tk.tier ? p.sink_base : p.main_base) + tk.tile0 + static_cast<int64_t>(head) * tk.head_stride;
+  // Centred caches: the source (an input row, or a position of a completed run held in the FP16 tail)
+  // and the run's mean.
+  int64_t row = token, mean_row = -1;
+  const float* x;
+  if (p.sources != nullptr) {
+    const AppendSource src = p.sources[token];
+    row = src.row;
+    mean_row = src.mean_row;
+    if (src.tail_tile0 >= 0) {
+      const EncodeParams& te = value ? p.tail_v : p.tail_k;
+      const uint8_t* t = p.tail_base + src.tail_tile0 + static_cast<int64_t>(head) * p.tail_tiles * p.tail_tile_bytes;
+      for (int j = lane; j < D; j += 32) {
+        const Slot sl = slot_of(te.is_key, src.tail_tok, j);
+        sm_x[warp][j] = __half2float(__ushort_as_half(
+            *reinterpret_cast<const uint16_t*>(t + te.codes + lane_word_offset(te.words, sl.lane, sl.e / 2) + 2 * (sl.e % 2))));
+      }
+      __syncwarp();
+    }
+    x = src.tail_tile0 >= 0 ? sm_x[warp] : nullptr;
+  } else {
+    x = nullptr;
+  }
+  if (x == nullptr) x = (value ? p.v + row * p.v_stride : p.k + row * p.k_stride) + static_cast<int64_t>(head) * D;
+  const EncodeParams& e = tk.tier == 2 ? (value ? p.tail_v : p.tail_k)
+                          : tk.tier   ? (value ? p.sink_v : p.sink_k)
+                                      : (value ? p.main_v : p.main_k);
+  uint8_t* base = tk.tier == 2 ? p.tail_base : tk.tier ? p.sink_base : p.main_base;
+  uint8_t* tile = base + tk.tile0 + static_cast<int64_t>(head) * tk.head_stride;
   if (is_dense(e.kind)) {
     encode_dense<D>(tile, e, tk.tok, x, lane);
   } else {
+    const uint16_t* mean = e.centred && mean_row >= 0 ? e.means + (mean_row + static_cast<int64_t>(head) * p.mean_head_rows) * D : nullptr;
+    EncodeParams ec = e;
+    ec.centred = mean != nullptr;  // the main tier of a centred cache: every position has its run's mean
     // Group sizes 32, 64 and 128 (the cache checks; K and V share one).
     float *y = sm_y[warp], *c = sm_c[warp], *lv = sm_levels[warp], *th = sm_thresholds[warp];
     switch (e.group_size) {
-      case 32: encode_turboquant<D, 32>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
-      case 64: encode_turboquant<D, 64>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
-      default: encode_turboquant<D, 128 < D ? 128 : D>(tile, e, tk.tok, x, y, c, lv, th, lane); break;
+      case 32: encode_turboquant<D, 32>(tile, ec, tk.tok, x, mean, y, c, lv, th, lane); break;
+      case 64: encode_turboquant<D, 64>(tile, ec, tk.tok, x, mean, y, c, lv, th, lane); break;
+      default: encode_turboquant<D, 128 < D ? 128 : D>(tile, ec, tk.tok, x, mean, y, c, lv, th, lane); break;
     }
   }
   TQ_APPEND_MARK(1);
+}
+
+// ------------------------------------------------------------------ centring means
+
+// One warp per (completed run, KV head, centred tensor): the run's C vectors (the first `have` from the
+// FP16 tail, the rest input rows rounded to binary16), each rotated as the append rotates it, summed per
+// element in double in position order, divided by C, rounded to float and then to binary16: the CPU's
+// arithmetic (KVCache::finish_tail), so the means are the CPU's bit for bit.
+template <int D>
+__global__ void __launch_bounds__(32 * kAppendWarps) means_kernel(const AppendParams p) {
+  constexpr int E = D / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int job = blockIdx.x * kAppendWarps + warp;
+  if (job >= p.n_mean_jobs * p.n_kv * 2) return;
+  const int value = job & 1, head = (job >> 1) % p.n_kv, j = (job >> 1) / p.n_kv;
+  uint16_t* means = value ? p.v_means : p.k_means;
+  if (means == nullptr) return;  // this tensor is not centred
+  const MeanJob mj = p.mean_jobs[j];
+  const float* signs = value ? p.v_signs : p.k_signs;
+  const EncodeParams& te = value ? p.tail_v : p.tail_k;
+  const uint8_t* tail = p.tail_base + (static_cast<int64_t>(mj.tail_page) * p.n_kv + head) * p.tail_tiles * p.tail_tile_bytes;
+  const float* in = value ? p.v : p.k;
+  const int64_t in_stride = value ? p.v_stride : p.k_stride;
+  double sum[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) sum[i] = 0.0;
+  for (int t = 0; t < p.center_tokens; ++t) {
+    float v[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int d = lane * E + i;
+      float x;
+      if (t < mj.have) {
+        const Slot sl = slot_of(te.is_key, t % kTileTokens, d);
+        const uint8_t* tile = tail + static_cast<int64_t>(t / kTileTokens) * p.tail_tile_bytes;
+        x = __half2float(
+            __ushort_as_half(*reinterpret_cast<const uint16_t*>(tile + te.codes + lane_word_offset(te.words, sl.lane, sl.e / 2) + 2 * (sl.e % 2))));
+      } else {
+        x = round_f16(in[(mj.row0 + t - mj.have) * in_stride + static_cast<int64_t>(head) * D + d]);
+      }
+      v[i] = __fmul_rn(x, signs[d]);
+    }
+    rotate_butterflies<E>(v, lane);
+#pragma unroll
+    for (int i = 0; i < E; ++i) sum[i] = __dadd_rn(sum[i], static_cast<double>(__fmul_rn(v[i], p.inv_sqrt_dim)));
+  }
+  uint16_t* out = means + (mj.mean_row + static_cast<int64_t>(head) * p.mean_head_rows) * D;
+#pragma unroll
+  for (int i = 0; i < E; ++i)
+    out[lane * E + i] = __half_as_ushort(__float2half_rn(__double2float_rn(__ddiv_rn(sum[i], static_cast<double>(p.center_tokens)))));
 }
 
 // ------------------------------------------------------------------ clear
@@ -458,9 +554,19 @@ __global__ void __launch_bounds__(32 * kExpandWarps) expand_kernel(const ExpandP
   const uint8_t* src = s.base + index * s.tile_bytes;
   uint8_t* dst = p.dst_base + index * p.dst_tile_bytes;
   float* f = sm_f[warp];
+  // Centred tensors: the run's mean added to every token's levels x scales before the inverse rotation.
+  const int64_t run_row = p.means.runs > 0 ? mean_row(p.means, page, head, p.n_kv, in_page / p.means.run_tiles) : 0;
+  auto add_mean = [&](const uint16_t* pool) {
+    if (pool == nullptr) return;
+    __syncwarp();
+    const uint16_t* m = pool + run_row * D;
+    for (int idx = lane; idx < kTileTokens * D; idx += 32) f[idx] += __half2float(__ushort_as_half(m[idx % D]));
+  };
   expand_side<D, G, true>(src, s, sm_k_table, f, lane);
+  add_mean(p.means.k);
   rotate_back_and_store<D, true>(f, p.k_signs, p.inv_sqrt_dim, dst, lane);
   expand_side<D, G, false>(src, s, sm_v_table, f, lane);
+  add_mean(p.means.v);
   rotate_back_and_store<D, false>(f, p.v_signs, p.inv_sqrt_dim, dst + 32 * D, lane);
 }
 
@@ -468,6 +574,12 @@ template <int D>
 void launch_append_d(const AppendParams& p, cudaStream_t stream) {
   const int jobs = p.n_tokens * p.n_kv * 2;
   append_kernel<D><<<(jobs + kAppendWarps - 1) / kAppendWarps, 32 * kAppendWarps, 0, stream>>>(p);
+}
+
+template <int D>
+void launch_means_d(const AppendParams& p, cudaStream_t stream) {
+  const int jobs = p.n_mean_jobs * p.n_kv * 2;
+  means_kernel<D><<<(jobs + kAppendWarps - 1) / kAppendWarps, 32 * kAppendWarps, 0, stream>>>(p);
 }
 
 template <int D>
@@ -506,6 +618,17 @@ bool launch_append(int dim, const AppendParams& p, void* stream) {
     case 64: launch_append_d<64>(p, s); return true;
     case 128: launch_append_d<128>(p, s); return true;
     case 256: launch_append_d<256>(p, s); return true;
+    default: return false;
+  }
+}
+
+bool launch_means(int dim, const AppendParams& p, void* stream) {
+  if (p.n_mean_jobs == 0) return true;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dim) {
+    case 64: launch_means_d<64>(p, s); return true;
+    case 128: launch_means_d<128>(p, s); return true;
+    case 256: launch_means_d<256>(p, s); return true;
     default: return false;
   }
 }

@@ -9,6 +9,11 @@
 //               rotating_pages_per_sequence(window, page_tokens, rotating_append_tokens)
 //   sink pool   max_sequences x n_kv x ceil(min_tokens / 16) x sink tile bytes (none without a sink tier)
 //   page table  max_sequences x row_pages int32 (rows indexed by logical page)
+//   centring (options.center_k / center_v, C = options.center_run()):
+//     mean pools  n_pages x n_kv x (page_tokens / C) x D binary16, one per centred tensor
+//     tail pool   max_sequences x 2 x n_kv x (C / 16) FP16 tiles: each sequence's run that is still
+//                 filling, in one of two halves (an append reads the run it completes from one half while
+//                 it writes the next filling run into the other)
 #pragma once
 
 #include <cstdint>
@@ -38,7 +43,7 @@ inline constexpr int kDefaultRotatingAppendTokens = 1024;
 
 // Whether DeviceKVCache implements block-mean centring (CudaDevice::kv_centring answers this, and the
 // plan takes the same default --kv-center from it).
-inline constexpr bool kDeviceKVCentring = false;
+inline constexpr bool kDeviceKVCentring = true;
 
 struct DeviceKVLayerSize {
   TileFormat main_tile, sink_tile;
@@ -48,7 +53,13 @@ struct DeviceKVLayerSize {
   int64_t page_bytes = 0;
   int64_t main_pool_bytes = 0, sink_pool_bytes = 0, page_table_bytes = 0;
   int64_t main_bytes_per_token = 0;  // all KV heads, K and V (a tile of 16 positions / 16)
-  int64_t device_bytes() const { return main_pool_bytes + sink_pool_bytes + page_table_bytes; }
+  // Block-mean centring (0 when not centred).
+  TileFormat tail_tile;
+  int center_tokens = 0, runs_per_page = 0, tail_tiles = 0;
+  int64_t mean_pool_bytes = 0;  // each centred tensor's pool
+  int64_t mean_pools = 0;       // centred tensors (0, 1 or 2)
+  int64_t tail_pool_bytes = 0;
+  int64_t device_bytes() const { return main_pool_bytes + sink_pool_bytes + page_table_bytes + mean_pools * mean_pool_bytes + tail_pool_bytes; }
 };
 
 // The code kind the device stores a side (K or V) of a tier in; throws for a type the backend does not store.
@@ -103,6 +114,22 @@ inline DeviceKVLayerSize device_kv_layer_size(int n_kv_heads, int head_dim, cons
   z.sink_pool_bytes = z.sink_tiles > 0 ? static_cast<int64_t>(max_sequences) * n_kv_heads * z.sink_tiles * z.sink_tile.bytes : 0;
   z.page_table_bytes = static_cast<int64_t>(max_sequences) * z.row_pages * static_cast<int64_t>(sizeof(int32_t));
   z.main_bytes_per_token = static_cast<int64_t>(n_kv_heads) * z.main_tile.bytes / kTileTokens;
+  if (options.centred()) {
+    const int C = options.center_run();
+    TQ_CHECK(k_tq, "block-mean centring needs quantized K and V on the CUDA backend (got ", to_string(options.k.type), "/",
+             to_string(options.v.type), ")");
+    TQ_CHECK(C >= kTileTokens && C <= z.page_tokens && (C & (C - 1)) == 0 && z.page_tokens % C == 0,
+             "block-mean centring runs of ", C, " positions: the CUDA backend needs a power of two from 16 to the page of ", z.page_tokens,
+             " positions that divides it");
+    const SectionFormat f16 = section_format(CodeKind::dense_f16, head_dim, head_dim);
+    z.tail_tile = tile_format(head_dim, f16, f16);
+    z.center_tokens = C;
+    z.runs_per_page = z.page_tokens / C;
+    z.tail_tiles = C / kTileTokens;
+    z.mean_pools = (options.center_k ? 1 : 0) + (options.center_v ? 1 : 0);
+    z.mean_pool_bytes = z.n_pages * n_kv_heads * z.runs_per_page * static_cast<int64_t>(head_dim) * 2;
+    z.tail_pool_bytes = static_cast<int64_t>(max_sequences) * 2 * n_kv_heads * z.tail_tiles * z.tail_tile.bytes;
+  }
   return z;
 }
 

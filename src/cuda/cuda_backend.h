@@ -131,7 +131,9 @@ class DeviceKVCache {
     std::vector<uint8_t> codes;
     std::vector<float> scales;
     std::vector<float> values;  // dense tiers: the stored FP16/BF16 values as floats
+    std::vector<float> mean;    // centred tensor, main tier: the run's binary16 mean (stored domain); else empty
     bool sink = false;
+    bool filling = false;       // centring: the position is in the run still filling (FP16 values, original domain)
   };
   Stored stored(int seq, int pos, int head, bool key) const;
 

@@ -467,7 +467,7 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& options) : options_(options) {
   TQ_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   TQ_CUDA_CHECK(cudaEventCreate(&replay_begin_));
   TQ_CUDA_CHECK(cudaEventCreate(&replay_end_));
-  // Room for a decode step's uploads of a few dozen layers: an attention plan (a work item of 80 bytes per
+  // Room for a decode step's uploads of a few dozen layers: an attention plan (a work item of 96 bytes per
   // block of a grid that fills the GPU) and the append destinations per layer; it grows when needed.
   upload_.reserve(size_t{4} << 20);
   if (!options.graphs) stats_.eager_reason = "CUDA graphs switched off";

@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "cuda/check.h"
 #include "cuda/cache_size.h"
+#include "cuda/center_plan.h"
 #include "cuda/device_cache_impl.h"
 #include "cuda/encode_rule.h"
 #include "cuda/kernels.h"
@@ -252,8 +253,6 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
   TQ_CHECK(options.block_tokens >= 16 && options.block_tokens % 16 == 0, "the CUDA backend needs block_tokens a multiple of 16, got ",
            options.block_tokens);
   TQ_CHECK(options.min_tokens >= 0, "min_tokens_before_quant must not be negative, got ", options.min_tokens);
-  // Block-mean centring (kv/cache.h) is CPU-only so far: a centred cache would attend wrongly here.
-  TQ_CHECK(!options.centred(), "the CUDA backend does not implement block-mean centring of the KV cache yet; use --kv-center none");
   TQ_CHECK(!options.query_int8, "the CUDA backend has no int8-query scorer (--kv-query-int8 is a CPU scorer)");
   TQ_CHECK(options.window >= 0, "sliding window must not be negative, got ", options.window);
   TQ_CHECK(options.window == 0 || capacity.rotating_append_tokens >= 1,
@@ -322,6 +321,25 @@ DeviceKVCache::DeviceKVCache(int n_kv_heads, int head_dim, const KVCacheOptions&
   // -1 (every byte 0xff) where a row holds no page: a kernel that read such an entry would fault, not
   // read another sequence's page.
   TQ_CUDA_CHECK(cudaMemset(c.page_table.get(), 0xff, c.page_table.bytes()));
+  if (size.center_tokens > 0) {
+    // Block-mean centring: the run means of every page and each slot's FP16 filling runs (cuda/cache_size.h).
+    c.center_tokens = size.center_tokens;
+    c.runs_per_page = size.runs_per_page;
+    c.tail_tiles = size.tail_tiles;
+    c.tail_tile = size.tail_tile;
+    setup_dense_side(c.tail_k, KVType::f16, "the filling centring run");
+    setup_dense_side(c.tail_v, KVType::f16, "the filling centring run");
+    // The means start at zero: the standard path expands whole pages, the slots of a run still filling too
+    // (masked, but a non-finite value there would turn a zero weight into NaN).
+    for (DeviceBuffer* pool : {&c.k_means, &c.v_means}) {
+      if (pool == &c.k_means ? !options.center_k : !options.center_v) continue;
+      pool->reserve(static_cast<size_t>(size.mean_pool_bytes));
+      TQ_CUDA_CHECK(cudaMemset(pool->get(), 0, pool->bytes()));
+    }
+    c.tail_pool.reserve(static_cast<size_t>(size.tail_pool_bytes));
+    // Zeroed so that no slot of a tail tile a query may see past the length holds a non-finite value.
+    TQ_CUDA_CHECK(cudaMemset(c.tail_pool.get(), 0, c.tail_pool.bytes()));
+  }
   for (int p = c.n_pages - 1; p >= 0; --p) c.free_pages.push_back(p);
   for (int s = capacity.max_sequences - 1; s >= 0; --s) c.free_slots.push_back(s);
 }
@@ -338,6 +356,9 @@ std::string DeviceKVCache::describe() const {
   if (impl_->options.window > 0) os << "rotating(window " << impl_->options.window << ") ";
   os << impl_->k_format->describe() << "/" << impl_->v_format->describe();
   if (impl_->options.min_tokens > 0) os << " + " << impl_->options.min_tokens << " sink tokens in " << to_string(impl_->options.sink_type);
+  if (impl_->centred())
+    os << ", " << (impl_->options.center_k && impl_->options.center_v ? "K and V" : impl_->options.center_k ? "K" : "V")
+       << " centred per " << impl_->center_tokens << " positions";
   return os.str();
 }
 
@@ -400,6 +421,13 @@ void DeviceKVCache::Impl::copy_page(int dst, int src, void* stream) {
   TQ_CUDA_CHECK(cudaMemcpyAsync(main_pool.as<uint8_t>() + static_cast<size_t>(dst) * page_bytes,
                                 main_pool.as<uint8_t>() + static_cast<size_t>(src) * page_bytes, page_bytes, cudaMemcpyDeviceToDevice,
                                 static_cast<cudaStream_t>(stream)));
+  // A centred page's run means go with its codes.
+  for (DeviceBuffer* pool : {&k_means, &v_means}) {
+    if (pool->get() == nullptr) continue;
+    const size_t bytes = mean_page_bytes();
+    TQ_CUDA_CHECK(cudaMemcpyAsync(pool->as<uint8_t>() + static_cast<size_t>(dst) * bytes, pool->as<uint8_t>() + static_cast<size_t>(src) * bytes,
+                                  bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  }
 }
 
 void DeviceKVCache::remove_sequence(int id, void* stream) {
@@ -430,6 +458,8 @@ void DeviceKVCache::fork_sequence(int parent, int child, bool copy, void* stream
   s.length = p.length;
   s.first_page = p.first_page;  // a rotating cache's child holds the same window
   s.pages = p.pages;
+  s.tail_pos = p.tail_pos;      // centring: the filling run is copied (below); each completes it on its own
+  s.tail_half = p.tail_half;
   std::vector<int> changes;
   for (int i = p.first_page; i < p.end_page(); ++i) {
     int page = c.host_page_table[c.row_entry(p, i)];
@@ -448,6 +478,11 @@ void DeviceKVCache::fork_sequence(int parent, int child, bool copy, void* stream
     const size_t slot_bytes = static_cast<size_t>(c.n_kv) * c.sink_tiles * c.sink_tile.bytes;
     TQ_CUDA_CHECK(cudaMemcpyAsync(c.sink_pool.as<uint8_t>() + s.slot * slot_bytes, c.sink_pool.as<uint8_t>() + p.slot * slot_bytes,
                                   slot_bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  }
+  if (c.centred()) {  // both halves of the slot's filling-run tiles
+    const size_t slot_bytes = 2 * c.tail_page_bytes();
+    TQ_CUDA_CHECK(cudaMemcpyAsync(c.tail_pool.as<uint8_t>() + s.slot * slot_bytes, c.tail_pool.as<uint8_t>() + p.slot * slot_bytes, slot_bytes,
+                                  cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
   }
 }
 
@@ -529,6 +564,12 @@ void DeviceKVCache::truncate(int seq, int length, void* stream) {
     TQ_CHECK(kernels::launch_clear(c.dim, p, stream), "internal error: no clear kernel for head_dim ", c.dim);
     TQ_CUDA_CHECK(cudaGetLastError());
   }
+  // Centring (KVCache::truncate): the filling run's positions all gone, none is filling; a run already
+  // encoded that `length` falls inside keeps its means, and the positions appended into it again are
+  // encoded around them.
+  CenterState st{s.tail_pos, s.tail_half};
+  truncate_centring(st, length);
+  s.tail_pos = st.tail_pos;
   s.length = length;
 }
 
@@ -715,6 +756,90 @@ TierParams DeviceKVCache::Impl::sink_params() const {
   return t;
 }
 
+TierParams DeviceKVCache::Impl::tail_params() const {
+  TierParams t;
+  clear_bytes(t);  // padding too (kernel parameters are compared byte for byte)
+  if (!centred()) return t;
+  t.base = tail_pool.as<uint8_t>();
+  t.page_table = nullptr;  // "page" 2 * slot + half (RequestParams::tail_page)
+  t.tiles_per_page = tail_tiles;
+  t.tile_bytes = tail_tile.bytes;
+  t.first_pos = 0;         // the request's tail_pos
+  t.k_kind = t.v_kind = CodeKind::dense_f16;
+  t.k_words = tail_tile.k.words;
+  t.v_words = tail_tile.v.words;
+  t.v_codes = tail_tile.v_codes;
+  return t;
+}
+
+MeanParams DeviceKVCache::Impl::mean_params() const {
+  MeanParams m;
+  clear_bytes(m);
+  if (!centred()) return m;
+  m.k = options.center_k ? k_means.as<uint16_t>() : nullptr;
+  m.v = options.center_v ? v_means.as<uint16_t>() : nullptr;
+  m.runs = runs_per_page;
+  m.run_tiles = center_tokens / kTileTokens;
+  return m;
+}
+
+int64_t DeviceKVCache::Impl::mean_row_of(const Sequence& s, int pos) const {
+  const int mi = pos - options.min_tokens;
+  const int page = host_page_table[row_entry(s, mi / page_tokens)];
+  return (static_cast<int64_t>(page) * n_kv) * runs_per_page + (mi % page_tokens) / center_tokens;
+}
+
+// Centring: the span's positions [first, first + n) (input rows row0..), already placed (pages held,
+// destinations in `tokens`), as the CPU's centred append handles them (cuda/center_plan.h): each action
+// becomes a token of the append kernel with its source (an input row or a tail slot) and its run's mean
+// row, each completed run a mean job.
+void DeviceKVCache::Impl::center_span(Sequence& s, int first, int n, int row0, const AppendToken* tokens, std::vector<AppendToken>& out,
+                                      std::vector<AppendSource>& sources, std::vector<MeanJob>& jobs) const {
+  CenterState st{s.tail_pos, s.tail_half};
+  std::vector<CenterAction> actions;
+  std::vector<CenterJob> runs;
+  plan_centred_append(options.min_tokens, center_tokens, first_block_pos(s), st, first, n, row0, actions, runs);
+  auto tail_tile0 = [&](int half, int t) {
+    return (static_cast<int64_t>(2 * s.slot + half) * n_kv * tail_tiles + t / kTileTokens) * static_cast<int64_t>(tail_tile.bytes);
+  };
+  for (const CenterAction& a : actions) {
+    switch (a.kind) {
+      case CenterAction::sink:
+        out.push_back(tokens[a.pos - first]);
+        sources.push_back({-1, a.row, 0, -1});
+        break;
+      case CenterAction::tail_write: {
+        AppendToken t{};
+        t.tier = 2;
+        t.tok = static_cast<int16_t>(a.tail_t % kTileTokens);
+        t.tile0 = tail_tile0(a.half, a.tail_t);
+        t.head_stride = tail_tiles * tail_tile.bytes;
+        out.push_back(t);
+        sources.push_back({-1, a.row, 0, -1});
+        break;
+      }
+      case CenterAction::encode:
+        out.push_back(a.pos >= first ? tokens[a.pos - first] : destination(s, a.pos));
+        if (a.row >= 0) {
+          sources.push_back({-1, a.row, 0, mean_row_of(s, a.run_pos)});
+        } else {
+          sources.push_back({tail_tile0(a.half, a.tail_t), 0, a.tail_t % kTileTokens, mean_row_of(s, a.run_pos)});
+        }
+        break;
+    }
+  }
+  for (const CenterJob& r : runs) {
+    MeanJob j{};
+    j.tail_page = 2 * s.slot + r.half;
+    j.have = r.have;
+    j.row0 = r.row0;
+    j.mean_row = mean_row_of(s, r.run_pos);
+    jobs.push_back(j);
+  }
+  s.tail_pos = st.tail_pos;
+  s.tail_half = st.tail_half;
+}
+
 AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const float* k, const float* v, void* stream,
                                            UploadBatch* batch, int64_t k_stride, int64_t v_stride) {
   Impl& c = *impl_;
@@ -755,19 +880,55 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   }
   std::vector<AppendToken> tokens;
   tokens.reserve(total);
-  for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, changes, stream);
-  c.upload_page_table(changes, stream);
-  const size_t token_bytes = tokens.size() * sizeof(AppendToken);
-  const UploadBatch::Region region = batch ? batch->take(token_bytes) : UploadBatch::Region{};
-  const AppendToken* tokens_dev;
-  if (region.host) {
-    std::memcpy(region.host, tokens.data(), token_bytes);
-    tokens_dev = reinterpret_cast<const AppendToken*>(region.device);
+  std::vector<AppendSource> sources;
+  std::vector<MeanJob> jobs;
+  if (c.centred()) {
+    std::vector<AppendToken> placed;
+    int row0 = 0;
+    for (const Span& sp : spans) {
+      Impl::Sequence& s = c.seq(sp.seq);
+      const int first = s.length;
+      placed.clear();
+      c.place(s, sp.count, placed, changes, stream);
+      c.center_span(s, first, sp.count, row0, placed.data(), tokens, sources, jobs);
+      row0 += sp.count;
+    }
   } else {
-    c.staging_tokens.reserve(token_bytes);
-    std::memcpy(c.tokens_stage.begin(token_bytes), tokens.data(), token_bytes);
-    c.tokens_stage.upload(c.staging_tokens, token_bytes, stream);
-    tokens_dev = c.staging_tokens.as<AppendToken>();
+    for (const Span& sp : spans) c.place(c.seq(sp.seq), sp.count, tokens, changes, stream);
+  }
+  c.upload_page_table(changes, stream);
+  // The per-position arrays go up with the batch when it has room, else through their own staging.
+  auto upload = [&](const void* data, size_t bytes, DeviceBuffer& staging, PinnedStaging& stage) -> const void* {
+    if (bytes == 0) return nullptr;
+    const UploadBatch::Region region = batch ? batch->take(bytes) : UploadBatch::Region{};
+    if (region.host) {
+      std::memcpy(region.host, data, bytes);
+      return region.device;
+    }
+    staging.reserve(bytes);
+    std::memcpy(stage.begin(bytes), data, bytes);
+    stage.upload(staging, bytes, stream);
+    return staging.get();
+  };
+  const auto* tokens_dev =
+      static_cast<const AppendToken*>(upload(tokens.data(), tokens.size() * sizeof(AppendToken), c.staging_tokens, c.tokens_stage));
+  if (c.centred()) {
+    p.sources = static_cast<const AppendSource*>(
+        upload(sources.data(), sources.size() * sizeof(AppendSource), c.staging_sources, c.sources_stage));
+    p.mean_jobs = static_cast<const MeanJob*>(upload(jobs.data(), jobs.size() * sizeof(MeanJob), c.staging_jobs, c.jobs_stage));
+    p.n_mean_jobs = static_cast<int32_t>(jobs.size());
+    p.center_tokens = c.center_tokens;
+    p.mean_head_rows = c.runs_per_page;
+    p.tail_tiles = c.tail_tiles;
+    p.tail_tile_bytes = c.tail_tile.bytes;
+    p.tail_base = c.tail_pool.as<uint8_t>();
+    p.k_means = c.options.center_k ? c.k_means.as<uint16_t>() : nullptr;
+    p.v_means = c.options.center_v ? c.v_means.as<uint16_t>() : nullptr;
+    p.tail_k = c.encode_params(c.tail_k, true, c.tail_tile);
+    p.tail_v = c.encode_params(c.tail_v, false, c.tail_tile);
+    p.k_signs = c.main_k.signs.as<float>();
+    p.v_signs = c.main_v.signs.as<float>();
+    p.inv_sqrt_dim = c.main_k.quantizer->rotation()->plan().inv_sqrt_block;
   }
 
   p.main_base = c.main_pool.as<uint8_t>();
@@ -777,16 +938,28 @@ AppendParams DeviceKVCache::prepare_append(std::span<const Span> spans, const fl
   p.v = v;
   p.k_stride = k_stride > 0 ? k_stride : static_cast<int64_t>(c.n_kv) * c.dim;
   p.v_stride = v_stride > 0 ? v_stride : static_cast<int64_t>(c.n_kv) * c.dim;
-  p.n_tokens = total;
+  p.n_tokens = static_cast<int32_t>(tokens.size());  // centring adds the re-encoded positions of completed runs
   p.main_k = c.encode_params(c.main_k, true, c.main_tile);
   p.main_v = c.encode_params(c.main_v, false, c.main_tile);
   p.sink_k = c.encode_params(c.sink_k, true, c.sink_tile);
   p.sink_v = c.encode_params(c.sink_v, false, c.sink_tile);
+  if (c.centred()) {
+    for (EncodeParams* e : {&p.main_k, &p.main_v}) e->round16 = true;
+    p.main_k.centred = c.options.center_k;
+    p.main_k.means = p.k_means;
+    p.main_v.centred = c.options.center_v;
+    p.main_v.means = p.v_means;
+  }
   return p;
 }
 
 void DeviceKVCache::launch_append(const AppendParams& p, void* stream) const {
   if (p.n_tokens == 0) return;
+  // Centring: the means of the runs this append completes first; the append encodes around them.
+  if (p.n_mean_jobs > 0) {
+    TQ_CHECK(kernels::launch_means(impl_->dim, p, stream), "internal error: no centring mean kernel for head_dim ", impl_->dim);
+    TQ_CUDA_CHECK(cudaGetLastError());
+  }
   TQ_CHECK(kernels::launch_append(impl_->dim, p, stream), "internal error: no append kernel for head_dim ", impl_->dim);
   TQ_CUDA_CHECK(cudaGetLastError());
 }
@@ -819,16 +992,19 @@ DeviceKVCache::Stored DeviceKVCache::stored(int seq, int pos, int head, bool key
   const int M = c.options.min_tokens;
   Stored out;
   out.sink = pos < M;
-  const TierParams tier = out.sink ? c.sink_params() : c.main_params();
-  const TileFormat& tf = out.sink ? c.sink_tile : c.main_tile;
+  out.filling = !out.sink && s.tail_pos >= 0 && pos >= s.tail_pos;
+  const TierParams tier = out.sink ? c.sink_params() : out.filling ? c.tail_params() : c.main_params();
+  const TileFormat& tf = out.sink ? c.sink_tile : out.filling ? c.tail_tile : c.main_tile;
   TQ_CHECK(out.sink || pos >= c.first_block_pos(s), "position ", pos, " of sequence ", seq, " has left the sliding window");
-  const int tier_pos = out.sink ? pos : pos - M;
+  const int tier_pos = out.sink ? pos : out.filling ? pos - s.tail_pos : pos - M;
   int tile = tier_pos / kTileTokens;
   const int tok = tier_pos % kTileTokens;
   // The tile's device address (the host mirror of the page table stands in for the device one).
   int64_t index;
   if (out.sink) {
     index = (static_cast<int64_t>(s.slot) * c.n_kv + head) * c.sink_tiles + tile;
+  } else if (out.filling) {
+    index = (static_cast<int64_t>(s.tail_page()) * c.n_kv + head) * c.tail_tiles + tile;
   } else {
     const int page = c.host_page_table[c.row_entry(s, tile / c.tiles_per_page)];
     index = (static_cast<int64_t>(page) * c.n_kv + head) * c.tiles_per_page + tile % c.tiles_per_page;
@@ -857,6 +1033,14 @@ DeviceKVCache::Stored DeviceKVCache::stored(int seq, int pos, int head, bool key
     std::memcpy(&h, bytes.data() + scales_at + 2 * (key ? k_scale_index(tok, g) : v_scale_index(tok, g)), 2);
     out.scales.push_back(f16_bits_to_f32(h));
   }
+  // A centred tensor's run mean (stored domain), for positions encoded around it.
+  const DeviceBuffer& means = key ? c.k_means : c.v_means;
+  if (!out.sink && !out.filling && means.get() != nullptr) {
+    std::vector<uint16_t> m(static_cast<size_t>(c.dim));
+    const int64_t row = c.mean_row_of(s, pos) + static_cast<int64_t>(head) * c.runs_per_page;
+    TQ_CUDA_CHECK(cudaMemcpy(m.data(), means.as<uint16_t>() + row * c.dim, m.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    for (uint16_t h : m) out.mean.push_back(f16_bits_to_f32(h));
+  }
   return out;
 }
 
@@ -870,6 +1054,7 @@ void DeviceKVCache::read(int seq, int pos, float* k, float* v) const {
         const GroupQuantizer* q = (key ? c.main_k : c.main_v).quantizer;
         const int G = q->group_size();
         for (int d = 0; d < c.dim; ++d) x[d] = q->levels()[st.codes[d]] * st.scales[d / G];
+        for (size_t d = 0; d < st.mean.size(); ++d) x[d] += st.mean[d];  // centred: the run's mean, then the inverse rotation
         q->rotation()->inverse(x);
       } else {
         std::copy(st.values.begin(), st.values.end(), x);
@@ -902,7 +1087,8 @@ MemoryUsage DeviceKVCache::memory() const {
 
 int64_t DeviceKVCache::device_bytes() const {
   const Impl& c = *impl_;
-  return static_cast<int64_t>(c.main_pool.bytes() + c.sink_pool.bytes() + c.page_table.bytes());
+  return static_cast<int64_t>(c.main_pool.bytes() + c.sink_pool.bytes() + c.page_table.bytes() + c.k_means.bytes() + c.v_means.bytes() +
+                              c.tail_pool.bytes());
 }
 
 }  // namespace tq::cuda

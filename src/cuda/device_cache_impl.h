@@ -128,6 +128,16 @@ struct DeviceKVCache::Impl {
   int row_pages = 0;
   size_t page_bytes = 0;
   DeviceBuffer main_pool, sink_pool, page_table;
+  // Block-mean centring (options.centred()): C = center_tokens positions per run; the means of every
+  // page's runs ([n_pages][n_kv][runs][D] binary16 per centred tensor) and each sequence slot's filling
+  // runs in FP16 tiles ([max_sequences][2 halves][n_kv][C / 16] tiles, cuda/cache_size.h).
+  int center_tokens = 0, runs_per_page = 0, tail_tiles = 0;
+  TileFormat tail_tile;
+  SideFormat tail_k, tail_v;             // FP16
+  DeviceBuffer k_means, v_means, tail_pool;
+  bool centred() const { return center_tokens > 0; }
+  size_t tail_page_bytes() const { return static_cast<size_t>(n_kv) * tail_tiles * tail_tile.bytes; }
+  size_t mean_page_bytes() const { return static_cast<size_t>(n_kv) * runs_per_page * dim * sizeof(uint16_t); }
   std::vector<int32_t> host_page_table;  // [max_sequences][row_pages]
   std::vector<int> page_owners;          // [n_pages]: sequences holding the page (forks share pages); 0 when free
   std::vector<int> free_pages;           // a stack; the next page handed out is at the back
@@ -138,11 +148,18 @@ struct DeviceKVCache::Impl {
     int first_page = 0;  // logical index of the oldest page held (> 0 only for rotating caches)
     int pages = 0;       // pages held: logical pages [first_page, first_page + pages)
     int end_page() const { return first_page + pages; }
+    // Centring: the first position of the run that is still filling (KVCache's tail_pos; -1: none) and
+    // the half of the slot's tail tiles it is in.
+    int tail_pos = -1;
+    int tail_half = 0;
+    int tail_page() const { return 2 * slot + tail_half; }
   };
   std::map<int, Sequence> seqs;
   int next_id = 0;
   DeviceBuffer staging_kv, staging_tokens;  // host appends
   PinnedStaging tokens_stage, page_table_stage;  // append positions and new page ids on their way up
+  DeviceBuffer staging_sources, staging_jobs;    // centring: the append's sources and mean jobs
+  PinnedStaging sources_stage, jobs_stage;
 
   const Sequence& seq(int id) const;
   // Position of the first token of the sequence's oldest held page (KVCache's first_block_pos).
@@ -157,11 +174,17 @@ struct DeviceKVCache::Impl {
   Sequence& seq(int id);
   TierParams main_params() const;
   TierParams sink_params() const;
+  TierParams tail_params() const;
+  MeanParams mean_params() const;
+  // The mean_row (kernel_params.h) of the run holding main-tier position pos of a sequence.
+  int64_t mean_row_of(const Sequence& s, int pos) const;
   EncodeParams encode_params(const SideFormat& side, bool key, const TileFormat& tile) const;
   // Positions [length, length + n) of a sequence (a rotating cache's drop_out_of_window first): page allocation (a page another sequence still holds is
   // copied first), the changed page-table entries (queued in `changes`) and the per-token destinations of
   // the append kernel.
   void place(Sequence& s, int n, std::vector<AppendToken>& out, std::vector<int>& changes, void* stream);
+  void center_span(Sequence& s, int first, int n, int row0, const AppendToken* tokens, std::vector<AppendToken>& out,
+                   std::vector<AppendSource>& sources, std::vector<MeanJob>& jobs) const;
   // Uploads the page-table entries listed in `changes` (indices into host_page_table).
   void upload_page_table(std::vector<int>& changes, void* stream);
   // The append destination of one position of a sequence (its page must be held).

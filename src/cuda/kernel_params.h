@@ -56,6 +56,10 @@ struct RequestParams {
   int32_t length = 0;        // positions held
   int32_t n_sink = 0;        // positions in the sink tier: min(length, min_tokens)
   int32_t q_stride = 0;      // floats from one query's row to the next (n_heads * D when side by side)
+  // Block-mean centring: the first position of the run that is still filling (held in FP16 in the tail
+  // tier, "page" tail_page of it), or -1 when none; the main tier's positions end there.
+  int32_t tail_pos = -1;
+  int32_t tail_page = 0;
 };
 
 // What a block of the attention kernel reads first, in one round trip: its work item, the item's request
@@ -67,10 +71,27 @@ struct alignas(16) ItemRecord {
   RequestParams request;
   int32_t pages[2];  // main tier: ids of pages tile_begin / tiles_per_page and the next one (-1: none)
 };
-static_assert(sizeof(ItemRecord) == 80);
+static_assert(sizeof(ItemRecord) == 96);
+
+// Block-mean centring of the main tier (kv/cache.h, KVCacheOptions::center_k): per page, KV head and run
+// of center_tokens positions, the binary16 mean of the run's stored-domain (rotated) vectors. Pool layout
+// [page][n_kv][runs][D] binary16 for K and for V; nullptr for a tensor that is not centred.
+struct MeanParams {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int32_t runs = 0;        // runs per page (page_tokens / center_tokens); 0: not centred
+  int32_t run_tiles = 0;   // 16-token tiles per run
+};
+
+// Byte-free index of the mean row of (page, head, run) in a mean pool, in units of D values.
+TQ_HD int64_t mean_row(const MeanParams& m, int page, int head, int n_kv, int run) {
+  return (static_cast<int64_t>(page) * n_kv + head) * m.runs + run;
+}
 
 struct AttentionKernelParams {
   TierParams main, sink;
+  TierParams tail;                  // centring: the FP16 tiles of each sequence's filling run (tier 2)
+  MeanParams means;                 // centring: the main tier's run means (fused path; zero runs otherwise)
   const ItemRecord* items = nullptr;
   const OutputGroup* groups = nullptr;
   float* partials = nullptr;        // [parts][16 + 8 * D]: row maxima, row sums, rows x D accumulators
@@ -118,17 +139,59 @@ struct EncodeParams {
   const float* signs = nullptr;       // [D] rotation signs, device (nullptr: dense, not rotated)
   float inv_sqrt_dim = 1;
   bool is_key = true;                 // element placement: K slots or V slots
+  // Block-mean centring (main tier of a centred cache): the input is rounded to binary16 first (the CPU
+  // encodes centred positions from its FP16 filling run), and, when `centred`, the run's binary16 mean
+  // (AppendSource::mean_row of `means`) is subtracted after the rotation.
+  bool round16 = false;
+  bool centred = false;
+  const uint16_t* means = nullptr;    // [page][n_kv][runs][D] binary16
 };
+
+// Centred caches: where each appended (or re-encoded) position's vector comes from and which mean it is
+// encoded around. One per AppendToken.
+struct AppendSource {
+  int64_t tail_tile0;  // byte offset in the tail pool of head 0's tile holding the source, or -1: input row `row`
+  int32_t row;         // input row (index into k / v) when tail_tile0 < 0
+  int32_t tail_tok;    // token inside the tail tile
+  int64_t mean_row;    // mean_row() of the position's run (main tier), or -1
+};
+static_assert(sizeof(AppendSource) == 24);
+
+// Centred caches: one run that completes in this append, its means taken before its positions are
+// encoded. Run position t < have is in the tail pool (tile t / 16 of tail "page" tail_page), the others
+// are input rows row0 + t - have.
+struct MeanJob {
+  int32_t tail_page;
+  int32_t have;
+  int32_t row0;
+  int32_t pad;
+  int64_t mean_row;    // where the run's means go
+};
+static_assert(sizeof(MeanJob) == 24);
 
 struct AppendParams {
   uint8_t* main_base = nullptr;
   uint8_t* sink_base = nullptr;
+  uint8_t* tail_base = nullptr;      // centring: FP16 tiles of the filling runs (tier 2 tokens)
   const AppendToken* tokens = nullptr;
+  const AppendSource* sources = nullptr;  // centring: [n_tokens]; nullptr: token i is input row i
+  const MeanJob* mean_jobs = nullptr;     // centring: runs completing in this append
+  int32_t n_mean_jobs = 0;
+  int32_t center_tokens = 0;              // positions per run (0: not centred)
+  int32_t tail_tiles = 0;                 // tiles per tail page (center_tokens / 16)
+  int32_t tail_tile_bytes = 0;
+  uint16_t* k_means = nullptr;            // mean pools written by the mean kernel (nullptr: tensor not centred)
+  uint16_t* v_means = nullptr;
+  int32_t mean_head_rows = 0;             // mean rows from one KV head's to the next's (runs per page)
   const float* k = nullptr;  // [tokens][n_kv][D], token t's row at k + t * k_stride
   const float* v = nullptr;  // likewise, v_stride
   int32_t n_tokens = 0, n_kv = 0;
   int64_t k_stride = 0, v_stride = 0;  // floats between tokens' rows
   EncodeParams main_k, main_v, sink_k, sink_v;
+  EncodeParams tail_k, tail_v;  // centring: FP16 tiles
+  const float* k_signs = nullptr;  // centring: rotation signs and 1/sqrt(D) for the mean kernel
+  const float* v_signs = nullptr;
+  float inv_sqrt_dim = 1;
 };
 
 // Standard path: expand main-tier TurboQuant tiles to BF16 tiles in the original domain.
@@ -141,6 +204,7 @@ struct ExpandParams {
   const float* k_signs = nullptr;    // [D]
   const float* v_signs = nullptr;
   float inv_sqrt_dim = 1;
+  MeanParams means;                  // centring: added to the decoded levels before the inverse rotation
 };
 
 }  // namespace tq::cuda

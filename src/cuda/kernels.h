@@ -16,6 +16,8 @@ int attention_blocks_per_sm(int dim, int group_size, MainKind kind, int tile_byt
 
 // Quantize-and-append for n_tokens positions (all KV heads, K and V).
 bool launch_append(int dim, const AppendParams& params, void* stream);
+// Centring: the means of the runs an append completes (params.mean_jobs), before launch_append.
+bool launch_means(int dim, const AppendParams& params, void* stream);
 
 // The codes and scales of params.tokens' positions back to zero (truncated positions), as the append
 // kernel places them (k and v unused).

@@ -17,10 +17,13 @@
 #include "core/rng.h"
 #include "codec/group_quantizer.h"
 #include "codec/packing.h"
+#include "cuda/center_plan.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/encode_rule.h"
 #include "cuda/layout.h"
 #include "cuda/plan.h"
+#include "kv/cache.h"
+#include "kv/vector_format.h"
 
 namespace tq::cuda {
 namespace {
@@ -515,6 +518,14 @@ TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
       r.length = 1 + static_cast<int>(rng.next() % 5000);
       r.n_q = 1 + static_cast<int>(rng.next() % std::min(r.length, 20));
       r.pos0 = r.length - r.n_q;
+      // Centring: a run of 16..256 positions still filling, a tier of its own at the end (a multiple of
+      // 16 past min_tokens, as the device's runs are).
+      if (rng.next() % 2 && r.length > s.min_tokens + 1) {
+        const int run = 16 << (rng.next() % 5);
+        const int main = r.length - s.min_tokens;
+        const int start = (main - 1) / run * run;  // the run holding the last position
+        if (start > 0 || rng.next() % 2) r.tail_pos = s.min_tokens + start;
+      }
       reqs.push_back(r);
     }
     const WorkPlan plan = plan_attention(s, reqs);
@@ -536,20 +547,24 @@ TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
       const PlanRequest& r = reqs[og.request];
       const int rows = r.n_q * group, last_row = std::min(og.row0 + kRowsPerItem, rows) - 1;
       const int q_first = r.pos0 + og.row0 / group, q_last = r.pos0 + last_row / group;
-      for (int tier = 0; tier < 2; ++tier) {
+      for (int tier = 0; tier < 3; ++tier) {
         const int n_sink = std::min(r.length, s.min_tokens);
+        const int main_end = r.tail_pos >= 0 ? r.tail_pos : r.length;
         int b, e;
         if (tier == 1) {
           visible_tiles(0, n_sink, q_first, q_last, s.window, &b, &e);
+        } else if (tier == 2) {
+          visible_tiles(r.tail_pos, r.tail_pos >= 0 ? r.length - r.tail_pos : 0, q_first, q_last, s.window, &b, &e);
         } else {
-          visible_tiles(s.min_tokens, r.length - n_sink, q_first, q_last, s.window, &b, &e);
+          visible_tiles(s.min_tokens, main_end - n_sink, q_first, q_last, s.window, &b, &e);
         }
         std::vector<int> covered;
         for (size_t k = 0; k < items.size(); ++k) {
           const WorkItem* w = items[k];
           if (w->tier != tier) continue;
-          // Sink items come first in a group (the merge takes parts [0, n_sink_parts) as sink parts).
-          if (tier == 1) {
+          // Sink and filling-run items come first in a group (the merge takes parts [0, n_sink_parts) as
+          // original-domain parts).
+          if (tier != 0) {
             EXPECT_LT(static_cast<int>(k), og.n_sink_parts);
           }
           for (int t = w->tile_begin; t < w->tile_end; ++t) covered.push_back(t);
@@ -563,7 +578,7 @@ TEST(CudaPlan, ItemsCoverEveryVisibleTileOnce) {
         for (const WorkItem* w : items) {
           EXPECT_GE(w->part, og.first_part);
           EXPECT_LT(w->part, og.first_part + og.n_parts);
-          EXPECT_EQ(w->part - og.first_part < og.n_sink_parts, w->tier == 1);
+          EXPECT_EQ(w->part - og.first_part < og.n_sink_parts, w->tier != 0);
         }
       } else {
         EXPECT_EQ(items[0]->part, -1);
@@ -664,6 +679,220 @@ TEST(CudaRotatingCache, PagesPerSequenceBoundTheCpuRotatingCache) {
       }
     }
     EXPECT_EQ(most, bound) << "the bound is looser than the cache's worst case";
+  }
+}
+
+// The centring MMAs' A operands (layout.h, repeated_*_fragment): every slot of every lane holds mu at the
+// slot's dimension (k_element / v_element), whatever its token.
+TEST(CudaLayout, RepeatedVectorFragmentsHoldTheVectorInEveryToken) {
+  for (int dim : {64, 128, 256}) {
+    std::vector<uint16_t> mu(dim);
+    for (int d = 0; d < dim; ++d) mu[d] = f32_to_f16_bits(static_cast<float>(d) * 0.25f - 7.0f);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int b = 0; b < dim / 16; ++b) {
+        uint32_t ka[4], va[4], w[2];
+        std::memcpy(&w[0], &mu[repeated_k_dim(lane, b, 0)], 4);
+        std::memcpy(&w[1], &mu[repeated_k_dim(lane, b, 1)], 4);
+        repeated_k_fragment(w[0], w[1], ka);
+        repeated_v_fragment(mu[repeated_v_dim(lane, b, 0)], mu[repeated_v_dim(lane, b, 1)], va);
+        for (int i = 0; i < 8; ++i) {
+          int tok, d;
+          k_element(lane, 8 * b + i, &tok, &d);
+          EXPECT_EQ(static_cast<uint16_t>(ka[i / 2] >> (16 * (i % 2))), mu[d]) << "K lane " << lane << " block " << b << " slot " << i;
+          v_element(lane, 8 * b + i, &tok, &d);
+          EXPECT_EQ(static_cast<uint16_t>(va[i / 2] >> (16 * (i % 2))), mu[d]) << "V lane " << lane << " block " << b << " slot " << i;
+        }
+      }
+  }
+}
+
+// ------------------------------------------------------------------ block-mean centring (host rules)
+
+// The device's centred append (cuda/center_plan.h) replayed on host arrays with the CPU's own formats:
+// what its kernels compute (the mean job: binary16 inputs rotated, double sums in position order, float,
+// binary16; the encodes: binary16 input rotated, minus the run's mean, quantized; tail writes and sink
+// positions: binary16). Every position must then decode exactly as the CPU's centred cache reads it,
+// through random appends, truncations and forks, and no append may write a tail slot it reads.
+class CentredDeviceEmulation {
+ public:
+  CentredDeviceEmulation(int dim, const KVCacheOptions& o) : dim_(dim), o_(o), f_{VectorFormat(dim, o.k), VectorFormat(dim, o.v)} {}
+
+  struct Seq {
+    CenterState st;
+    int length = 0;
+    std::vector<float> tail[2][2];                      // [half][tensor]: [C][dim] binary16 values
+    std::map<int, std::vector<float>> mean[2];          // [tensor]: run start -> mean [dim]
+    std::map<int, std::vector<uint8_t>> record[2];      // [tensor]: encoded main-tier position -> record
+    std::map<int, std::vector<float>> fp16[2];          // [tensor]: sink position -> binary16 values
+  };
+
+  void append(Seq& s, const float* k, const float* v, int n) {
+    const int C = o_.center_run(), M = o_.min_tokens;
+    for (int h = 0; h < 2; ++h)
+      for (int x = 0; x < 2; ++x) s.tail[h][x].resize(static_cast<size_t>(C) * dim_);
+    std::vector<CenterAction> actions;
+    std::vector<CenterJob> jobs;
+    plan_centred_append(M, C, M, s.st, s.length, n, 0, actions, jobs);
+    const float* in[2] = {k, v};
+    // The append's tail reads and writes must not meet (its kernels run them in parallel).
+    std::set<std::pair<int, int>> read, written;
+    for (const CenterJob& j : jobs)
+      for (int t = 0; t < j.have; ++t) read.insert({j.half, t});
+    for (const CenterAction& a : actions) {
+      if (a.kind == CenterAction::encode && a.row < 0) read.insert({a.half, a.tail_t});
+      if (a.kind == CenterAction::tail_write) written.insert({a.half, a.tail_t});
+    }
+    for (const auto& slot : written) ASSERT_EQ(read.count(slot), 0u) << "an append writes tail slot " << slot.second << " of half " << slot.first << " that it reads";
+    std::vector<float> x16(dim_), y(dim_);
+    auto input16 = [&](int tensor, int row) {
+      for (int d = 0; d < dim_; ++d) x16[d] = round_to_f16(in[tensor][static_cast<size_t>(row) * dim_ + d]);
+    };
+    for (const CenterJob& j : jobs)
+      for (int x = 0; x < 2; ++x) {
+        if (!(x == 0 ? o_.center_k : o_.center_v)) continue;
+        std::vector<double> sum(dim_, 0.0);
+        for (int t = 0; t < C; ++t) {
+          if (t < j.have) {
+            std::copy_n(s.tail[j.half][x].begin() + static_cast<size_t>(t) * dim_, dim_, x16.begin());
+          } else {
+            input16(x, j.row0 + t - j.have);
+          }
+          f_[x].to_stored(x16.data(), y.data());
+          for (int d = 0; d < dim_; ++d) sum[d] += y[d];
+        }
+        std::vector<float>& m = s.mean[x][j.run_pos];
+        m.resize(dim_);
+        for (int d = 0; d < dim_; ++d) m[d] = round_to_f16(static_cast<float>(sum[d] / C));
+      }
+    std::vector<std::pair<std::pair<int, int>, std::vector<float>>> tail_writes;  // applied after every read
+    for (const CenterAction& a : actions)
+      for (int x = 0; x < 2; ++x) {
+        if (a.kind == CenterAction::sink) {
+          input16(x, a.row);
+          s.fp16[x][a.pos] = x16;
+        } else if (a.kind == CenterAction::tail_write) {
+          input16(x, a.row);
+          tail_writes.push_back({{a.half, a.tail_t}, x16});
+        } else {
+          if (a.row >= 0) {
+            input16(x, a.row);
+          } else {
+            std::copy_n(s.tail[a.half][x].begin() + static_cast<size_t>(a.tail_t) * dim_, dim_, x16.begin());
+          }
+          f_[x].to_stored(x16.data(), y.data());
+          if (x == 0 ? o_.center_k : o_.center_v) {
+            const auto m = s.mean[x].find(a.run_pos);
+            ASSERT_NE(m, s.mean[x].end()) << "position " << a.pos << " is encoded around run " << a.run_pos << ", whose means were never taken";
+            for (int d = 0; d < dim_; ++d) y[d] -= m->second[d];
+          }
+          std::vector<uint8_t>& r = s.record[x][a.pos];
+          r.resize(f_[x].record_bytes());
+          f_[x].encode_stored(y.data(), r.data());
+        }
+      }
+    // Tail writes: K and V of each action were pushed in turn.
+    for (size_t i = 0; i < tail_writes.size(); ++i) {
+      const auto& [slot, values] = tail_writes[i];
+      std::copy(values.begin(), values.end(), s.tail[slot.first][i % 2].begin() + static_cast<size_t>(slot.second) * dim_);
+    }
+    s.length += n;
+  }
+
+  void truncate(Seq& s, int length) {
+    truncate_centring(s.st, length);
+    s.length = length;
+  }
+
+  // Position pos as the device's read() decodes it: K then V, original domain.
+  void read(const Seq& s, int pos, float* k, float* v) const {
+    float* out[2] = {k, v};
+    for (int x = 0; x < 2; ++x) {
+      if (pos < o_.min_tokens) {
+        const std::vector<float>& f = s.fp16[x].at(pos);
+        std::copy(f.begin(), f.end(), out[x]);
+      } else if (s.st.tail_pos >= 0 && pos >= s.st.tail_pos) {
+        std::copy_n(s.tail[s.st.tail_half][x].begin() + static_cast<size_t>(pos - s.st.tail_pos) * dim_, dim_, out[x]);
+      } else {
+        f_[x].decode_stored(s.record[x].at(pos).data(), out[x]);
+        if (x == 0 ? o_.center_k : o_.center_v) {
+          const int C = o_.center_run(), run = pos - (pos - o_.min_tokens) % C;
+          const std::vector<float>& m = s.mean[x].at(run);
+          for (int d = 0; d < dim_; ++d) out[x][d] += m[d];
+        }
+        f_[x].rotation()->inverse(out[x]);
+      }
+    }
+  }
+
+ private:
+  int dim_;
+  KVCacheOptions o_;
+  VectorFormat f_[2];
+};
+
+TEST(CudaCentring, TheDevicesAppendRulesDecodeAsTheCpuCache) {
+  const int dim = 64;
+  struct Setup {
+    int block, center, min_tokens;
+    bool k, v;
+  };
+  for (const Setup& su : {Setup{64, 0, 0, true, false}, Setup{64, 16, 20, true, true}, Setup{128, 32, 16, false, true}, Setup{256, 64, 5, true, true}}) {
+    SCOPED_TRACE(testing::Message() << "block " << su.block << " run " << su.center << " sink " << su.min_tokens << " centre "
+                                    << (su.k ? "K" : "") << (su.v ? "V" : ""));
+    TurboQuantCacheOptions t;
+    t.k_bits = 4;
+    t.v_bits = 3;
+    t.block_tokens = su.block;
+    t.min_tokens_before_quant = su.min_tokens;
+    KVCacheOptions o = turboquant_cache_options(t, 0);
+    o.center_k = su.k;
+    o.center_v = su.v;
+    o.center_tokens = su.center;
+    KVCache cpu(1, dim, o);
+    CentredDeviceEmulation dev(dim, o);
+    SplitMix64 rng(static_cast<uint64_t>(su.block * 7 + su.center + su.min_tokens));
+    std::map<int, CentredDeviceEmulation::Seq> seqs;  // by CPU sequence id
+    seqs[cpu.add_sequence()] = {};
+    int checked = 0;
+    for (int step = 0; step < 120; ++step) {
+      auto it = seqs.begin();
+      std::advance(it, static_cast<long>(rng.next() % seqs.size()));
+      const int id = it->first;
+      CentredDeviceEmulation::Seq& s = it->second;
+      const int op = static_cast<int>(rng.next() % 10);
+      if (op < 6 && s.length < 3000) {
+        const int n = static_cast<int>(rng.next() % 4 == 0 ? 1 + rng.next() % 300 : 1 + rng.next() % 20);
+        std::vector<float> k(static_cast<size_t>(n) * dim), v(k.size());
+        for (auto& x : k) x = static_cast<float>(static_cast<int64_t>(rng.next() % 2001) - 1000) / 300.0f;
+        for (auto& x : v) x = static_cast<float>(static_cast<int64_t>(rng.next() % 2001) - 1000) / 500.0f;
+        cpu.append(id, k.data(), v.data(), n);
+        dev.append(s, k.data(), v.data(), n);
+      } else if (op < 9) {
+        const int to = static_cast<int>(rng.next() % (s.length + 1));
+        cpu.truncate(id, to);
+        dev.truncate(s, to);
+      } else if (seqs.size() < 4) {
+        const int child = cpu.add_sequence();
+        cpu.remove_sequence(child);
+        cpu.fork_sequence(id, child, rng.next() % 2 == 0);
+        seqs[child] = s;  // the device copies the tail halves and the state; pages are shared or copied
+      }
+      ASSERT_FALSE(testing::Test::HasFatalFailure()) << "step " << step;
+      for (const auto& [sid, ss] : seqs) {
+        ASSERT_EQ(cpu.length(sid), ss.length);
+        std::vector<float> ck(dim), cv(dim), gk(dim), gv(dim);
+        for (int pos = 0; pos < ss.length; ++pos) {
+          cpu.read(sid, pos, ck.data(), cv.data());
+          dev.read(ss, pos, gk.data(), gv.data());
+          for (int d = 0; d < dim; ++d) {
+            ASSERT_EQ(ck[d], gk[d]) << "K of sequence " << sid << " position " << pos << " dim " << d << " after step " << step;
+            ASSERT_EQ(cv[d], gv[d]) << "V of sequence " << sid << " position " << pos << " dim " << d << " after step " << step;
+          }
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GT(checked, 10000);
   }
 }
 

@@ -29,7 +29,7 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
   // First pass: the visible tile ranges of every output group.
   struct Pending {
     OutputGroup g;
-    int sink_begin, sink_end, main_begin, main_end;
+    int sink_begin, sink_end, main_begin, main_end, tail_begin, tail_end;
   };
   std::vector<Pending> pending;
   size_t groups = 0;
@@ -43,7 +43,11 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
              " holds ", r.length, " positions (append keys and values before attending)");
     const int rows = r.n_q * group;
     const int n_sink = std::min(r.length, s.min_tokens);
-    const int n_main = r.length - n_sink;
+    TQ_CHECK(r.tail_pos < 0 || (r.tail_pos >= s.min_tokens && r.tail_pos < r.length && (r.tail_pos - s.min_tokens) % kTileTokens == 0),
+             "internal error: a filling centring run at position ", r.tail_pos, " of a sequence of ", r.length);
+    // Centred: the main tier ends where the run still filling begins (that run is a tier of its own).
+    const int n_main = (r.tail_pos >= 0 ? r.tail_pos : r.length) - n_sink;
+    const int n_tail = r.tail_pos >= 0 ? r.length - r.tail_pos : 0;
     for (int h = 0; h < s.n_kv; ++h) {
       for (int row0 = 0; row0 < rows; row0 += kRowsPerItem) {
         const int last_row = std::min(row0 + kRowsPerItem, rows) - 1;
@@ -54,7 +58,8 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
         p.g.row0 = row0;
         visible_tiles(0, n_sink, q_first, q_last, s.window, &p.sink_begin, &p.sink_end);
         visible_tiles(s.min_tokens, n_main, q_first, q_last, s.window, &p.main_begin, &p.main_end);
-        total_tiles += (p.sink_end - p.sink_begin) + (p.main_end - p.main_begin);
+        visible_tiles(r.tail_pos, n_tail, q_first, q_last, s.window, &p.tail_begin, &p.tail_end);
+        total_tiles += (p.sink_end - p.sink_begin) + (p.main_end - p.main_begin) + (p.tail_end - p.tail_begin);
         pending.push_back(p);
       }
     }
@@ -73,8 +78,10 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
   };
 
   for (Pending& p : pending) {
-    const int sink_tiles = p.sink_end - p.sink_begin, main_tiles = p.main_end - p.main_begin;
-    const int n_sink_parts = std::min(parts_for(sink_tiles), kMaxPartsPerGroup / 2);
+    const int sink_tiles = p.sink_end - p.sink_begin, main_tiles = p.main_end - p.main_begin, tail_tiles = p.tail_end - p.tail_begin;
+    const int n_only_sink_parts = std::min(parts_for(sink_tiles), kMaxPartsPerGroup / 2);
+    const int n_tail_parts = std::min(parts_for(tail_tiles), 16);  // a run is at most 256 positions: 16 tiles
+    const int n_sink_parts = n_only_sink_parts + n_tail_parts;     // the original-domain parts come first
     const int n_main_parts = std::min(parts_for(main_tiles), kMaxPartsPerGroup - n_sink_parts);
     const int n_parts = n_sink_parts + n_main_parts;
     TQ_CHECK(n_parts > 0, "internal error: an attention row group sees no positions");
@@ -101,7 +108,8 @@ WorkPlan plan_attention(const PlanShape& s, const std::vector<PlanRequest>& requ
         plan.items.push_back(w);
       }
     };
-    emit(1, p.sink_begin, p.sink_end, n_sink_parts);
+    emit(1, p.sink_begin, p.sink_end, n_only_sink_parts);
+    emit(2, p.tail_begin, p.tail_end, n_tail_parts);
     emit(0, p.main_begin, p.main_end, n_main_parts);
     plan.groups.push_back(p.g);
   }

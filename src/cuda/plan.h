@@ -22,7 +22,7 @@ struct WorkItem {
   int32_t request;
   int32_t kv_head;
   int32_t row0;        // first row of the group
-  int32_t tier;        // 0 = main tier, 1 = sink tier
+  int32_t tier;        // 0 = main tier, 1 = sink tier, 2 = the FP16 filling run of a centred cache
   int32_t tile_begin;  // tiles of the tier, [begin, end)
   int32_t tile_end;
   int32_t group;       // output group
@@ -36,7 +36,7 @@ struct OutputGroup {
   int32_t row0;
   int32_t n_parts;     // items of the group
   int32_t first_part;  // their partial slots are [first_part, first_part + n_parts)
-  int32_t n_sink_parts;  // the first n_sink_parts of them are sink-tier items (original domain)
+  int32_t n_sink_parts;  // the first n_sink_parts of them are sink-tier and filling-run items (original domain)
   int32_t pad0, pad1;
 };
 static_assert(sizeof(OutputGroup) == 32);
@@ -45,6 +45,7 @@ struct PlanRequest {
   int length = 0;  // positions held by the sequence
   int n_q = 1;     // queries at positions pos0 .. pos0 + n_q - 1
   int pos0 = 0;
+  int tail_pos = -1;  // centring: the first position of the run still filling (its own tier), -1 when none
   bool operator==(const PlanRequest&) const = default;
 };
 

@@ -7,6 +7,8 @@
 // Shapes: "BxS" (B sequences of S positions each); every query is the last position (decode).
 // When a call's data would fit in L2 several copies of the cache are made and the graph cycles through
 // them, so each call reads from device memory, as a real decode step would.
+// --center k|v|kv (--center-block C): every TurboQuant method runs twice in a row on the same shape, its
+// cache uncentred and then block-mean centred (kv/cache.h), and prints both times and centred/uncentred.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,6 +34,8 @@ struct Args {
   double l2_factor = 3.0;  // copies of the cache so that one graph replay reads at least this many L2s
   int min_calls = 1;       // calls per graph replay, at least (cycling through the copies)
   bool timeline = false;   // diagnostics builds (-DTQ_ATTN_TIMELINE): one more call per row, its phases printed
+  bool center_k = false, center_v = false;  // --center: also time each TurboQuant method on a centred cache
+  int center_block = 0;    // --center-block: positions per mean (0: the page)
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -82,13 +86,23 @@ Args parse(int argc, char** argv) {
       a.reps = std::atoi(next().c_str());
     } else if (k == "--min-calls") {
       a.min_calls = std::max(1, std::atoi(next().c_str()));
+    } else if (k == "--center") {
+      const std::string w = next();
+      if (w != "k" && w != "v" && w != "kv") {
+        std::fprintf(stderr, "--center takes k, v or kv, got '%s'\n", w.c_str());
+        std::exit(1);
+      }
+      a.center_k = w != "v";
+      a.center_v = w != "k";
+    } else if (k == "--center-block") {
+      a.center_block = std::atoi(next().c_str());
     } else if (k == "--timeline") {
       a.timeline = true;
     } else {
       std::fprintf(stderr,
                    "usage: tq-gpu-bench [--shapes 1x4096,64x2048] [--methods fused_k8v3,fused_k4v4,standard_k8v3,ours_bf16]\n"
                    "                    [--heads 32] [--kv-heads 8] [--dim 128] [--group 64] [--page 256] [--min-tokens 0] [--reps 50]\n"
-                   "                    [--min-calls 1] [--timeline]\n");
+                   "                    [--min-calls 1] [--timeline] [--center k|v|kv] [--center-block C]\n");
       std::exit(1);
     }
   }
@@ -123,6 +137,8 @@ tq::KVCacheOptions options_for(const std::string& method, const Args& a, int* k_
 
 struct Row {
   std::string method;
+  std::string center;  // "none", "k", "v", "kv"
+  double ratio;        // centred rows: time / the uncentred row's time (0 otherwise)
   int k_bits, v_bits, batch, context, sets, items, tiles_per_item;
   double bytes;
   Timing t;
@@ -194,74 +210,88 @@ int main(int argc, char** argv) {
   std::vector<std::string> errors;
   for (const auto& [batch, context] : args.shapes) {
     for (const std::string& method : args.methods) {
-      try {
-        int kb, vb;
-        tq::AttentionPath path;
-        const tq::KVCacheOptions opt = options_for(method, args, &kb, &vb, &path);
-        // Bytes one call reads (estimate for choosing the number of copies; the plan reports the exact value).
-        const double cache_bytes = static_cast<double>(batch) * context * args.n_kv *
-                                   (kb == 16 ? 4.0 * args.dim : (args.dim * (kb + vb) / 8.0 + 4.0 * args.dim / args.group));
-        const int sets = std::clamp(static_cast<int>(std::ceil(args.l2_factor * dev.l2_bytes / cache_bytes)), 1, 32);
-        std::vector<std::unique_ptr<tq::cuda::DeviceKVCache>> caches;
-        std::vector<std::unique_ptr<tq::cuda::DeviceAttention>> plans;
-        const size_t q_floats = static_cast<size_t>(batch) * args.n_heads * args.dim;
-        float *q = nullptr, *out = nullptr, *kv = nullptr;
-        CHECK_CUDA(cudaMalloc(&q, q_floats * sizeof(float)));
-        CHECK_CUDA(cudaMalloc(&out, q_floats * sizeof(float) * sets));
-        fill_random<<<1024, 256, 0, stream>>>(q, q_floats, 17);
-        const int chunk = std::min(context, 8192);
-        const size_t chunk_floats = static_cast<size_t>(chunk) * args.n_kv * args.dim;
-        CHECK_CUDA(cudaMalloc(&kv, 2 * chunk_floats * sizeof(float)));
-        tq::AttentionParams params;
-        params.n_heads = args.n_heads;
-        for (int s = 0; s < sets; ++s) {
-          tq::cuda::DeviceCacheCapacity cap;
-          cap.max_sequences = batch;
-          cap.max_tokens = static_cast<int64_t>(batch) * (context + args.page);
-          caches.push_back(std::make_unique<tq::cuda::DeviceKVCache>(args.n_kv, args.dim, opt, cap));
-          auto& cache = *caches.back();
-          std::vector<tq::cuda::DeviceAttentionRequest> reqs;
-          for (int b = 0; b < batch; ++b) {
-            const int seq = cache.add_sequence();
-            for (int done = 0; done < context; done += chunk) {
-              const int n = std::min(chunk, context - done);
-              fill_random<<<1024, 256, 0, stream>>>(kv, 2 * chunk_floats, 1000003ull * (s * 131071 + b) + done);
-              const tq::cuda::DeviceKVCache::Span span{seq, n};
-              cache.append_device({&span, 1}, kv, kv + chunk_floats, stream);
-            }
-            reqs.push_back({seq, q + static_cast<size_t>(b) * args.n_heads * args.dim, 1, context - 1,
-                            out + static_cast<size_t>(s) * q_floats + static_cast<size_t>(b) * args.n_heads * args.dim});
+      const bool centrable = method != "ours_bf16" && (args.center_k || args.center_v);
+      double plain_us = 0;
+      for (int centred = 0; centred <= (centrable ? 1 : 0); ++centred) {
+        try {
+          int kb, vb;
+          tq::AttentionPath path;
+          tq::KVCacheOptions opt = options_for(method, args, &kb, &vb, &path);
+          const std::string center = !centred ? "none" : args.center_k && args.center_v ? "kv" : args.center_k ? "k" : "v";
+          if (centred) {
+            opt.center_k = args.center_k;
+            opt.center_v = args.center_v;
+            opt.center_tokens = args.center_block;
           }
-          CHECK_CUDA(cudaStreamSynchronize(stream));
-          plans.push_back(std::make_unique<tq::cuda::DeviceAttention>());
-          plans.back()->plan(cache, reqs, params, path, stream);
+          // Bytes one call reads (estimate for choosing the number of copies; the plan reports the exact value).
+          const double cache_bytes = static_cast<double>(batch) * context * args.n_kv *
+                                     (kb == 16 ? 4.0 * args.dim : (args.dim * (kb + vb) / 8.0 + 4.0 * args.dim / args.group));
+          const int sets = std::clamp(static_cast<int>(std::ceil(args.l2_factor * dev.l2_bytes / cache_bytes)), 1, 32);
+          std::vector<std::unique_ptr<tq::cuda::DeviceKVCache>> caches;
+          std::vector<std::unique_ptr<tq::cuda::DeviceAttention>> plans;
+          const size_t q_floats = static_cast<size_t>(batch) * args.n_heads * args.dim;
+          float *q = nullptr, *out = nullptr, *kv = nullptr;
+          CHECK_CUDA(cudaMalloc(&q, q_floats * sizeof(float)));
+          CHECK_CUDA(cudaMalloc(&out, q_floats * sizeof(float) * sets));
+          fill_random<<<1024, 256, 0, stream>>>(q, q_floats, 17);
+          const int chunk = std::min(context, 8192);
+          const size_t chunk_floats = static_cast<size_t>(chunk) * args.n_kv * args.dim;
+          CHECK_CUDA(cudaMalloc(&kv, 2 * chunk_floats * sizeof(float)));
+          tq::AttentionParams params;
+          params.n_heads = args.n_heads;
+          for (int s = 0; s < sets; ++s) {
+            tq::cuda::DeviceCacheCapacity cap;
+            cap.max_sequences = batch;
+            cap.max_tokens = static_cast<int64_t>(batch) * (context + args.page);
+            caches.push_back(std::make_unique<tq::cuda::DeviceKVCache>(args.n_kv, args.dim, opt, cap));
+            auto& cache = *caches.back();
+            std::vector<tq::cuda::DeviceAttentionRequest> reqs;
+            for (int b = 0; b < batch; ++b) {
+              const int seq = cache.add_sequence();
+              for (int done = 0; done < context; done += chunk) {
+                const int n = std::min(chunk, context - done);
+                fill_random<<<1024, 256, 0, stream>>>(kv, 2 * chunk_floats, 1000003ull * (s * 131071 + b) + done);
+                const tq::cuda::DeviceKVCache::Span span{seq, n};
+                cache.append_device({&span, 1}, kv, kv + chunk_floats, stream);
+              }
+              reqs.push_back({seq, q + static_cast<size_t>(b) * args.n_heads * args.dim, 1, context - 1,
+                              out + static_cast<size_t>(s) * q_floats + static_cast<size_t>(b) * args.n_heads * args.dim});
+            }
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            plans.push_back(std::make_unique<tq::cuda::DeviceAttention>());
+            plans.back()->plan(cache, reqs, params, path, stream);
+          }
+          // Back-to-back calls in one graph, cycling through the copies (each call reads another copy).
+          const int calls = (std::max(args.min_calls, sets) + sets - 1) / sets * sets;
+          const Timing t = time_graph(stream, calls, args.reps, [&] {
+            for (int c = 0; c < calls; ++c) plans[c % sets]->run(stream);
+          });
+          // The output must be finite (a broken kernel shows here, not as a fast number).
+          std::vector<float> host(q_floats);
+          CHECK_CUDA(cudaMemcpy(host.data(), out, q_floats * sizeof(float), cudaMemcpyDeviceToHost));
+          for (float x : host)
+            if (!std::isfinite(x)) throw std::runtime_error("non-finite attention output");
+          const double ratio = centred && plain_us > 0 ? t.median_us / plain_us : 0.0;
+          if (!centred) plain_us = t.median_us;
+          rows.push_back({method, center, ratio, kb, vb, batch, context, sets, plans[0]->items(), plans[0]->tiles_per_item(),
+                          static_cast<double>(plans[0]->bytes_read()), t});
+          std::fprintf(stderr, "%-14s %-6s %3dx%-7d %9.2f us  (%d copies, %d blocks)", method.c_str(), centred ? center.c_str() : "", batch,
+                       context, t.median_us, sets, plans[0]->items());
+          if (centred) std::fprintf(stderr, "  centred / uncentred %.3f", ratio);
+          std::fprintf(stderr, "\n");
+  #ifdef TQ_ATTN_TIMELINE
+          if (args.dim == 128 && args.timeline) print_timeline(*plans[0], stream);
+  #endif
+          plans.clear();
+          caches.clear();
+          CHECK_CUDA(cudaFree(q));
+          CHECK_CUDA(cudaFree(out));
+          CHECK_CUDA(cudaFree(kv));
+        } catch (const std::exception& e) {
+          errors.push_back(method + (centred ? " centred" : "") + " " + std::to_string(batch) + "x" + std::to_string(context) + ": " + e.what());
+          std::fprintf(stderr, "FAILED %s %dx%d: %s\n", method.c_str(), batch, context, e.what());
+          cudaGetLastError();
         }
-        // Back-to-back calls in one graph, cycling through the copies (each call reads another copy).
-        const int calls = (std::max(args.min_calls, sets) + sets - 1) / sets * sets;
-        const Timing t = time_graph(stream, calls, args.reps, [&] {
-          for (int c = 0; c < calls; ++c) plans[c % sets]->run(stream);
-        });
-        // The output must be finite (a broken kernel shows here, not as a fast number).
-        std::vector<float> host(q_floats);
-        CHECK_CUDA(cudaMemcpy(host.data(), out, q_floats * sizeof(float), cudaMemcpyDeviceToHost));
-        for (float x : host)
-          if (!std::isfinite(x)) throw std::runtime_error("non-finite attention output");
-        rows.push_back({method, kb, vb, batch, context, sets, plans[0]->items(), plans[0]->tiles_per_item(),
-                        static_cast<double>(plans[0]->bytes_read()), t});
-        std::fprintf(stderr, "%-14s %3dx%-7d %9.2f us  (%d copies, %d blocks)\n", method.c_str(), batch, context, t.median_us, sets,
-                     plans[0]->items());
-#ifdef TQ_ATTN_TIMELINE
-        if (args.dim == 128 && args.timeline) print_timeline(*plans[0], stream);
-#endif
-        plans.clear();
-        caches.clear();
-        CHECK_CUDA(cudaFree(q));
-        CHECK_CUDA(cudaFree(out));
-        CHECK_CUDA(cudaFree(kv));
-      } catch (const std::exception& e) {
-        errors.push_back(method + " " + std::to_string(batch) + "x" + std::to_string(context) + ": " + e.what());
-        std::fprintf(stderr, "FAILED %s %dx%d: %s\n", method.c_str(), batch, context, e.what());
-        cudaGetLastError();
       }
     }
   }
@@ -269,15 +299,15 @@ int main(int argc, char** argv) {
   std::printf("{\n  \"device\": \"%s\", \"sm_count\": %d, \"l2_bytes\": %lld,\n", dev.name.c_str(), dev.sm_count,
               static_cast<long long>(dev.l2_bytes));
   std::printf("  \"read_tbps\": %.4f, \"copy_tbps\": %.4f,\n", read_tbps, copy_tbps);
-  std::printf("  \"shape\": {\"n_heads\": %d, \"n_kv\": %d, \"dim\": %d, \"group\": %d, \"page\": %d, \"min_tokens\": %d},\n",
-              args.n_heads, args.n_kv, args.dim, args.group, args.page, args.min_tokens);
+  std::printf("  \"shape\": {\"n_heads\": %d, \"n_kv\": %d, \"dim\": %d, \"group\": %d, \"page\": %d, \"min_tokens\": %d, \"center_block\": %d},\n",
+              args.n_heads, args.n_kv, args.dim, args.group, args.page, args.min_tokens, args.center_block);
   std::printf("  \"rows\": [\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf(
-        "    {\"method\": \"%s\", \"k_bits\": %d, \"v_bits\": %d, \"batch\": %d, \"context\": %d, \"us\": %.3f, \"us_min\": %.3f, "
+        "    {\"method\": \"%s\", \"center\": \"%s\", \"center_ratio\": %.4f, \"k_bits\": %d, \"v_bits\": %d, \"batch\": %d, \"context\": %d, \"us\": %.3f, \"us_min\": %.3f, "
         "\"us_p90\": %.3f, \"bytes\": %.0f, \"tbps\": %.4f, \"copies\": %d, \"blocks\": %d, \"tiles_per_block\": %d}%s\n",
-        r.method.c_str(), r.k_bits, r.v_bits, r.batch, r.context, r.t.median_us, r.t.min_us, r.t.p90_us, r.bytes,
+        r.method.c_str(), r.center.c_str(), r.ratio, r.k_bits, r.v_bits, r.batch, r.context, r.t.median_us, r.t.min_us, r.t.p90_us, r.bytes,
         r.bytes / (r.t.median_us * 1e-6) / 1e12, r.sets, r.items, r.tiles_per_item, i + 1 < rows.size() ? "," : "");
   }
   std::printf("  ],\n  \"errors\": [");
