@@ -14,17 +14,16 @@
 namespace tq::cuda::weight_kernels {
 
 // One TurboQuant matrix on the device, in the GEMV's tile layout (made from the CPU's row layout at load by
-// to_tile_layout; docs/FORMATS.md "TurboQuant weights on the GPU"). The rows are cut into tiles of 16 and the
-// columns into units of 64 (four k-steps of 16: one tensor-core product m16n8k16 each); each (tile, unit) is
-// 32 lanes' words, lane l = 4 g + t holding the codes of its A fragment: per k-step, the column pairs
-// (2t, 2t + 1) and (8 + 2t, 9 + 2t) of rows g and g + 8, four "pair indices" in the order
-// (row g, pair 2t), (row g + 8, pair 2t), (row g, pair 8 + 2t), (row g + 8, pair 8 + 2t):
-//   TQ4: a byte per pair (low nibble the even column's code): 16 bytes a lane and unit, one word per k-step;
-//   TQ2: a nibble per pair (low 2 bits the even column's): 8 bytes a lane and unit, 16 bits per k-step;
-//   TQ3: the codes' low 2 bits as TQ2 (8 bytes a lane and unit, all tiles' first), then their high bits,
-//        2 per pair (bit 0 the even column's), 8 bits per k-step: 4 bytes a lane and unit.
+// to_tile_layout; docs/ARCHITECTURE.md "TurboQuant weights on CUDA"). The rows are cut into tiles of 16 and
+// the columns into units of 64 (four k-steps of 16: one tensor-core product m16n8k16 each); each (tile, unit)
+// is 32 lanes' words, lane l = 4 g + t holding the codes of its A fragment: per k-step s, the column pairs
+// (2t, 2t + 1) and (8 + 2t, 9 + 2t) of rows g and g + 8, as four "pair indices" c0 | c1 << bits (c0 the even
+// column's code) in the order j = (row g, pair 2t), (row g + 8, pair 2t), (row g, pair 8 + 2t),
+// (row g + 8, pair 8 + 2t). Pair index k = 4 s + j takes bits [2 bits k, 2 bits (k + 1)) of the lane's
+// 4 * bits bytes (LSB first; a TQ3 field may cross two words): TQ4 16 bytes a lane and unit, TQ2 8, TQ3 12,
+// stored as a plane of the first 8 bytes of every (tile, unit, lane) followed by a plane of the last 4.
 // Rows past the matrix (the last tile's) hold code 0 and scale 0; a last unit of 32 columns (cols % 64 == 32)
-// has its k-steps 2 and 3 zero and never multiplied.
+// has its k-steps 2 and 3 zero (and multiplies zeros there).
 struct TqMatrix {
   const uint8_t* codes = nullptr;    // the tile layout above: tile_code_bytes(bits, rows, cols)
   const uint32_t* scales = nullptr;  // [tiles][cols / group_size][8] binary16 pairs: (scale of row i, of row i + 8) of the tile
