@@ -325,8 +325,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) tq_tile_gemv(GemvParts par
   copy_wait();
   // A last unit of 32 columns: its k-steps 2 and 3 multiply zeros (their codes are 0, their scales 0).
   if (cols % kUnitCols != 0)
-    for (int i = threadIdx.x; i < n * 4; i += blockDim.x)
-      *reinterpret_cast<uint4*>(fragments + (i >> 2) * pitch + (units - 1) * 128 + (i & 3) * 32 + 16) = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < n * 8; i += blockDim.x)  // 8-byte stores: a row's pitch is a multiple of 8, not of 16
+      *reinterpret_cast<uint2*>(fragments + (i >> 3) * pitch + (units - 1) * 128 + ((i >> 1) & 3) * 32 + 16 + (i & 1) * 8) = make_uint2(0, 0);
   __syncthreads();
   // This lane's B column is activation row g; the lanes of rows past n read row n - 1 instead (B's column
   // g reaches only D's column g, which is not written).
