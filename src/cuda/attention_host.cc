@@ -185,7 +185,9 @@ void DeviceAttention::plan(const DeviceKVCache& cache, std::span<const DeviceAtt
   shape.n_kv = c.n_kv;
   shape.min_tokens = c.options.min_tokens;
   shape.window = params.window;
-  const int per_sm = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, main.tile_bytes);
+  // The fused kernel's ring stages carry each tile's run means beside it (centred caches).
+  const int stage_bytes = main.tile_bytes + (expand ? 0 : c.mean_params().ring_bytes);
+  const int per_sm = kernels::attention_blocks_per_sm(c.dim, c.group_size, a.kind, stage_bytes);
   TQ_CHECK(per_sm > 0, "no CUDA attention kernel fits head_dim ", c.dim, ", group ", c.group_size, " (tiles of ", main.tile_bytes,
            " bytes) on this device");
   static const int sm_count = device_properties().sm_count;  // one device per process

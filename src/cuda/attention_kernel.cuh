@@ -350,44 +350,6 @@ __device__ __forceinline__ void pv_tq(const uint8_t* tile, const TierParams& tp,
   }
 }
 
-// ------------------------------------------------------------------ block-mean centring
-//
-// A centred run's records hold y - mu (mu: the run's binary16 mean, stored domain). Its scores take
-// q . mu once per tile and row, and its output mu times the tile's weight sum: both as one MMA per 16 dims
-// whose A operand is mu repeated in every token row (K) or every token column (V), so that the sum over
-// the tile's tokens uses the same 16-bit P as the values do (the true weights: masked positions are 0).
-
-// s += mu . Q^T for every token row of the tile; mu: the run's K mean [D] (binary16, global memory).
-template <int D>
-__device__ __forceinline__ void add_k_mean(const uint16_t* mu, const uint32_t (*qf)[2], float* s) {
-  const int lane = threadIdx.x & 31;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int st = 0; st < D / 16; ++st) {
-    uint32_t A[4];  // cuda/layout.h, repeated_k_fragment
-    repeated_k_fragment(__ldg(reinterpret_cast<const unsigned int*>(mu + repeated_k_dim(lane, st, 0))),
-                        __ldg(reinterpret_cast<const unsigned int*>(mu + repeated_k_dim(lane, st, 1))), A);
-    mma16816<false>(acc, A, qf[st][0], qf[st][1]);
-  }
-  s[0] += acc[0];
-  s[1] += acc[1];
-  s[2] += acc[2];
-  s[3] += acc[3];
-}
-
-// O^T += mu^T . P^T: the run's V mean times each row's weights over the tile's 16 tokens.
-template <int D>
-__device__ __forceinline__ void add_v_mean(const uint16_t* mu, uint32_t p01, uint32_t p23, WarpAcc<D>& w) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int mt = 0; mt < D / 16; ++mt) {
-    uint32_t A[4];  // cuda/layout.h, repeated_v_fragment
-    repeated_v_fragment(__ldg(reinterpret_cast<const unsigned short*>(mu + repeated_v_dim(lane, mt, 0))),
-                        __ldg(reinterpret_cast<const unsigned short*>(mu + repeated_v_dim(lane, mt, 1))), A);
-    mma16816<false>(w.o[mt], A, p01, p23);
-  }
-}
-
 // ------------------------------------------------------------------ the per-warp tile loops
 
 struct MainPages {
@@ -404,8 +366,11 @@ struct MainPages {
 template <int kStages>
 struct TilePipeline {
   const TierParams& tp;
+  const MeanParams& means;  // centring: each stage also gets the tile's run means (means.ring_bytes)
   const MainPages& pg;
-  uint8_t* ring;     // [kStages][tile_bytes], this warp's buffers
+  uint8_t* ring;     // [kStages][stage_bytes], this warp's buffers: a tile record, then its run means
+  int stage_bytes;   // tp.tile_bytes + means.ring_bytes
+  int mean_row_bytes;  // bytes of one run mean (D binary16), 0: not centred
   uint32_t bars;     // shared address of this warp's kStages mbarriers (8 bytes each)
   int slot, head, n_kv, first, n, lane;
   int wait_from;     // tiles from this index on hold the queries' own positions (see fetch_next)
@@ -414,8 +379,10 @@ struct TilePipeline {
 
   __device__ __forceinline__ TilePipeline(const AttentionKernelParams& p, const WorkItem& it, const RequestParams& rq, const MainPages& pages,
                                           uint8_t* ring_, uint64_t* bars_)
-      : tp(p.main), pg(pages), ring(ring_), bars(shared_address(bars_)), slot(rq.slot), head(it.kv_head), n_kv(p.n_kv) {
+      : tp(p.main), means(p.means), pg(pages), ring(ring_), stage_bytes(p.main.tile_bytes + p.means.ring_bytes), bars(shared_address(bars_)),
+        slot(rq.slot), head(it.kv_head), n_kv(p.n_kv) {
     lane = threadIdx.x & 31;
+    mean_row_bytes = means.ring_bytes / max(1, (means.k ? 1 : 0) + (means.v ? 1 : 0));
     first = it.tile_begin + (threadIdx.x >> 5);
     n = first < it.tile_end ? (it.tile_end - first + kAttnWarps - 1) / kAttnWarps : 0;
     next_page = first / tp.tiles_per_page;
@@ -451,8 +418,20 @@ struct TilePipeline {
           tp.base + ((static_cast<int64_t>(page) * n_kv + head) * tp.tiles_per_page + next_in_page) * static_cast<int64_t>(tp.tile_bytes);
       const int stage = issued % kStages;
       const uint32_t bar = bars + 8 * stage;
-      mbarrier_expect_bytes(bar, static_cast<uint32_t>(tp.tile_bytes));
-      bulk_copy_to_shared(shared_address(ring + stage * tp.tile_bytes), src, static_cast<uint32_t>(tp.tile_bytes), bar);
+      uint8_t* dst = ring + stage * stage_bytes;
+      mbarrier_expect_bytes(bar, static_cast<uint32_t>(stage_bytes));
+      bulk_copy_to_shared(shared_address(dst), src, static_cast<uint32_t>(tp.tile_bytes), bar);
+      if (mean_row_bytes > 0) {
+        // The run means (D binary16 per centred tensor, 16-byte aligned rows) right after the tile.
+        const int64_t row = mean_row(means, page, head, n_kv, next_in_page >> means.run_tiles_log2);
+        const uint32_t row_bytes = static_cast<uint32_t>(mean_row_bytes);
+        uint8_t* at = dst + tp.tile_bytes;
+        if (means.k) {
+          bulk_copy_to_shared(shared_address(at), reinterpret_cast<const uint8_t*>(means.k) + row * row_bytes, row_bytes, bar);
+          at += row_bytes;
+        }
+        if (means.v) bulk_copy_to_shared(shared_address(at), reinterpret_cast<const uint8_t*>(means.v) + row * row_bytes, row_bytes, bar);
+      }
     }
     ++issued;
     next_in_page += kAttnWarps;
@@ -470,7 +449,7 @@ struct TilePipeline {
   __device__ __forceinline__ const uint8_t* wait_tile(int k) const {
     const int stage = k % kStages;
     mbarrier_wait(bars + 8 * stage, static_cast<uint32_t>((k / kStages) & 1));
-    return ring + stage * tp.tile_bytes;
+    return ring + stage * stage_bytes;
   }
   template <typename TileFn>
   __device__ __forceinline__ void run(TileFn&& fn) {
@@ -510,6 +489,62 @@ inline constexpr int kStagesDense = 2;
 inline constexpr int kMaxStages = 8;
 static_assert(kStagesTq >= 2 && kStagesTq <= kMaxStages);
 
+// ------------------------------------------------------------------ block-mean centring
+//
+// A centred run's records hold y - mu (mu: the run's binary16 mean, stored domain). The tile pipeline
+// copies each tile's run means (K, then V, D binary16 each) into the ring stage right after the tile, so
+// they arrive with it. Its scores take q . mu_K and its output mu_V times the tile's weight sums, both as
+// MMAs whose A operand holds the mean in place of the tile's tokens: one MMA per 16 dims
+// gives q . mu for two tiles at once (mu_K of tile a in token rows 0..7, of tile b in rows 8..15), and
+// one per 16 dims adds mu_V x P over the tile's 16 tokens with the 16-bit P the values use (the true
+// weights: masked positions are 0, learned sinks see the true sum).
+
+// s_a += mu_a . Q^T and s_b += mu_b . Q^T for every token row; mu_a, mu_b: the tiles' K means [D] (shared
+// memory, 16-byte aligned). A single tile passes itself twice (s_b nullptr). Per 16 dims one ldmatrix
+// makes the A operand: its four 8x8 matrices are rows 0..7 / 8..15 (tile a / b) times dims 0..7 / 8..15,
+// every row of a matrix read from the same 16 bytes of the mean.
+template <int D>
+__device__ __forceinline__ void add_k_means(const uint16_t* mu_a, const uint16_t* mu_b, const uint32_t (*qf)[2], float* s_a, float* s_b) {
+  const int lane = threadIdx.x & 31;
+  const uint32_t row = shared_address((lane & 8) ? mu_b : mu_a) + (lane & 16);  // matrix lane / 8: tile (lane / 8) & 1, dims + 8 (lane / 16)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (tile a, rows 2t, 2t+1), (tile b, rows 2t, 2t+1)
+#pragma unroll
+  for (int st = 0; st < D / 16; ++st) {
+    uint32_t A[4];
+    ldmatrix_x4(row + 32 * st, A);
+    mma16816<false>(acc, A, qf[st][0], qf[st][1]);
+  }
+  s_a[0] += acc[0];
+  s_a[1] += acc[1];
+  s_a[2] += acc[0];
+  s_a[3] += acc[1];
+  if (s_b != nullptr) {
+    s_b[0] += acc[2];
+    s_b[1] += acc[3];
+    s_b[2] += acc[2];
+    s_b[3] += acc[3];
+  }
+}
+
+// O^T += mu^T . P^T: the tile's V mean (shared memory, 16-byte aligned) times each row's weights over its
+// 16 tokens. The A operand of dims 16mt.. is mu[dim] in every token column: a transposed ldmatrix of 8x8
+// matrices whose 8 rows all read the same 16 bytes (dims 16mt..+7, then +8..+15) gives lane (g, t) mu at
+// dims 16mt + g and 16mt + g + 8 in both halves; one ldmatrix serves two blocks of 16 dims.
+template <int D>
+__device__ __forceinline__ void add_v_mean(const uint16_t* mu, uint32_t p01, uint32_t p23, WarpAcc<D>& w) {
+  static_assert(D % 32 == 0);
+  const int lane = threadIdx.x & 31;
+  const uint32_t row = shared_address(mu) + 16 * (lane >> 3);  // matrix lane / 8: dims 8 (lane / 8) ..
+#pragma unroll
+  for (int mt = 0; mt < D / 16; mt += 2) {
+    uint32_t m[4];  // dims 16mt + g, 16mt + g + 8, 16(mt + 1) + g, 16(mt + 1) + g + 8
+    ldmatrix_x4_trans(row + 32 * mt, m);
+    const uint32_t A0[4] = {m[0], m[1], m[0], m[1]}, A1[4] = {m[2], m[3], m[2], m[3]};
+    mma16816<false>(w.o[mt], A0, p01, p23);
+    mma16816<false>(w.o[mt + 1], A1, p01, p23);
+  }
+}
+
 // kCentred: the cache is block-mean centred (a kernel of its own: the uncentred loops keep their registers).
 template <int D, int G, CodeKind KK, CodeKind VK, bool kCentred>
 __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& p, TilePipeline<kStagesTq>& pipe, const uint16_t* k_table,
@@ -517,41 +552,27 @@ __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& 
   const int g = (threadIdx.x & 31) >> 2;
   const TierParams& tp = p.main;
   const TileTables tt{tp.k_lut, tp.v_lut, tp.k_bias, tp.v_bias, k_table, v_table};
-  // Centring: the K and V means of a tile's run (nullptr: that tensor is not centred).
-  constexpr bool centred = kCentred;
-  auto run_means = [&](int index, const uint16_t** mk_mu, const uint16_t** mv_mu) {
-    const int page_i = index / tp.tiles_per_page, in_page = index - page_i * tp.tiles_per_page;
-    const int k = page_i - pipe.pg.first;
-    const int page = (k >= 0 && k < pipe.pg.count) ? pipe.pg.cached[k] : tp.page_table[pipe.slot * tp.page_stride + page_i];
-    const int64_t row = mean_row(p.means, page, pipe.head, pipe.n_kv, in_page / p.means.run_tiles) * D;
-    *mk_mu = p.means.k ? p.means.k + row : nullptr;
-    *mv_mu = p.means.v ? p.means.v + row : nullptr;
-  };
+  // Centring (kCentred): a ring stage holds the tile, then its run's K mean (if K is centred), then its V mean.
+  const bool center_k = kCentred && p.means.k != nullptr, center_v = kCentred && p.means.v != nullptr;
+  auto k_mean = [&](const uint8_t* tile) { return reinterpret_cast<const uint16_t*>(tile + tp.tile_bytes); };
+  auto v_mean = [&](const uint8_t* tile) { return reinterpret_cast<const uint16_t*>(tile + tp.tile_bytes + (center_k ? 2 * D : 0)); };
   auto single = [&](const uint8_t* tile, int index) {
     float s[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    const uint16_t *mk_mu = nullptr, *mv_mu = nullptr;
-    if (centred) run_means(index, &mk_mu, &mv_mu);
     qk_tq<D, G, KK>(tile, tp, tt, qf, s[0]);
-    if (mk_mu) add_k_mean<D>(mk_mu, qf, s[0]);
+    if (center_k) add_k_means<D>(k_mean(tile), k_mean(tile), qf, s[0], nullptr);
     const int p0 = tp.first_pos + index * kTileTokens;
     if (tile_needs_mask(mk, p0)) apply_mask(s[0], p0, g, mk);
     uint32_t pt[1][2];
     online_softmax_n<D, false, 1>(s, w, pt);
     pv_tq<D, G, VK>(tile, tp, tt, pt[0][0], pt[0][1], w);
-    if (mv_mu) add_v_mean<D>(mv_mu, pt[0][0], pt[0][1], w);
+    if (center_v) add_v_mean<D>(v_mean(tile), pt[0][0], pt[0][1], w);
   };
   // Tiles index and index + kAttnWarps: two independent score chains, one softmax step.
   auto pair = [&](const uint8_t* ta, const uint8_t* tb, int index) {
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    const uint16_t *mka = nullptr, *mva = nullptr, *mkb = nullptr, *mvb = nullptr;
-    if (centred) {
-      run_means(index, &mka, &mva);
-      run_means(index + kAttnWarps, &mkb, &mvb);
-    }
     qk_tq<D, G, KK>(ta, tp, tt, qf, s[0]);
     qk_tq<D, G, KK>(tb, tp, tt, qf, s[1]);
-    if (mka) add_k_mean<D>(mka, qf, s[0]);
-    if (mkb) add_k_mean<D>(mkb, qf, s[1]);
+    if (center_k) add_k_means<D>(k_mean(ta), k_mean(tb), qf, s[0], s[1]);
     const int pa = tp.first_pos + index * kTileTokens, pb = pa + kAttnWarps * kTileTokens;
     if (tile_needs_mask(mk, pa)) apply_mask(s[0], pa, g, mk);
     if (tile_needs_mask(mk, pb)) apply_mask(s[1], pb, g, mk);
@@ -559,8 +580,10 @@ __device__ __forceinline__ void warp_main_tq_kinds(const AttentionKernelParams& 
     online_softmax_n<D, false, 2>(s, w, pt);
     pv_tq<D, G, VK>(ta, tp, tt, pt[0][0], pt[0][1], w);
     pv_tq<D, G, VK>(tb, tp, tt, pt[1][0], pt[1][1], w);
-    if (mva) add_v_mean<D>(mva, pt[0][0], pt[0][1], w);
-    if (mvb) add_v_mean<D>(mvb, pt[1][0], pt[1][1], w);
+    if (center_v) {
+      add_v_mean<D>(v_mean(ta), pt[0][0], pt[0][1], w);
+      add_v_mean<D>(v_mean(tb), pt[1][0], pt[1][1], w);
+    }
   };
   if constexpr (KK == kAnyKind) {
     pipe.run(single);  // the generic decoders keep one tile in registers
@@ -800,7 +823,7 @@ __global__ void __launch_bounds__(kAttnThreads, D <= 128 ? 16 / kAttnWarps : 1) 
   static_assert(kStages <= kMaxStages);
   const int first_page = main_tier ? it.tile_begin / p.main.tiles_per_page : 0;
   MainPages pg{sm_pages, first_page, 0, {record.pages[0], record.pages[1]}};
-  TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * p.main.tile_bytes, sm_bars[warp]);
+  TilePipeline<kStages> pipe(p, it, rq, pg, dyn_smem + warp * kStages * (p.main.tile_bytes + p.means.ring_bytes), sm_bars[warp]);
 
   // Everything the prologue reads goes out first, into registers, ahead of the tile copies below: those
   // fill the memory queues for microseconds, and a load issued after them waits behind them (measured on

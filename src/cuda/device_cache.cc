@@ -780,6 +780,8 @@ MeanParams DeviceKVCache::Impl::mean_params() const {
   m.v = options.center_v ? v_means.as<uint16_t>() : nullptr;
   m.runs = runs_per_page;
   m.run_tiles = center_tokens / kTileTokens;
+  while ((1 << m.run_tiles_log2) < m.run_tiles) ++m.run_tiles_log2;
+  m.ring_bytes = ((options.center_k ? 1 : 0) + (options.center_v ? 1 : 0)) * dim * 2;
   return m;
 }
 

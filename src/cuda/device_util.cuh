@@ -27,6 +27,21 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
   }
 }
 
+// Four 8x8 matrices of 16-bit values from shared memory: lane 8i + r gives the address of row r of matrix
+// i (16 bytes, 16-byte aligned); register i of lane (g, t) gets row g, columns 2t, 2t+1 of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t row_address, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(row_address));
+}
+
+// The same, each matrix transposed: register i of lane (g, t) gets rows 2t, 2t+1 of column g of matrix i.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t row_address, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(row_address));
+}
+
 // Transposes the 8x8 matrix of 16-bit values whose row lane/4, columns 2(lane%4), +1 this lane holds.
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   uint32_t y;

@@ -576,14 +576,23 @@ TEST(GpuModel, RandomForksTruncatesAndRemovesMatchReplays) {
 }
 
 // Truncated positions are cleared on the device: appending other tokens where they were gives what a
-// sequence that never held them gives (the codes are OR-ed into zeroed tiles).
+// sequence that never held them gives (the codes are OR-ed into zeroed tiles). With block-mean centring
+// that holds for a truncation at a run's start (docs/FORMATS.md, "Block-mean centring": inside a completed
+// run the run keeps its means, so the positions appended again are encoded around means that saw the
+// truncated ones); the centred cases truncate there (within the 21 positions both sequences share), the
+// others inside a block.
 TEST(GpuModel, TruncateThenAppendEqualsNeverHavingAppended) {
   TQ_REQUIRE_GPU();
   GpuModel gpu(demo_model_dir());
-  for (const char* spec : {"f16", "k4v4+fused", "k8v3+mt8+fused"}) {
-    SCOPED_TRACE(spec);
-    KVSettings kv = parse_kv_spec(spec);
-    kv.block_tokens = 16;
+  struct Case {
+    const char* spec;
+    int keep;  // positions kept by the truncation
+  };
+  for (const Case& c : {Case{"f16", 21}, Case{"k4v4+center=none+fused", 21}, Case{"k8v3+mt8+fused", 21}, Case{"k4v4+center=k+fused", 16},
+                        Case{"k4v4+center=kv+fused", 16}, Case{"k8v3+mt8+center=kv+fused", 8}}) {
+    SCOPED_TRACE(std::string(c.spec) + ", truncated to " + std::to_string(c.keep));
+    KVSettings kv = parse_kv_spec(c.spec);
+    kv.block_tokens = 16;  // runs of 16 positions when centred (after the 8-position sink tier of mt8)
     SplitMix64 rng(4);
     const int64_t V = gpu.model->vocab_size();
     const auto a = testing_util::random_ids(V, 40, rng), other = testing_util::random_ids(V, 13, rng);
@@ -593,12 +602,14 @@ TEST(GpuModel, TruncateThenAppendEqualsNeverHavingAppended) {
     engine->forward({&e, 1});
     e.tokens = other;
     engine->forward({&e, 1});
-    engine->truncate(s, 21);
-    e = {s, std::span<const int32_t>(a.data() + 21, 19), -1, Logits::all};
+    engine->truncate(s, c.keep);
+    const int n_after = static_cast<int>(a.size()) - c.keep;
+    e = {s, std::span<const int32_t>(a.data() + c.keep, n_after), -1, Logits::all};
     engine->forward({&e, 1});
     const std::vector<float> got = engine->logits();
     const std::vector<float> want = testing_util::alone_logits(*gpu.model, kv, a, a.size(), 64);
-    for (int i = 0; i < 19; ++i) EXPECT_LT(relative_error(got.data() + i * V, want.data() + (21 + i) * V, V), 1e-4) << "position " << 21 + i;
+    for (int i = 0; i < n_after; ++i)
+      EXPECT_LT(relative_error(got.data() + i * V, want.data() + (c.keep + i) * V, V), 1e-4) << "position " << c.keep + i;
   }
 }
 

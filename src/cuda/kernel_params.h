@@ -81,6 +81,8 @@ struct MeanParams {
   const uint16_t* v = nullptr;
   int32_t runs = 0;        // runs per page (page_tokens / center_tokens); 0: not centred
   int32_t run_tiles = 0;   // 16-token tiles per run
+  int32_t run_tiles_log2 = 0;  // run_tiles = 2^run_tiles_log2 (runs are powers of two)
+  int32_t ring_bytes = 0;  // bytes of a tile's run means in the attention kernel's tile ring (D x 2 per centred tensor)
 };
 
 // Byte-free index of the mean row of (page, head, run) in a mean pool, in units of D values.

@@ -296,24 +296,6 @@ TQ_HD void decode_byte_lut(uint32_t w0, uint32_t w1, const uint16_t* table, uint
   r[3] = table[(w1 >> 16) & 0xffu] | (static_cast<uint32_t>(table[w1 >> 24]) << 16);
 }
 
-// ------------------------------------------------------------------ a tile of one repeated vector
-
-// Block-mean centring: the attention kernel takes q . mu (K) and mu x the tile's weights (V) as MMAs whose
-// A operand is a 16-token tile with the run's binary16 mean mu in every token. Lane (g, t) of K block st
-// holds dims (16st + 2t, +1) in registers 0, 1 and (+8, +9) in 2, 3: two words of mu, the first at dim
-// repeated_k_dim(lane, st, 0), the second at repeated_k_dim(lane, st, 1). Of V block mt it holds dim
-// 16mt + g in registers 0, 2 and 16mt + g + 8 in 1, 3, both halves of each register the same value.
-TQ_HD int repeated_k_dim(int lane, int st, int upper) { return 16 * st + 2 * (lane % 4) + 8 * upper; }
-TQ_HD void repeated_k_fragment(uint32_t lo_word, uint32_t hi_word, uint32_t* A) {
-  A[0] = A[1] = lo_word;
-  A[2] = A[3] = hi_word;
-}
-TQ_HD int repeated_v_dim(int lane, int mt, int upper) { return 16 * mt + lane / 4 + 8 * upper; }
-TQ_HD void repeated_v_fragment(uint32_t lo_half, uint32_t hi_half, uint32_t* A) {
-  A[0] = A[2] = lo_half | (lo_half << 16);
-  A[1] = A[3] = hi_half | (hi_half << 16);
-}
-
 // ------------------------------------------------------------------ single codes (tests, readback)
 
 // The code of slot e from a lane's words (any code kind but dense).

@@ -682,30 +682,6 @@ TEST(CudaRotatingCache, PagesPerSequenceBoundTheCpuRotatingCache) {
   }
 }
 
-// The centring MMAs' A operands (layout.h, repeated_*_fragment): every slot of every lane holds mu at the
-// slot's dimension (k_element / v_element), whatever its token.
-TEST(CudaLayout, RepeatedVectorFragmentsHoldTheVectorInEveryToken) {
-  for (int dim : {64, 128, 256}) {
-    std::vector<uint16_t> mu(dim);
-    for (int d = 0; d < dim; ++d) mu[d] = f32_to_f16_bits(static_cast<float>(d) * 0.25f - 7.0f);
-    for (int lane = 0; lane < 32; ++lane)
-      for (int b = 0; b < dim / 16; ++b) {
-        uint32_t ka[4], va[4], w[2];
-        std::memcpy(&w[0], &mu[repeated_k_dim(lane, b, 0)], 4);
-        std::memcpy(&w[1], &mu[repeated_k_dim(lane, b, 1)], 4);
-        repeated_k_fragment(w[0], w[1], ka);
-        repeated_v_fragment(mu[repeated_v_dim(lane, b, 0)], mu[repeated_v_dim(lane, b, 1)], va);
-        for (int i = 0; i < 8; ++i) {
-          int tok, d;
-          k_element(lane, 8 * b + i, &tok, &d);
-          EXPECT_EQ(static_cast<uint16_t>(ka[i / 2] >> (16 * (i % 2))), mu[d]) << "K lane " << lane << " block " << b << " slot " << i;
-          v_element(lane, 8 * b + i, &tok, &d);
-          EXPECT_EQ(static_cast<uint16_t>(va[i / 2] >> (16 * (i % 2))), mu[d]) << "V lane " << lane << " block " << b << " slot " << i;
-        }
-      }
-  }
-}
-
 // ------------------------------------------------------------------ block-mean centring (host rules)
 
 // The device's centred append (cuda/center_plan.h) replayed on host arrays with the CPU's own formats:
