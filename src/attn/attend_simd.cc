@@ -130,7 +130,7 @@ HWY_INLINE void ScoreGroupsBy16(const Keys& keys, const float* HWY_RESTRICT q, c
     for (int j = g * group; j < (g + 1) * group; ++j) {
       hn::Vec<decltype(d)> k[V];
       if constexpr (V == 2 && requires { keys.LoadPair(j, 0, k); })
-        keys.LoadPair(j, 0, k);  // both vectors from one widening load (PairCodes)
+        keys.LoadPair(j, 0, k);  // both vectors from one load (QuadCodes)
       else
         for (int v = 0; v < V; ++v) k[v] = keys.Load(j, v * N);
       for (int r = 0; r < kRows; ++r) {
@@ -456,21 +456,22 @@ struct DecodedCodes {
 };
 
 #if HWY_TARGET == HWY_AVX2
-// Code bytes in pair order (PlaneCodeBytes32<kBits, true>: in each 16, byte 2i = element i, byte 2i + 1 =
-// element 8 + i), looked up 16 at a time: one widening load of the 16 bytes as 16-bit words puts elements
-// i and 8 + i in lane i (bits 0-7 and 8-15), and vpermps reads only bits [2:0] of an index, so the lane
-// itself and the lane shifted right by 8 index the levels of elements 0-7 and 8-15. One shuffle-pipe load
-// and two vpermps per 16 levels, where a widening load per 8 and a two-table lookup (two vpermps and a
-// blend) take six shuffles.
+// Code bytes in quad order (PlaneCodeBytes32<kBits, true>: in each 32, 32-bit lane l holds elements l,
+// 8 + l, 16 + l and 24 + l in bytes 0-3), looked up 16 at a time: one 32-byte load, and vpermps (which
+// reads only bits [2:0] of an index) on the lanes shifted right by 16h and 16h + 8 bits gives the levels
+// of elements 16h..16h + 7 and 16h + 8..16h + 15 of the 32 (h = kHalf), in order. No widening shuffle:
+// two shuffle-pipe operations per 16 levels.
 //   Up to 8 levels: the table is the levels.
 //   16 levels symmetric about 0 (level[15 - c] = -level[c], as Lloyd-Max and uniform grids are): the
-//   codes were mapped by SymmetricCodeMap (c >= 8 -> c - 8; c < 8 -> 0x80 | (7 - c)) and the table is the
-//   upper half, level[8..15]: |level| by one vpermps, the sign from bit 7 of the byte, moved to bit 31
-//   (the sign-extending load does that for the odd bytes, a shift for the even ones) and XORed in.
-//   Negation is exact, so the levels are the table's bit for bit.
-struct PairLevels {
+//   codes were mapped by SymmetricCodeMap to bytes b = s << 7 | i (c >= 8: i = c - 8, s = 0; c < 8:
+//   i = 7 - c, s = 1), whose level is (-1)^s level[8 + i]. The index lane shifted left by 24 is the
+//   code's byte alone at the top of the lane, b << 24 = s << 31 | i << 24, and it is XORed into the
+//   looked-up word; the table holds level[8 + i] XOR (i << 24), so the XOR leaves level[8 + i] with sign
+//   bit s. The table's words are bit patterns moved by vpermps, never used as floats, and the XOR gives
+//   back every level bit for bit (negation is exact). Per 16 levels: 2 vpermps, 2 XORs, 3-4 shifts.
+template <bool kSigned16>
+struct QuadLevels {
   __m256 table;
-  bool symmetric16;
 };
 
 // Whether a 16-level table is symmetric about 0 bit for bit (the signed lookup then gives every level).
@@ -490,72 +491,80 @@ HWY_INLINE __m256i SymmetricCodeMap() {
                           static_cast<char>(0x80), 0, 1, 2, 3, 4, 5, 6, 7);
 }
 
-// The levels of 16 pair-ordered code bytes at p: x[0] = elements 0-7, x[1] = elements 8-15.
-HWY_INLINE void LookupPair(const PairLevels& L, const uint8_t* HWY_RESTRICT p, hn::Vec<D16> (&x)[2]) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if (!L.symmetric16) {
-    const __m256i v = _mm256_cvtepu16_epi32(bytes);
-    x[0] = hn::Vec<D16>{_mm256_permutevar8x32_ps(L.table, v)};
-    x[1] = hn::Vec<D16>{_mm256_permutevar8x32_ps(L.table, _mm256_srli_epi32(v, 8))};
-    return;
+// The table of QuadLevels: up to 8 levels as they are, or (kSigned16) the upper half of a symmetric
+// 16-level table with i << 24 XORed into entry i.
+template <bool kSigned16>
+HWY_INLINE QuadLevels<kSigned16> MakeQuadLevels(const float* levels, int count) {
+  HWY_ALIGN uint32_t t[8] = {};
+  for (int i = 0; i < 8 && i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &levels[kSigned16 ? 8 + i : i], 4);
+    t[i] = kSigned16 ? bits ^ (static_cast<uint32_t>(i) << 24) : bits;
   }
-  const __m256i v = _mm256_cvtepi16_epi32(bytes);  // bit 31 = bit 7 of the odd byte
-  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m256 s0 = _mm256_and_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 24)), sign);
-  const __m256 s1 = _mm256_and_ps(_mm256_castsi256_ps(v), sign);
-  x[0] = hn::Vec<D16>{_mm256_xor_ps(_mm256_permutevar8x32_ps(L.table, v), s0)};
-  x[1] = hn::Vec<D16>{_mm256_xor_ps(_mm256_permutevar8x32_ps(L.table, _mm256_srli_epi32(v, 8)), s1)};
+  return QuadLevels<kSigned16>{_mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(t)))};
 }
 
-// Pair-ordered code bytes, row-major with ld bytes per row (ld and the 16-column groups aligned to 16
-// elements): LoadPair(row, col, x) = the levels of codes [col, col + 16) of the row, col a multiple of 16.
-struct PairCodes {
+// The levels of elements 16 kHalf + [0, 16) of the 32 quad-order code bytes at p: x[0] = the first 8,
+// x[1] = the next 8.
+template <bool kSigned16, int kHalf>
+HWY_INLINE void LookupQuadHalf(const QuadLevels<kSigned16>& L, const uint8_t* HWY_RESTRICT p, hn::Vec<D16> (&x)[2]) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i lo = kHalf == 0 ? v : _mm256_srli_epi32(v, 16);  // bits [2:0]: byte 2 kHalf's index
+  const __m256i hi = _mm256_srli_epi32(v, 16 * kHalf + 8);        // bits [2:0]: byte 2 kHalf + 1's index
+  __m256 a = _mm256_permutevar8x32_ps(L.table, lo), b = _mm256_permutevar8x32_ps(L.table, hi);
+  if constexpr (kSigned16) {
+    a = _mm256_xor_ps(a, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 24)));
+    b = _mm256_xor_ps(b, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 24)));
+  }
+  x[0] = hn::Vec<D16>{a};
+  x[1] = hn::Vec<D16>{b};
+}
+
+// Quad-order code bytes, row-major with ld bytes per row (ld a multiple of 32; each row's 32-column
+// groups in quad order): LoadPair(row, col, x) = the levels of codes [col, col + 16) of the row, col =
+// 32m + 16 kHalf (the half is part of the type, so that the inner loops have no branch on it).
+template <bool kSigned16, int kHalf>
+struct QuadCodes {
   const uint8_t* codes;
   size_t ld;
-  PairLevels levels;
-  HWY_INLINE void LoadPair(int row, int col, hn::Vec<D16> (&x)[2]) const { LookupPair(levels, codes + row * ld + col, x); }
+  QuadLevels<kSigned16> levels;
+  HWY_INLINE void LoadPair(int row, int col, hn::Vec<D16> (&x)[2]) const {
+    LookupQuadHalf<kSigned16, kHalf>(levels, codes + row * ld + (col & ~31), x);
+  }
   // One vector (col a multiple of 8), for callers that take 8 columns at a time.
   HWY_INLINE hn::Vec<D16> Load(int row, int col) const {
     hn::Vec<D16> x[2];
-    LoadPair(row, col & ~15, x);
+    LoadPair(row, col, x);
     return x[(col / 8) & 1];
   }
 };
 
-HWY_INLINE PairLevels MakePairLevels(const float* levels, int count) {
-  HWY_ALIGN float t[8] = {};
-  const bool sym = SymmetricLevels(levels, count);
-  for (int i = 0; i < 8 && i < count; ++i) t[i] = levels[sym ? 8 + i : i];
-  return PairLevels{_mm256_load_ps(t), sym};
-}
+// Bytes per row of the value codes as DecodeValueCodes writes them: dim, or in quad order dim rounded
+// up to 32 (a last 16 dimensions take a whole quad group, its upper half unused).
+HWY_INLINE int ValueCodeRowBytes(int dim, bool quads) { return quads ? (dim + 31) / 32 * 32 : dim; }
 
 // The value codes of a block's n positions as bytes, codes[t][j] = code of dimension j (records: kBits
-// planes of dim / 8 bytes). Decoded once per block, where the accumulation by 8 dimensions would decode
-// every position's planes again for each chunk of dimensions. kPairs: pair order (dim a multiple of 16),
-// mapped by SymmetricCodeMap when kMap.
-template <int kBits, bool kPairs = false, bool kMap = false>
+// planes of dim / 8 bytes), ValueCodeRowBytes(dim, kQuads) bytes per position. Decoded once per block,
+// where the accumulation by 16 dimensions would decode every position's planes again for each chunk of
+// dimensions. kQuads: quad order (dim a multiple of 16), mapped by SymmetricCodeMap when kMap.
+template <int kBits, bool kQuads = false, bool kMap = false>
 HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* HWY_RESTRICT codes) {
-  const int dim = J.dim;
+  const int dim = J.dim, ld = ValueCodeRowBytes(dim, kQuads);
   const size_t plane_bytes = static_cast<size_t>(dim) / 8;
   const uint8_t* HWY_RESTRICT rec = J.v;
   const __m256i map = SymmetricCodeMap();
   for (int t = 0; t < J.n; ++t, rec += J.v_stride) {
-    uint8_t* HWY_RESTRICT out = codes + static_cast<size_t>(t) * dim;
+    uint8_t* HWY_RESTRICT out = codes + static_cast<size_t>(t) * ld;
     int j = 0;
-    for (; j + 32 <= dim; j += 32) {
-      __m256i c = PlaneCodeBytes32<kBits, kPairs>(rec + j / 8, plane_bytes);
+    // Quad order: a last 16 dimensions (dim % 32 == 16) as a whole group too. Its planes' 4-byte words
+    // read 2 bytes past them (the next plane's, or the record's scales after the last plane), which land
+    // in the group's upper half, never looked up.
+    for (; j + (kQuads ? 16 : 32) <= dim; j += 32) {
+      __m256i c = PlaneCodeBytes32<kBits, kQuads>(rec + j / 8, plane_bytes);
       if constexpr (kMap) c = _mm256_shuffle_epi8(map, c);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), c);
     }
-    if constexpr (kPairs) {
-      for (; j < dim; j += 16) {  // dim is a multiple of 16: the last 16 dimensions, interleaved into pairs
-        const __m128i lo = _mm_cvtsi64_si128(static_cast<long long>(PlaneCodeBytes8<kBits>(rec + j / 8, plane_bytes)));
-        const __m128i hi = _mm_cvtsi64_si128(static_cast<long long>(PlaneCodeBytes8<kBits>(rec + j / 8 + 1, plane_bytes)));
-        __m128i c = _mm_unpacklo_epi8(lo, hi);
-        if constexpr (kMap) c = _mm_shuffle_epi8(_mm256_castsi256_si128(map), c);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), c);
-      }
-    } else {
+    if constexpr (!kQuads) {
       for (; j < dim; j += 8) {  // dim is a multiple of 8
         const uint64_t bytes = PlaneCodeBytes8<kBits>(rec + j / 8, plane_bytes);
         std::memcpy(out + j, &bytes, 8);
@@ -568,9 +577,9 @@ HWY_INLINE void DecodeValueCodes(const tq::attn_kernels::BlockJob& J, uint8_t* H
 // binary16): the block's codes decoded once to bytes, codes[j][i] for positions t0 + i, i < n32 (n16
 // rounded up to 32; the extra positions read the region's following bytes and are masked), then 16
 // positions x kRows rows per step (ScoreGroupsBy16): s = sum_g scale_g * sum_{j in g} q_j level(code_j).
-// kPairs: the codes in pair order and looked up by PairCodes (up to 8 levels, or 16 symmetric ones, mapped
+// kQuads: the codes in quad order and looked up by QuadCodes (up to 8 levels, or 16 symmetric ones, mapped
 // by SymmetricCodeMap when kMap); otherwise natural order and DecodedCodes.
-template <int kBits, int kRows, bool kPairs = false, bool kMap = false>
+template <int kBits, int kRows, bool kQuads = false, bool kMap = false>
 HWY_INLINE void ScoreTqBytes(const tq::attn_kernels::BlockJob& J, int n16, uint8_t* HWY_RESTRICT codes, const LevelTable<D16>& L,
                              const Prefetch& pf) {
   const int dim = J.dim, group = J.k_group, n32 = (n16 + 31) / 32 * 32;
@@ -579,22 +588,29 @@ HWY_INLINE void ScoreTqBytes(const tq::attn_kernels::BlockJob& J, int n16, uint8
   for (int j = 0; j < dim; ++j) {
     const uint8_t* planes = J.k_region + static_cast<size_t>(j) * kBits * plane;
     for (int i = 0; i < n32; i += 32) {
-      __m256i c = PlaneCodeBytes32<kBits, kPairs>(planes + (J.t0 + i) / 8, plane);
+      __m256i c = PlaneCodeBytes32<kBits, kQuads>(planes + (J.t0 + i) / 8, plane);
       if constexpr (kMap) c = _mm256_shuffle_epi8(map, c);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + static_cast<size_t>(j) * n32 + i), c);
     }
   }
   const auto* scales = reinterpret_cast<const hwy::float16_t*>(J.k_region + static_cast<size_t>(J.T) * J.k_plan->code_bytes);
   PrefetchSlices slices(pf, static_cast<size_t>(n16 / 16));
-  const PairLevels P = MakePairLevels(L.table, L.count);
+  const size_t ld = static_cast<size_t>(n32);
+  [[maybe_unused]] const QuadLevels<kMap> Q = MakeQuadLevels<kMap>(L.table, L.count);
   for (int t = 0; t < n16; t += 16) {
     slices.Next();
-    if constexpr (kPairs)
-      ScoreGroupsBy16<kRows>(PairCodes{codes + t, static_cast<size_t>(n32), P}, J.q, nullptr, 0.0f, scales + J.t0 + t,
-                             static_cast<size_t>(J.T), dim, group, J.scores + t, kBlockTokens);
-    else
-      ScoreGroupsBy16<kRows>(DecodedCodes{codes + t, static_cast<size_t>(n32), L}, J.q, nullptr, 0.0f, scales + J.t0 + t,
-                             static_cast<size_t>(J.T), dim, group, J.scores + t, kBlockTokens);
+    const auto score = [&](const auto& keys) {
+      ScoreGroupsBy16<kRows>(keys, J.q, nullptr, 0.0f, scales + J.t0 + t, static_cast<size_t>(J.T), dim, group, J.scores + t,
+                             kBlockTokens);
+    };
+    if constexpr (kQuads) {
+      if ((t / 16) % 2 == 0)
+        score(QuadCodes<kMap, 0>{codes + t, ld, Q});
+      else
+        score(QuadCodes<kMap, 1>{codes + t - 16, ld, Q});
+    } else {
+      score(DecodedCodes{codes + t, ld, L});
+    }
   }
 }
 #endif
@@ -619,7 +635,7 @@ HWY_INLINE void AccumulateChunk(const Src& src, int n, int j0, int group, const 
       pf.Next();
       hn::Vec<D16> x[kV];
       if constexpr (kV == 2 && requires { src.LoadPair(t, j0, x); })
-        src.LoadPair(t, j0, x);  // both vectors from one widening load (PairCodes)
+        src.LoadPair(t, j0, x);  // both vectors from one load (QuadCodes)
       else
         for (int v = 0; v < kV; ++v) x[v] = src.Load(t, j0 + v * N);
       for (int r = 0; r < kRows; ++r) {
@@ -649,6 +665,21 @@ HWY_INLINE void AccumulateRows(const Src& src, int n, int dim, int group, const 
   for (; j + kV * N <= dim; j += kV * N) AccumulateChunk<kRows, kV>(src, n, j, group, w, alpha, acc, dim, slices);
   for (; j + N <= dim; j += N) AccumulateChunk<kRows, 1>(src, n, j, group, w, alpha, acc, dim, none);
 }
+
+#if HWY_TARGET == HWY_AVX2
+// AccumulateRows from quad-order value codes (DecodeValueCodes<kBits, true>, ld bytes per position, dim a
+// multiple of 16): each 32 dimensions in two chunks of 16, the lower and the upper half of the quads.
+template <int kRows, bool kSigned16>
+HWY_INLINE void AccumulateRowsQuads(const uint8_t* HWY_RESTRICT codes, size_t ld, const QuadLevels<kSigned16>& levels, int n, int dim,
+                                    int group, const float* HWY_RESTRICT w, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT acc,
+                                    const Prefetch& pf) {
+  PrefetchSlices slices(pf, static_cast<size_t>(dim / 16) * n);
+  for (int j = 0; j < dim; j += 32) {
+    AccumulateChunk<kRows, 2>(QuadCodes<kSigned16, 0>{codes, ld, levels}, n, j, group, w, alpha, acc, dim, slices);
+    if (j + 16 < dim) AccumulateChunk<kRows, 2>(QuadCodes<kSigned16, 1>{codes, ld, levels}, n, j + 16, group, w, alpha, acc, dim, slices);
+  }
+}
+#endif
 
 template <class Src>
 HWY_INLINE void AccumulateAll(const Src& src, int rows, int n, int dim, int group, const float* w, const float* alpha,
@@ -1493,21 +1524,28 @@ void AttendBlock(const tq::attn_kernels::BlockJob& J) {
       const size_t plane_bytes = static_cast<size_t>(dim) / 8;
 #if HWY_TARGET == HWY_AVX2
       {
-        uint8_t* codes = CodeBytesArea(w);  // [n][dim]
+        uint8_t* codes = CodeBytesArea(w);  // [n][ValueCodeRowBytes(dim, quads)]
         // dim is a multiple of 16 here (attention.cc: values_in_registers). 16 levels not symmetric about 0
         // (no grid the caches make): the two-table lookup in natural order.
         if (J.v_bits == 4 && !SymmetricLevels(J.v_levels, count)) {
           DecodeValueCodes<4>(J, codes);
           return AccumulateAll(DecodedCodes{codes, static_cast<size_t>(dim), L}, rows, n, dim, J.v_group, w, alpha, J.acc, during_values);
         }
+        const size_t ld = static_cast<size_t>(ValueCodeRowBytes(dim, true));
         switch (J.v_bits) {
           case 1: DecodeValueCodes<1, true>(J, codes); break;
           case 2: DecodeValueCodes<2, true>(J, codes); break;
           case 3: DecodeValueCodes<3, true>(J, codes); break;
           default: DecodeValueCodes<4, true, true>(J, codes); break;
         }
-        return AccumulateAll(PairCodes{codes, static_cast<size_t>(dim), MakePairLevels(J.v_levels, count)}, rows, n, dim, J.v_group, w,
-                             alpha, J.acc, during_values);
+        return WithRows(rows, [&]<int R>() {
+          if (J.v_bits == 4)
+            AccumulateRowsQuads<R, true>(codes, ld, MakeQuadLevels<true>(J.v_levels, count), n, dim, J.v_group, w, alpha, J.acc,
+                                         during_values);
+          else
+            AccumulateRowsQuads<R, false>(codes, ld, MakeQuadLevels<false>(J.v_levels, count), n, dim, J.v_group, w, alpha, J.acc,
+                                          during_values);
+        });
       }
 #endif
 #if TQ_PERMUTED_VALUES
@@ -1609,8 +1647,10 @@ void permute_values(float* x, int rows, int dim) {
 }
 size_t block_work_floats(int dim) {
   // value-group weights [64 groups][kBlockRows][kBlockTokens], then either a tile of decoded key codes
-  // (dim * 16 floats) or the value codes as bytes ([kBlockTokens][dim], the AVX2 accumulation)
-  return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim) * std::max(16, kBlockTokens / 4);
+  // (dim * 16 floats) or the value codes as bytes ([kBlockTokens][dim rounded up to 32], the AVX2
+  // accumulation in quad order)
+  const int dim32 = (dim + 31) / 32 * 32;
+  return static_cast<size_t>(64) * kBlockRows * kBlockTokens + static_cast<size_t>(dim32) * std::max(16, kBlockTokens / 4);
 }
 }  // namespace tq::attn_kernels
 #endif

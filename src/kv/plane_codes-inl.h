@@ -31,32 +31,31 @@ HWY_INLINE uint64_t PlaneCodeBytes8(const uint8_t* HWY_RESTRICT p, size_t plane_
 }
 
 // The codes of 32 consecutive elements as bytes, from kBits bit planes: plane k's 4 bytes at
-// p + k * plane_stride, bit i % 8 of byte i / 8 for element i. Each plane's 4 bytes are broadcast, every
-// byte copied to the 8 bytes of its elements (vpshufb), and each of those tested against its own bit:
-// about 6 vector operations per plane for 32 codes, where PlaneCodeBytes8 takes one scalar pdep per plane
-// for 8.
+// p + k * plane_stride, bit i % 8 of byte i / 8 for element i.
 //
-// kPairs: the bytes in pair order instead, for lookups that take two codes per 32-bit lane (a widening
-// load of 16-bit words): in each 16 bytes, byte 2i holds element i and byte 2i + 1 element 8 + i of those
-// 16 elements. Only the two constant vectors differ.
-template <int kBits, bool kPairs = false>
+// Natural order (kQuads false): byte i = element i. Each plane's 4 bytes are broadcast, every byte copied
+// to the 8 bytes of its elements (vpshufb), and each of those tested against its own bit: 5 vector
+// operations per plane for 32 codes (one of them a shuffle), where PlaneCodeBytes8 takes one scalar pdep
+// per plane for 8.
+//
+// Quad order (kQuads true): byte 4l + k (32-bit lane l, byte k) = element 8k + l, for lookups that take
+// four codes per 32-bit lane (vpermps on the lane shifted right by 0, 8, 16, 24 bits gives elements
+// 0-7, 8-15, 16-23, 24-31 in order). The broadcast word already has plane byte k in byte k of every
+// lane, so the test of bit l in lane l needs no byte shuffle: 4 operations per plane, none a shuffle.
+template <int kBits, bool kQuads = false>
 HWY_INLINE __m256i PlaneCodeBytes32(const uint8_t* HWY_RESTRICT p, size_t plane_stride) {
-  // Byte b of the result takes plane byte e / 8 for its element e; vpshufb works within 128-bit halves,
-  // and the broadcast puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
-  __m256i spread, bit_of_byte;
-  if constexpr (kPairs) {
-    spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    bit_of_byte = _mm256_setr_epi64x(0x0808040402020101ll, static_cast<long long>(0x8080404020201010ull), 0x0808040402020101ll,
-                                     static_cast<long long>(0x8080404020201010ull));
-  } else {
-    spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  }
+  // Natural: byte b of the result takes plane byte b / 8; vpshufb works within 128-bit halves, and the
+  // broadcast puts the 4 bytes in each half, so the upper half's indices 2 and 3 name its own copy.
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit_of_byte = kQuads ? _mm256_setr_epi32(0x01010101, 0x02020202, 0x04040404, 0x08080808, 0x10101010, 0x20202020,
+                                                         0x40404040, static_cast<int>(0x80808080u))
+                                     : _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   __m256i code = _mm256_setzero_si256();
   for (int k = 0; k < kBits; ++k) {
     int32_t word;
     std::memcpy(&word, p + k * plane_stride, 4);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word), spread);
+    const __m256i broadcast = _mm256_set1_epi32(word);
+    const __m256i bytes = kQuads ? broadcast : _mm256_shuffle_epi8(broadcast, spread);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of_byte), bit_of_byte);
     code = _mm256_or_si256(code, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << k))));
   }
