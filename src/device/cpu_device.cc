@@ -126,6 +126,24 @@ Tensor CpuDevice::scratch(int64_t rows, int64_t cols, ActType type) {
   return t;
 }
 
+void CpuDevice::join_tensor_parallel(std::shared_ptr<CpuReduceGroup> group, int rank) {
+  TQ_CHECK(group != nullptr && rank >= 0 && rank < group->world(), "internal error: rank ", rank, " of a tensor-parallel group");
+  TQ_CHECK(weight_bytes_ == 0, "internal error: a device joins a tensor-parallel group before a model is built on it");
+  tp_ = {rank, group->world()};
+  tp_group_ = std::move(group);
+}
+
+void CpuDevice::all_reduce_sum(const Tensor& x) {
+  if (tp_.world == 1) return;
+  TQ_CHECK(x.type == ActType::f32, "internal error: the all-reduce takes float32 tensors");
+  // Row by row when the tensor is a column view (stride > cols); the residual stream is contiguous.
+  if (x.stride == x.cols) {
+    tp_group_->sum(tp_.rank, x.f32(), x.rows * x.cols);
+  } else {
+    for (int64_t r = 0; r < x.rows; ++r) tp_group_->sum(tp_.rank, x.row(r), x.cols);
+  }
+}
+
 void CpuDevice::embed(const Linear& table, const Tensor& out) {
   const Matrix& m = matrices_.at(static_cast<size_t>(table.id));
   TQ_CHECK(m.parts.size() == 1 && out.cols == table.cols && out.rows == step().rows(), "embedding of ", step().rows(),

@@ -11,6 +11,7 @@
 #include "core/aligned.h"
 #include "core/thread_pool.h"
 #include "device/device.h"
+#include "device/tensor_parallel.h"
 #include "ops/deltanet.h"
 #include "ops/tq_weights.h"
 
@@ -21,6 +22,12 @@ class CpuDevice final : public Device {
   explicit CpuDevice(int threads);
   std::string name() const override;
   ThreadPool& pool() { return pool_; }
+
+  // Makes this device rank `rank` of `group` (device/tensor_parallel.h): the model built on it afterwards
+  // holds that rank's part, and all_reduce_sum sums over the group. Before any model is built on it.
+  void join_tensor_parallel(std::shared_ptr<CpuReduceGroup> group, int rank);
+  TensorParallelRank tensor_parallel() const override { return tp_; }
+  void all_reduce_sum(const Tensor& x) override;
 
   // Called at the start of every matmul() with the matrix's parts (the views linear() was given, so a caller
   // can tell the matrices apart by their data) and the product's input x [rows][cols] (float32): what a
@@ -63,6 +70,8 @@ class CpuDevice final : public Device {
   void argmax_logits(int32_t* host) override;
 
  private:
+  std::shared_ptr<CpuReduceGroup> tp_group_;  // null: a group of one
+  TensorParallelRank tp_;
   struct Matrix {
     std::vector<ops::WeightView> parts;  // stacked by rows
     // TurboQuant parts (ops/tq_weights.h): per part the index of its rotated input in tq_inputs_, -1 for a

@@ -31,6 +31,12 @@ float* Tensor::f32() const {
 
 float* Tensor::row(int64_t r) const { return f32() + r * stride; }
 
+void Device::all_reduce_sum(const Tensor& x) {
+  (void)x;
+  TQ_CHECK(tensor_parallel().world == 1, "internal error: ", name(), " is rank ", tensor_parallel().rank, " of ",
+           tensor_parallel().world, " but has no all-reduce");
+}
+
 int64_t stacked_rows(std::span<const ops::WeightView> parts, std::string_view what) {
   TQ_CHECK(!parts.empty(), "a matrix needs at least one part (", what, ")");
   int64_t rows = 0;

@@ -145,6 +145,13 @@ struct CacheCapacity {
   int64_t max_tokens = 0;    // main-tier positions of all sequences together (0: no bound)
 };
 
+// Tensor parallelism (docs/ARCHITECTURE.md, "Tensor parallelism"): a device that is one of `world`
+// devices running one model together holds rank `rank`'s part of every split weight, cache and sum.
+struct TensorParallelRank {
+  int rank = 0;
+  int world = 1;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -177,6 +184,9 @@ class Device {
   // Whether caches take their whole capacity when built (device memory) rather than growing.
   virtual bool preallocates_caches() const { return false; }
 
+  // Which part of a tensor-parallel group this device is (rank 0 of 1 unless it joined one).
+  virtual TensorParallelRank tensor_parallel() const { return {}; }
+
   // ---- one forward call
   virtual void run_step(const StepLayout& step, const std::function<void()>& forward) = 0;
   const StepLayout& step() const { return *step_; }
@@ -188,6 +198,9 @@ class Device {
   virtual Tensor scratch(int64_t rows, int64_t cols, ActType type = ActType::f32) = 0;  // until the next step
   // out[r] = table[step().tokens[r]] (the embedding lookup).
   virtual void embed(const Linear& table, const Tensor& out) = 0;
+  // x (float32 [rows][cols], the same shape on every rank) becomes the sum of every rank's x, on every
+  // rank: the one collective of tensor parallelism. Nothing to do in a group of one.
+  virtual void all_reduce_sum(const Tensor& x);
   // RMSNorm of each run of w.size values (a row, or each head of a row): out = x / rms(x) * w.
   virtual void rms_norm(const Tensor& x, const DeviceVector& w, float eps, const Tensor& out) = 0;
   // out = x . W^T (+ bias) (+ out when accumulate: the residual). x in either type.

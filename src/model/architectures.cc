@@ -36,8 +36,16 @@ std::unique_ptr<Architecture> build_architecture(const ModelFiles& files, Device
     case ModelArch::mistral:
     case ModelArch::qwen2:
     case ModelArch::qwen3: return std::make_unique<Llama>(files, device);
+    case ModelArch::gpt_oss:
+    case ModelArch::qwen3_5: break;
+  }
+  // Only the Llama family is split for tensor parallelism so far (docs/ARCHITECTURE.md).
+  TQ_CHECK(device.tensor_parallel().world == 1, files.path, ": tensor parallelism over ", device.tensor_parallel().world,
+           " devices is not implemented for '", files.config.architecture_class, "' yet (the Llama family is)");
+  switch (files.config.arch) {
     case ModelArch::gpt_oss: return std::make_unique<GptOss>(files, device);
     case ModelArch::qwen3_5: return std::make_unique<Qwen35>(files, device);
+    default: break;
   }
   fail(files.path, ": no architecture file builds '", files.config.architecture_class, "'");
 }

@@ -46,6 +46,22 @@ ops::WeightView weight_rows(const TensorView* t, int64_t row0, int64_t rows) {
   return ops::WeightView::dense(to_ops(t->dtype), base, rows, t->row_length());
 }
 
+ops::WeightView weight_columns(const TensorView* t, int64_t col0, int64_t cols) {
+  TQ_CHECK(t != nullptr, "internal error: a validated weight is missing");
+  TQ_CHECK(col0 >= 0 && cols > 0 && col0 + cols <= t->row_length(), "internal error: columns ", col0, "..", col0 + cols, " of '",
+           t->name, "' (", t->row_length(), " columns)");
+  TQ_CHECK(!is_tq(t->dtype), "tensor parallelism: '", t->name, "' is ", dtype_name(t->dtype),
+           ", whose rotation and scale groups run along the columns this split would cut (split it as BF16)");
+  const ops::DType type = to_ops(t->dtype);
+  const size_t block = ops::block_values(type);
+  TQ_CHECK(col0 % static_cast<int64_t>(block) == 0 && cols % static_cast<int64_t>(block) == 0, "tensor parallelism: '", t->name,
+           "' (", dtype_name(t->dtype), ", blocks of ", block, " values) cannot be split at column ", col0, " into ", cols, " columns");
+  ops::WeightView w = weight_view(t);
+  w.data = static_cast<const uint8_t*>(w.data) + ops::storage_bytes(type, static_cast<size_t>(col0));
+  w.cols = cols;
+  return w;
+}
+
 void output_logits(Device& dev, const Tensor& x, const DeviceVector& final_norm, float eps, const Linear& lm_head, int64_t vocab) {
   const int64_t m = static_cast<int64_t>(dev.step().output_rows.size());
   if (m == 0) return;
@@ -66,6 +82,14 @@ std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensor
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
+}
+
+std::vector<float> tensor_floats_range(const TensorView* t, int64_t first, int64_t count) {
+  if (!t) return {};
+  const std::vector<float> v = read_tensor_f32(*t);
+  TQ_CHECK(first >= 0 && count >= 0 && first + count <= static_cast<int64_t>(v.size()), "internal error: values ", first, "..",
+           first + count, " of '", t->name, "' (", v.size(), ")");
+  return std::vector<float>(v.begin() + first, v.begin() + first + count);
 }
 
 DeviceVector upload_floats(Device& dev, std::initializer_list<const TensorView*> tensors) {

@@ -1,6 +1,7 @@
 #include "model/llama.h"
 
 #include "core/error.h"
+#include "device/tensor_parallel.h"
 #include "model/device_weights.h"
 
 namespace tq {
@@ -8,13 +9,20 @@ namespace tq {
 Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
   const ModelConfig& c = config_;
   const ModelWeights& w = files.weights;
+  // Tensor parallelism: this device's rank keeps its share of the attention heads (query and KV heads
+  // alike, so each GQA group stays on one rank) and of the MLP's intermediate columns.
+  tp_ = dev.tensor_parallel();
+  const RankSlice heads = split_evenly(c.num_attention_heads, tp_.rank, tp_.world, "num_attention_heads");
+  const RankSlice kv_heads = split_evenly(c.num_key_value_heads, tp_.rank, tp_.world, "num_key_value_heads");
+  const RankSlice inter = split_evenly(c.intermediate_size, tp_.rank, tp_.world, "intermediate_size");
   hidden_ = static_cast<int>(c.hidden_size);
-  inter_ = static_cast<int>(c.intermediate_size);
-  n_heads_ = static_cast<int>(c.num_attention_heads);
-  n_kv_ = static_cast<int>(c.num_key_value_heads);
+  inter_ = static_cast<int>(inter.count);
+  n_heads_ = static_cast<int>(heads.count);
+  n_kv_ = static_cast<int>(kv_heads.count);
   head_dim_ = static_cast<int>(c.head_dim);
   q_dim_ = n_heads_ * head_dim_;
   kv_dim_ = n_kv_ * head_dim_;
+  const int64_t q0 = heads.first * head_dim_, kv0 = kv_heads.first * head_dim_;  // this rank's first q / k / v row
   eps_ = static_cast<float>(c.rms_norm_eps);
   TQ_CHECK(c.hidden_act == "silu", files.path, ": hidden_act ", c.hidden_act, " is not supported (silu only)");
   TQ_CHECK(!c.rope_freq_factors, files.path, ": RoPE frequency factors stored as a tensor (rope_freqs.weight) are not supported yet");
@@ -29,16 +37,36 @@ Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
     L.ffn_norm = upload_floats(dev, {lw.ffn_norm});
     L.q_norm = upload_floats(dev, {lw.q_norm});
     L.k_norm = upload_floats(dev, {lw.k_norm});
-    const ops::WeightView qkv[] = {weight_view(lw.wq), weight_view(lw.wk), weight_view(lw.wv)};
-    L.wqkv = dev.linear(qkv, "q/k/v_proj");
-    L.bqkv = upload_floats(dev, {lw.bq, lw.bk, lw.bv});
-    L.wo = dev.linear(weight_view(lw.wo), "o_proj");
-    L.bo = upload_floats(dev, {lw.bo});
-    const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
-    L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
-    L.b_gate_up = upload_floats(dev, {lw.b_gate, lw.b_up});
-    L.w_down = dev.linear(weight_view(lw.w_down), "down_proj");
-    L.b_down = upload_floats(dev, {lw.b_down});
+    if (tp_.world == 1) {
+      const ops::WeightView qkv[] = {weight_view(lw.wq), weight_view(lw.wk), weight_view(lw.wv)};
+      L.wqkv = dev.linear(qkv, "q/k/v_proj");
+      L.bqkv = upload_floats(dev, {lw.bq, lw.bk, lw.bv});
+      L.wo = dev.linear(weight_view(lw.wo), "o_proj");
+      L.bo = upload_floats(dev, {lw.bo});
+      const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
+      L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
+      L.b_gate_up = upload_floats(dev, {lw.b_gate, lw.b_up});
+      L.w_down = dev.linear(weight_view(lw.w_down), "down_proj");
+      L.b_down = upload_floats(dev, {lw.b_down});
+    } else {
+      // Column-parallel q/k/v and gate/up (this rank's output rows), row-parallel o and down (the matching
+      // input columns); the biases of the row-parallel products are added once, on rank 0.
+      const ops::WeightView qkv[] = {weight_rows(lw.wq, q0, q_dim_), weight_rows(lw.wk, kv0, kv_dim_), weight_rows(lw.wv, kv0, kv_dim_)};
+      L.wqkv = dev.linear(qkv, "q/k/v_proj");
+      std::vector<float> bqkv = tensor_floats_range(lw.bq, q0, q_dim_);
+      for (const TensorView* b : {lw.bk, lw.bv})
+        for (float x : tensor_floats_range(b, kv0, kv_dim_)) bqkv.push_back(x);
+      if (!bqkv.empty()) L.bqkv = dev.vector(bqkv);
+      L.wo = dev.linear(weight_columns(lw.wo, q0, q_dim_), "o_proj");
+      if (tp_.rank == 0) L.bo = upload_floats(dev, {lw.bo});
+      const ops::WeightView gate_up[] = {weight_rows(lw.w_gate, inter.first, inter_), weight_rows(lw.w_up, inter.first, inter_)};
+      L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
+      std::vector<float> b_gate_up = tensor_floats_range(lw.b_gate, inter.first, inter_);
+      for (float x : tensor_floats_range(lw.b_up, inter.first, inter_)) b_gate_up.push_back(x);
+      if (!b_gate_up.empty()) L.b_gate_up = dev.vector(b_gate_up);
+      L.w_down = dev.linear(weight_columns(lw.w_down, inter.first, inter_), "down_proj");
+      if (tp_.rank == 0) L.b_down = upload_floats(dev, {lw.b_down});
+    }
     TQ_CHECK(L.bqkv.empty() || L.bqkv.size == L.wqkv.rows, files.path, ": layer ", l, " has biases on some of q/k/v_proj only");
     TQ_CHECK(L.b_gate_up.empty() || L.b_gate_up.size == L.w_gate_up.rows, files.path, ": layer ", l,
              " has a bias on one of gate/up_proj only");
@@ -51,7 +79,13 @@ Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
 }
 
 // From the config alone, as the memory plan reads it (model/architecture.h).
-std::vector<LayerSpec> Llama::layer_specs() const { return layer_specs_for(config_); }
+// From the config alone, as the memory plan reads it (model/architecture.h); a tensor-parallel rank's
+// caches hold its KV heads.
+std::vector<LayerSpec> Llama::layer_specs() const {
+  std::vector<LayerSpec> specs = layer_specs_for(config_);
+  for (LayerSpec& s : specs) s.n_kv_heads = n_kv_;
+  return specs;
+}
 
 void Llama::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& caches, std::vector<AttentionStats>* attention) const {
   TQ_CHECK(caches.size() == layers_.size(), "the model has ", layers_.size(), " layers, its caches ", caches.size());
@@ -81,12 +115,17 @@ void Llama::forward(Device& dev, std::vector<std::unique_ptr<LayerCache>>& cache
     dev.rope(rope_, q, n_heads_, k, n_kv_);
     dev.append_kv(cache, k, v);
     dev.attention(cache, q, att, L.attention, attention ? &(*attention)[l] : nullptr);
-    dev.matmul(L.wo, att, x, L.bo, /*accumulate=*/true);
+    // Tensor parallelism: each rank's heads give a part of the product; rank 0 adds its part to x, the
+    // others put theirs in x's place, and the all-reduce leaves x + the sum of the parts on every rank
+    // (in a group of one: the plain x += a Wo^T, and no reduction).
+    dev.matmul(L.wo, att, x, L.bo, /*accumulate=*/tp_.rank == 0);
+    dev.all_reduce_sum(x);
     // x += Wdown . (silu(Wgate h) * (Wup h)),  h = RMSNorm(x) * ffn_norm
     dev.rms_norm(x, L.ffn_norm, eps_, h);
     dev.matmul(L.w_gate_up, h, gate_up, L.b_gate_up);
     dev.swiglu(gate_up.columns(0, inter_), gate_up.columns(inter_, inter_), act);
-    dev.matmul(L.w_down, act, x, L.b_down, /*accumulate=*/true);
+    dev.matmul(L.w_down, act, x, L.b_down, /*accumulate=*/tp_.rank == 0);  // the same split (intermediate columns)
+    dev.all_reduce_sum(x);
   }
 
   // logits = (RMSNorm(x) * final_norm) . Wlm^T, for the rows asked for

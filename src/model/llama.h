@@ -9,6 +9,10 @@
 //   h = RMSNorm(x) * ffn_norm
 //   x = x + (silu(h Wgate^T) * (h Wup^T)) Wdown^T
 // logits = RMSNorm(x) * final_norm  Wlm^T, for the rows whose logits are asked for.
+//
+// Tensor parallelism (device/tensor_parallel.h): a rank holds heads/world of the query and KV heads
+// (Wq, Wk, Wv by rows, Wo by columns) and intermediate/world of the MLP (Wgate, Wup by rows, Wdown by
+// columns); x stays whole, and the two products into it are summed over the ranks (Megatron's split).
 #pragma once
 
 #include <vector>
@@ -41,6 +45,8 @@ class Llama final : public Architecture {
     AttentionParams attention;         // heads, sliding window
   };
   ModelConfig config_;
+  TensorParallelRank tp_;  // this device's part: its heads and intermediate columns (the dims below)
+  // Per rank: inter_, n_heads_, n_kv_, q_dim_ and kv_dim_ are this rank's share (all of them in a group of one).
   int hidden_ = 0, inter_ = 0, n_heads_ = 0, n_kv_ = 0, head_dim_ = 0, q_dim_ = 0, kv_dim_ = 0;
   float eps_ = 0;
   std::vector<Layer> layers_;
