@@ -33,10 +33,13 @@
 #define TQ_KQ_X86 0
 #endif
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
-// Highway's AVX3_DL target requires AVX512-VNNI at run time (Ice Lake and later) but does not name it in
-// its target attributes; the row kernels add it (they are called, never inlined, from the entry points).
+// Highway's AVX3_DL target requires AVX512-VNNI at run time (Ice Lake and later) but names AVX-VNNI in its
+// target attributes instead (Highway 1.0.3): the VEX forms, which Zen 4 and Ice Lake lack, and GCC 12 then
+// encodes vpdpbusd, and the vpmaddwd + vpaddd it fuses into vpdpwssd, as {vex}: illegal instructions there.
+// The row kernels and their helpers are compiled with AVX512-VNNI and without AVX-VNNI (the pragmas
+// around them below), so every VNNI instruction is EVEX (AVX512-VNNI + VL).
 #define TQ_KQ_VNNI 1
-#define TQ_KQ_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni"))) HWY_NOINLINE
+#define TQ_KQ_ATTR HWY_NOINLINE
 #else
 #define TQ_KQ_VNNI 0
 #define TQ_KQ_ATTR HWY_NOINLINE
@@ -45,6 +48,11 @@
 HWY_BEFORE_NAMESPACE();
 namespace tq::ops {
 namespace HWY_NAMESPACE {
+
+#if TQ_KQ_VNNI
+#pragma GCC push_options
+#pragma GCC target("avx512vnni,no-avxvnni")
+#endif
 
 HWY_INLINE float HalfAt(const uint8_t* p) {
   uint16_t b;
@@ -371,6 +379,10 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
 }
 
 #endif  // TQ_KQ_X86
+
+#if TQ_KQ_VNNI
+#pragma GCC pop_options
+#endif
 
 // Tokens per call of the batched row kernels: 4 accumulators (and for Q4_0 4 float vectors) per row beside
 // the decoded weight vectors stay within the 16 registers of AVX2.
