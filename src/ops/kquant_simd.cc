@@ -36,8 +36,8 @@
 // Highway's AVX3_DL target requires AVX512-VNNI at run time (Ice Lake and later) but names AVX-VNNI in its
 // target attributes instead (Highway 1.0.3): the VEX forms, which Zen 4 and Ice Lake lack, and GCC 12 then
 // encodes vpdpbusd, and the vpmaddwd + vpaddd it fuses into vpdpwssd, as {vex}: illegal instructions there.
-// The row kernels and their helpers are compiled with AVX512-VNNI and without AVX-VNNI (the pragmas
-// around them below), so every VNNI instruction is EVEX (AVX512-VNNI + VL).
+// The row kernels and their helpers are compiled with AVX512-VNNI and without AVX-VNNI (their own target
+// attributes, below), so every VNNI instruction is EVEX (AVX512-VNNI + VL).
 #define TQ_KQ_VNNI 1
 #define TQ_KQ_ATTR HWY_NOINLINE
 #else
@@ -50,8 +50,8 @@ namespace tq::ops {
 namespace HWY_NAMESPACE {
 
 #if TQ_KQ_VNNI
-#pragma GCC push_options
-#pragma GCC target("avx512vnni,no-avxvnni")
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512vnni,no-avxvnni")
 #endif
 
 HWY_INLINE float HalfAt(const uint8_t* p) {
@@ -381,7 +381,8 @@ TQ_KQ_ATTR void DotQ6_K(const uint8_t* row, const QuantizedActivation* const* a,
 #endif  // TQ_KQ_X86
 
 #if TQ_KQ_VNNI
-#pragma GCC pop_options
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 #endif
 
 // Tokens per call of the batched row kernels: 4 accumulators (and for Q4_0 4 float vectors) per row beside
