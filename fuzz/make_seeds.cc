@@ -4,7 +4,7 @@
 // seed is a file a real run would read. The GGUF seed keeps stories260K.gguf's metadata and vocabulary
 // (trimmed to 300 tokens) with its dimensions made small. Every seed is loaded back before it is kept.
 //
-//   build-fuzz/bin/tq_fuzz_make_seeds fuzz/corpus /work/shared/models/stories260K/stories260K.gguf
+//   build-asan/bin/tq_fuzz_make_seeds fuzz/corpus /work/shared/models/stories260K/stories260K.gguf
 #include <cstdio>
 #include <cstring>
 #include <filesystem>

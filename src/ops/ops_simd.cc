@@ -94,10 +94,10 @@ HWY_INLINE float ReduceSum(D d, V v) { return hn::GetLane(hn::SumOfLanes(d, v));
 // multiply-adds share would otherwise be folded into each of them as a memory operand (GCC does
 // that), and a 3 x 4 tile then issues 15 loads per step instead of 7: more than the two loads per
 // cycle the core can take, so the tile ran at 60% of its multiply-add rate instead of 90%.
-// Not under clang's AddressSanitizer (the fuzz build, fuzz/): it keeps v in memory there, and clang
-// cannot tie a memory operand to a "+v" register constraint (a compile error).
+// Not under clang's AddressSanitizer or ThreadSanitizer (the asan and tsan presets): it keeps v in memory
+// there, and clang cannot tie a memory operand to a "+v" register constraint (a compile error).
 #if defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define TQ_NO_KEEP_IN_REGISTER 1
 #endif
 #endif

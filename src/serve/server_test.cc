@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "core/test_sanitizers.h"
 #include "device/cpu_device.h"
 #include "model/writer.h"
 #include "serve/chat_page.h"
@@ -661,19 +662,24 @@ TEST(Serve, AClientLeavingMidStreamIsCancelledAndItsBlocksGoBack) {
 }
 
 TEST(Serve, AFullKvPoolQueuesRequestsAndEveryOneIsAnsweredExactly) {
+  // Under ThreadSanitizer (where the full size took minutes) the same, smaller: 6 requests of 40 + 60
+  // positions, 4 running at a time (400 positions together) in a pool of 250 positions' bytes.
+  constexpr bool kSmall = testing_util::kThreadSanitizer;
+  const int n_requests = kSmall ? 6 : 8, prompt_tokens = kSmall ? 40 : 60, max_tokens = kSmall ? 60 : 150;
+  const int64_t pool_positions = kSmall ? 250 : 600;
   ServerOptions o;
   o.parallel = 4;
   o.kv.block_tokens = 16;
   o.prefix_cache = false;
-  // 8 layers x 2 KV heads x 64 dims x (K + V) x FP16 = 4 KiB a position: about 700 positions in all,
-  // fewer than 4 sequences of 60 + 150 positions need together.
-  o.kv_pool_bytes = 600 * 4096;
+  // 8 layers x 2 KV heads x 64 dims x (K + V) x FP16 = 4 KiB a position: 600 positions' bytes (about 700
+  // positions in all, in whole blocks) are fewer than 4 sequences of 60 + 150 positions need together.
+  o.kv_pool_bytes = pool_positions * 4096;
   TestServer s(o);
   std::vector<json> requests;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < n_requests; ++i) {
     std::vector<int> ids;
-    for (int k = 0; k < 60; ++k) ids.push_back(200 + (k * 13 + i * 7) % 800);
-    requests.push_back(json{{"prompt", ids}, {"max_tokens", 150}, {"temperature", 0}});
+    for (int k = 0; k < prompt_tokens; ++k) ids.push_back(200 + (k * 13 + i * 7) % 800);
+    requests.push_back(json{{"prompt", ids}, {"max_tokens", max_tokens}, {"temperature", 0}});
   }
   std::vector<std::string> alone;
   for (const json& r : requests) alone.push_back(post(s, "/v1/completions", r)["choices"][0]["text"]);
@@ -685,7 +691,7 @@ TEST(Serve, AFullKvPoolQueuesRequestsAndEveryOneIsAnsweredExactly) {
   EXPECT_EQ(metric(s, "turboquant_kv_pool_blocks_in_use"), 0);
   const json props = json::parse(s.client()->Get("/props")->body);
   EXPECT_GT(props["kv_pool"]["bytes_capacity"].get<int64_t>(), 0);
-  EXPECT_LE(props["kv_pool"]["bytes_capacity"].get<int64_t>(), 2 * 600 * 4096);
+  EXPECT_LE(props["kv_pool"]["bytes_capacity"].get<int64_t>(), 2 * pool_positions * 4096);
   EXPECT_EQ(props["kv"]["describe"], "K f16, V f16");
   // The demo model has full-attention layers only: its prefix cache is on as asked (a model with
   // sliding-window or recurrent layers reports "off (asked for, but ...)").
