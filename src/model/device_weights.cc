@@ -50,6 +50,7 @@ ops::WeightView weight_columns(const TensorView* t, int64_t col0, int64_t cols) 
   TQ_CHECK(t != nullptr, "internal error: a validated weight is missing");
   TQ_CHECK(col0 >= 0 && cols > 0 && col0 + cols <= t->row_length(), "internal error: columns ", col0, "..", col0 + cols, " of '",
            t->name, "' (", t->row_length(), " columns)");
+  if (col0 == 0 && cols == t->row_length()) return weight_view(t);
   TQ_CHECK(!is_tq(t->dtype), "tensor parallelism: '", t->name, "' is ", dtype_name(t->dtype),
            ", whose rotation and scale groups run along the columns this split would cut (split it as BF16)");
   const ops::DType type = to_ops(t->dtype);
@@ -84,12 +85,16 @@ std::vector<float> tensor_floats(std::initializer_list<const TensorView*> tensor
   return out;
 }
 
-std::vector<float> tensor_floats_range(const TensorView* t, int64_t first, int64_t count) {
-  if (!t) return {};
-  const std::vector<float> v = read_tensor_f32(*t);
-  TQ_CHECK(first >= 0 && count >= 0 && first + count <= static_cast<int64_t>(v.size()), "internal error: values ", first, "..",
-           first + count, " of '", t->name, "' (", v.size(), ")");
-  return std::vector<float>(v.begin() + first, v.begin() + first + count);
+DeviceVector upload_float_ranges(Device& dev, std::initializer_list<FloatRange> ranges) {
+  std::vector<float> out;
+  for (const FloatRange& r : ranges) {
+    if (!r.tensor) continue;
+    const std::vector<float> v = read_tensor_f32(*r.tensor);
+    TQ_CHECK(r.first >= 0 && r.count >= 0 && r.first + r.count <= static_cast<int64_t>(v.size()), "internal error: values ", r.first,
+             "..", r.first + r.count, " of '", r.tensor->name, "' (", v.size(), ")");
+    out.insert(out.end(), v.begin() + r.first, v.begin() + r.first + r.count);
+  }
+  return out.empty() ? DeviceVector{} : dev.vector(out);
 }
 
 DeviceVector upload_floats(Device& dev, std::initializer_list<const TensorView*> tensors) {

@@ -37,36 +37,18 @@ Llama::Llama(const ModelFiles& files, Device& dev) : config_(files.config) {
     L.ffn_norm = upload_floats(dev, {lw.ffn_norm});
     L.q_norm = upload_floats(dev, {lw.q_norm});
     L.k_norm = upload_floats(dev, {lw.k_norm});
-    if (tp_.world == 1) {
-      const ops::WeightView qkv[] = {weight_view(lw.wq), weight_view(lw.wk), weight_view(lw.wv)};
-      L.wqkv = dev.linear(qkv, "q/k/v_proj");
-      L.bqkv = upload_floats(dev, {lw.bq, lw.bk, lw.bv});
-      L.wo = dev.linear(weight_view(lw.wo), "o_proj");
-      L.bo = upload_floats(dev, {lw.bo});
-      const ops::WeightView gate_up[] = {weight_view(lw.w_gate), weight_view(lw.w_up)};
-      L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
-      L.b_gate_up = upload_floats(dev, {lw.b_gate, lw.b_up});
-      L.w_down = dev.linear(weight_view(lw.w_down), "down_proj");
-      L.b_down = upload_floats(dev, {lw.b_down});
-    } else {
-      // Column-parallel q/k/v and gate/up (this rank's output rows), row-parallel o and down (the matching
-      // input columns); the biases of the row-parallel products are added once, on rank 0.
-      const ops::WeightView qkv[] = {weight_rows(lw.wq, q0, q_dim_), weight_rows(lw.wk, kv0, kv_dim_), weight_rows(lw.wv, kv0, kv_dim_)};
-      L.wqkv = dev.linear(qkv, "q/k/v_proj");
-      std::vector<float> bqkv = tensor_floats_range(lw.bq, q0, q_dim_);
-      for (const TensorView* b : {lw.bk, lw.bv})
-        for (float x : tensor_floats_range(b, kv0, kv_dim_)) bqkv.push_back(x);
-      if (!bqkv.empty()) L.bqkv = dev.vector(bqkv);
-      L.wo = dev.linear(weight_columns(lw.wo, q0, q_dim_), "o_proj");
-      if (tp_.rank == 0) L.bo = upload_floats(dev, {lw.bo});
-      const ops::WeightView gate_up[] = {weight_rows(lw.w_gate, inter.first, inter_), weight_rows(lw.w_up, inter.first, inter_)};
-      L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
-      std::vector<float> b_gate_up = tensor_floats_range(lw.b_gate, inter.first, inter_);
-      for (float x : tensor_floats_range(lw.b_up, inter.first, inter_)) b_gate_up.push_back(x);
-      if (!b_gate_up.empty()) L.b_gate_up = dev.vector(b_gate_up);
-      L.w_down = dev.linear(weight_columns(lw.w_down, inter.first, inter_), "down_proj");
-      if (tp_.rank == 0) L.b_down = upload_floats(dev, {lw.b_down});
-    }
+    // Column-parallel q/k/v and gate/up (this rank's output rows), row-parallel o and down (the matching
+    // input columns; in a group of one, all of them); the row-parallel products' biases are added once, on rank 0.
+    const ops::WeightView qkv[] = {weight_rows(lw.wq, q0, q_dim_), weight_rows(lw.wk, kv0, kv_dim_), weight_rows(lw.wv, kv0, kv_dim_)};
+    L.wqkv = dev.linear(qkv, "q/k/v_proj");
+    L.bqkv = upload_float_ranges(dev, {{lw.bq, q0, q_dim_}, {lw.bk, kv0, kv_dim_}, {lw.bv, kv0, kv_dim_}});
+    L.wo = dev.linear(weight_columns(lw.wo, q0, q_dim_), "o_proj");
+    if (tp_.rank == 0) L.bo = upload_floats(dev, {lw.bo});
+    const ops::WeightView gate_up[] = {weight_rows(lw.w_gate, inter.first, inter_), weight_rows(lw.w_up, inter.first, inter_)};
+    L.w_gate_up = dev.linear(gate_up, "gate/up_proj");
+    L.b_gate_up = upload_float_ranges(dev, {{lw.b_gate, inter.first, inter_}, {lw.b_up, inter.first, inter_}});
+    L.w_down = dev.linear(weight_columns(lw.w_down, inter.first, inter_), "down_proj");
+    if (tp_.rank == 0) L.b_down = upload_floats(dev, {lw.b_down});
     TQ_CHECK(L.bqkv.empty() || L.bqkv.size == L.wqkv.rows, files.path, ": layer ", l, " has biases on some of q/k/v_proj only");
     TQ_CHECK(L.b_gate_up.empty() || L.b_gate_up.size == L.w_gate_up.rows, files.path, ": layer ", l,
              " has a bias on one of gate/up_proj only");
